@@ -1,0 +1,75 @@
+"""One typed settings object for the whole process (env prefix ``HYPIC_``).
+
+Nothing else in the package reads ``os.environ``: code takes a ``Settings`` (or the
+values it needs from one) as an argument. ``get_settings()`` builds the process default.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+ModeName = Literal["full_recompute", "prefix_cache", "addition", "transition", "transition_rope", "hypic"]
+MODES: tuple[str, ...] = ("full_recompute", "prefix_cache", "addition", "transition", "transition_rope", "hypic")
+
+
+def default_home() -> Path:
+    return Path.home() / ".cache" / "hypic-agent"
+
+
+class Settings(BaseSettings):
+    """Process settings. Every field can be set as ``HYPIC_<FIELD>`` in the environment."""
+
+    model_config = SettingsConfigDict(env_prefix="HYPIC_", env_nested_delimiter="__", extra="ignore")
+
+    # --- model / runtime -------------------------------------------------------------
+    home: Path = Field(default_factory=default_home, description="cache dir: models, store, registry")
+    model: str = Field(
+        default="smollm2-135m-instruct",
+        description="catalog name (see `hypic-agent models`), local HF folder, .gguf file, or tiny:<arch>",
+    )
+    device: str = Field(default="auto", description="auto | cpu | cuda | cuda:N")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    kernel_backend: Literal["auto", "torch", "fla"] = "auto"
+    max_context: int = Field(default=32768, ge=16, description="upper bound on prompt + completion tokens")
+    seed: int = 0
+
+    # --- HYPIC -----------------------------------------------------------------------
+    default_mode: ModeName = "hypic"
+    default_seam: float = Field(default=8, ge=0)
+    pair_dtype: Literal["float32", "bfloat16"] = "float32"
+    min_cached_tokens: int = Field(default=16, ge=0, description="shorter segments are recomputed, never cached")
+    scatter_workers: int = Field(default=1, ge=1)
+
+    # --- store -----------------------------------------------------------------------
+    database_url: str | None = Field(default=None, description="SQLAlchemy URL; default sqlite file in home")
+    store_dir: Path | None = Field(default=None, description="disk tier folder; default <home>/store")
+    gpu_budget_bytes: int = Field(default=8 << 30, ge=0)
+    cpu_budget_bytes: int = Field(default=4 << 30, ge=0)
+    disk_budget_bytes: int = Field(default=64 << 30, ge=0)
+    default_ttl_s: float | None = None
+
+    # --- API -------------------------------------------------------------------------
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_keys: dict[str, str] = Field(default_factory=dict, description="api key -> tenant; empty = no auth")
+    max_segments: int = Field(default=256, ge=1)
+    max_body_bytes: int = Field(default=8 << 20, ge=1024)
+    max_tokens_limit: int = Field(default=4096, ge=1)
+    tenant_requests_per_minute: int = Field(default=0, ge=0, description="0 = unlimited")
+    log_level: str = "INFO"
+
+    def resolved_store_dir(self) -> Path:
+        return self.store_dir or (self.home / "store")
+
+    def resolved_database_url(self) -> str:
+        return self.database_url or f"sqlite:///{self.home / 'registry.sqlite3'}"
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    return Settings()

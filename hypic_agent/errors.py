@@ -1,0 +1,70 @@
+"""Exception tree. Every error a user can cause says what to fix.
+
+The API layer maps these onto HTTP statuses and the ``{"error": {type, message, param}}`` envelope.
+"""
+
+from __future__ import annotations
+
+
+class HypicError(Exception):
+    """Base class. ``type`` is the wire error type, ``param`` the offending field if any."""
+
+    type: str = "internal_error"
+    status: int = 500
+
+    def __init__(self, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+
+class InvalidRequestError(HypicError, ValueError):
+    type = "invalid_request"
+    status = 400
+
+
+class ModelConfigError(InvalidRequestError):
+    """A config.json we cannot run (unknown model_type, missing field)."""
+
+    type = "model_config_error"
+
+
+class WeightsError(InvalidRequestError):
+    """Missing, mismatched or corrupt weight files."""
+
+    type = "weights_error"
+
+
+class ModelNotAvailableError(HypicError):
+    """A catalog/hub model that cannot be fetched here (offline, unknown id)."""
+
+    type = "model_not_available"
+    status = 404
+
+
+class ContextLengthError(InvalidRequestError):
+    type = "context_length_exceeded"
+
+
+class UnknownModeError(InvalidRequestError):
+    type = "unknown_mode"
+
+
+class SegmentNotFoundError(HypicError):
+    type = "segment_not_found"
+    status = 404
+
+
+class ConflictError(HypicError):
+    type = "conflict"
+    status = 409
+
+
+class RateLimitError(HypicError):
+    type = "rate_limited"
+    status = 429
+
+
+class AuthError(HypicError):
+    type = "unauthorized"
+    status = 401

@@ -1,0 +1,166 @@
+"""Gated DeltaNet token mixer (Qwen3.5 / Qwen3-Next linear-attention layers).
+
+Per token: q/k/v projections -> causal depthwise conv (kernel W, SiLU) -> L2-normed q/k,
+``beta = sigmoid(b)``, ``g = -exp(A_log) * softplus(a + dt_bias)`` -> gated delta rule over a
+``[HV, K, V]`` state per sequence -> gated RMSNorm with ``z`` -> out projection.
+
+The mixer exposes its stages (``operands`` / ``mix`` / ``output``) because HYPIC's entry
+building and combine need the per-token operands (k, v, g, beta) between them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from hypic_agent.kernels import conv as conv_ops
+from hypic_agent.kernels import gdn as gdn_ops
+from hypic_agent.runtime.models.config import HybridConfig
+from hypic_agent.runtime.models.norms import GatedRMSNorm
+
+
+@dataclass
+class GDNOperands:
+    """Operands of the recurrence for T packed tokens (after conv)."""
+
+    q: torch.Tensor  # [T, H, K]
+    k: torch.Tensor  # [T, H, K]
+    v: torch.Tensor  # [T, HV, V]
+    g: torch.Tensor  # [T, HV] log-decay (fp32)
+    beta: torch.Tensor  # [T, HV]
+    z: torch.Tensor  # [T, HV, V] output gate
+
+
+class GatedDeltaNet(nn.Module):
+    def __init__(self, cfg: HybridConfig) -> None:
+        super().__init__()
+        self.h = cfg.linear_num_key_heads
+        self.hv = cfg.linear_num_value_heads
+        self.dk = cfg.linear_key_head_dim
+        self.dv = cfg.linear_value_head_dim
+        self.key_dim = cfg.linear_key_dim
+        self.value_dim = cfg.linear_value_dim
+        self.conv_dim = cfg.linear_conv_dim
+        self.kernel = cfg.linear_conv_kernel_dim
+        self.fused = cfg.linear_fused_qkvz
+        self.backend = "auto"
+        d = cfg.hidden_size
+        if self.fused:
+            self.in_proj_qkvz = nn.Linear(d, 2 * self.key_dim + 2 * self.value_dim, bias=False)
+            self.in_proj_ba = nn.Linear(d, 2 * self.hv, bias=False)
+        else:
+            self.in_proj_qkv = nn.Linear(d, self.conv_dim, bias=False)
+            self.in_proj_z = nn.Linear(d, self.value_dim, bias=False)
+            self.in_proj_b = nn.Linear(d, self.hv, bias=False)
+            self.in_proj_a = nn.Linear(d, self.hv, bias=False)
+        self.conv1d = nn.Conv1d(
+            self.conv_dim, self.conv_dim, self.kernel, groups=self.conv_dim, bias=False, padding=self.kernel - 1
+        )
+        self.dt_bias = nn.Parameter(torch.ones(self.hv))
+        self.A_log = nn.Parameter(torch.zeros(self.hv))
+        self.norm = GatedRMSNorm(self.dv, cfg.rms_norm_eps)
+        self.out_proj = nn.Linear(self.value_dim, d, bias=False)
+
+    # ------------------------------------------------------------------ stages
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x ``[T, D]`` -> (pre-conv qkv ``[T, C]``, z ``[T, HV, V]``, b ``[T, HV]``, a ``[T, HV]``)."""
+        t = x.shape[0]
+        if not self.fused:
+            return (
+                self.in_proj_qkv(x),
+                self.in_proj_z(x).view(t, self.hv, self.dv),
+                self.in_proj_b(x),
+                self.in_proj_a(x),
+            )
+        r = self.hv // self.h
+        qkvz = self.in_proj_qkvz(x).view(t, self.h, 2 * self.dk + 2 * r * self.dv)
+        q, k, v, z = torch.split(qkvz, [self.dk, self.dk, r * self.dv, r * self.dv], dim=-1)
+        ba = self.in_proj_ba(x).view(t, self.h, 2 * r)
+        b, a = torch.split(ba, [r, r], dim=-1)
+        mixed = torch.cat([q.reshape(t, -1), k.reshape(t, -1), v.reshape(t, -1)], dim=-1)
+        return mixed, z.reshape(t, self.hv, self.dv), b.reshape(t, self.hv), a.reshape(t, self.hv)
+
+    def conv_weight(self) -> torch.Tensor:
+        """``[C, W]``"""
+        return self.conv1d.weight.squeeze(1)
+
+    def gates(self, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> (g ``[T, HV]`` fp32 log-decay, beta ``[T, HV]``)."""
+        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())
+        return g, b.sigmoid()
+
+    def split(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        t = qkv.shape[0]
+        q, k, v = torch.split(qkv, [self.key_dim, self.key_dim, self.value_dim], dim=-1)
+        return q.reshape(t, self.h, self.dk), k.reshape(t, self.h, self.dk), v.reshape(t, self.hv, self.dv)
+
+    def operands(
+        self, x: torch.Tensor, cu_seqlens: torch.Tensor | None, conv_state: torch.Tensor | None
+    ) -> tuple[GDNOperands, torch.Tensor]:
+        """x ``[T, D]`` -> (operands, final conv state ``[N, C, W-1]``)."""
+        mixed, z, b, a = self.project(x)
+        qkv, conv_final = conv_ops.causal_conv1d(
+            mixed,
+            self.conv_weight(),
+            None,
+            cu_seqlens=cu_seqlens,
+            initial_state=conv_state,
+            activation="silu",
+            backend=self.backend,
+        )
+        q, k, v = self.split(qkv)
+        g, beta = self.gates(a, b)
+        return GDNOperands(q, k, v, g, beta, z), conv_final
+
+    def mix(
+        self, ops: GDNOperands, cu_seqlens: torch.Tensor | None, initial_state: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Gated delta rule -> (o ``[T, HV, V]``, final state ``[N, HV, K, V]`` fp32)."""
+        o, final = gdn_ops.gated_delta_rule(
+            ops.q,
+            ops.k,
+            ops.v,
+            ops.g,
+            ops.beta,
+            cu_seqlens=cu_seqlens,
+            initial_state=initial_state,
+            output_final_state=True,
+            use_qk_l2norm=True,
+            backend=self.backend,
+        )
+        assert final is not None
+        return o, final
+
+    def output(self, o: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        """o, z ``[T, HV, V]`` -> ``[T, D]``."""
+        y = self.norm(o, z)
+        return self.out_proj(y.reshape(o.shape[0], self.value_dim))
+
+    # ------------------------------------------------------------------ whole layer
+    def forward(
+        self,
+        x: torch.Tensor,
+        cu_seqlens: torch.Tensor | None,
+        initial_state: torch.Tensor | None = None,
+        conv_state: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x ``[T, D]`` packed -> (y ``[T, D]``, state ``[N, HV, K, V]``, conv ``[N, C, W-1]``)."""
+        ops, conv_final = self.operands(x, cu_seqlens, conv_state)
+        o, final = self.mix(ops, cu_seqlens, initial_state)
+        return self.output(o, ops.z), final, conv_final
+
+    def step(
+        self, x: torch.Tensor, state: torch.Tensor, conv_state: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One decode token per sequence: x ``[N, D]``, state ``[N, HV, K, V]``, conv ``[N, C, W-1]``."""
+        mixed, z, b, a = self.project(x)
+        qkv, conv_new = conv_ops.causal_conv1d_step(
+            mixed, conv_state, self.conv_weight(), None, activation="silu", backend=self.backend
+        )
+        q, k, v = self.split(qkv)
+        g, beta = self.gates(a, b)
+        o, new_state = gdn_ops.gated_delta_rule_step(q, k, v, g, beta, state, use_qk_l2norm=True, backend=self.backend)
+        return self.output(o, z), new_state, conv_new

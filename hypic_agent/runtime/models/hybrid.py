@@ -1,0 +1,96 @@
+"""The hybrid decoder stack: embeddings -> N x (norm, mixer, norm, MLP/MoE) -> norm -> lm_head.
+
+Module names mirror transformers' ``*ForCausalLM`` text models, so ``state_dict()`` keys are the
+checkpoint keys (see ``loading.py``) and transformers' state dicts load as they are.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from hypic_agent.runtime.models.attention import FullAttention
+from hypic_agent.runtime.models.config import HybridConfig
+from hypic_agent.runtime.models.gated_deltanet import GatedDeltaNet
+from hypic_agent.runtime.models.mlp import build_mlp
+from hypic_agent.runtime.models.norms import RMSNorm
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: HybridConfig, idx: int) -> None:
+        super().__init__()
+        self.kind = cfg.layer_types[idx]
+        self.linear_attn: GatedDeltaNet | None = None
+        self.self_attn: FullAttention | None = None
+        if self.kind == "linear":
+            self.linear_attn = GatedDeltaNet(cfg)
+        else:
+            self.self_attn = FullAttention(cfg)
+        self.mlp = build_mlp(cfg, idx)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_zero_centered)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_zero_centered)
+
+    def feed_forward(self, h: torch.Tensor) -> torch.Tensor:
+        """Residual MLP half of the block: ``h + mlp(norm(h))``. h ``[T, D]``."""
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class Backbone(nn.Module):
+    def __init__(self, cfg: HybridConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList([DecoderLayer(cfg, i) for i in range(cfg.num_layers)])
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_zero_centered)
+
+
+class HybridForCausalLM(nn.Module):
+    """Weights + per-stage modules. Running the stack over a batch lives in ``runtime/forward.py``."""
+
+    def __init__(self, cfg: HybridConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self.model = Backbone(cfg)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    @property
+    def layers(self) -> list[DecoderLayer]:
+        return list(self.model.layers)  # type: ignore[arg-type]
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """``[T]`` -> ``[T, D]``"""
+        return self.model.embed_tokens(input_ids)
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """Final norm + lm_head: ``[T, D]`` -> ``[T, vocab]`` (fp32)."""
+        return self.lm_head(self.model.norm(h)).float()
+
+    def set_backend(self, backend: str) -> None:
+        """Kernel backend for every mixer: ``auto`` | ``torch`` | ``fla``."""
+        for layer in self.layers:
+            mixer = layer.linear_attn if layer.linear_attn is not None else layer.self_attn
+            assert mixer is not None
+            mixer.backend = backend
+
+    def load_weights(self, tensors: dict[str, torch.Tensor], strict: bool = True) -> None:
+        """Copy tensors named as in ``state_dict()``; tied lm_head may be absent."""
+        expected = self.state_dict()
+        missing = [
+            k for k in expected if k not in tensors and not (k == "lm_head.weight" and self.config.tie_word_embeddings)
+        ]
+        from hypic_agent.errors import WeightsError
+
+        if strict and missing:
+            raise WeightsError(f"checkpoint lacks {len(missing)} tensors, e.g. {missing[:3]}")
+        with torch.no_grad():
+            for name, t in tensors.items():
+                if name not in expected:
+                    if strict:
+                        raise WeightsError(f"unexpected tensor {name!r} in checkpoint")
+                    continue
+                if tuple(expected[name].shape) != tuple(t.shape):
+                    raise WeightsError(
+                        f"tensor {name!r} has shape {tuple(t.shape)}, config expects {tuple(expected[name].shape)}"
+                    )
+                expected[name].copy_(t)

@@ -1,0 +1,78 @@
+"""Feed-forward blocks: dense SwiGLU MLP and the sparse MoE block with a shared expert."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from hypic_agent.kernels import moe as moe_ops
+from hypic_agent.runtime.models.config import HybridConfig
+
+
+class MLP(nn.Module):
+    """SwiGLU: ``down(silu(gate(x)) * up(x))``. x: ``[T, D]``."""
+
+    def __init__(self, hidden: int, intermediate: int) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.up_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Router(nn.Module):
+    """Softmax top-k router; weights renormalized over the chosen experts when ``norm_topk``."""
+
+    def __init__(self, hidden: int, num_experts: int, top_k: int, norm_topk: bool) -> None:
+        super().__init__()
+        self.top_k = top_k
+        self.norm_topk = norm_topk
+        self.weight = nn.Parameter(torch.zeros(num_experts, hidden))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x ``[T, D]`` -> (top-k weights ``[T, k]`` in x.dtype, expert ids ``[T, k]``)."""
+        logits = F.linear(x, self.weight)
+        probs = torch.softmax(logits, dim=-1, dtype=torch.float)
+        top_w, top_i = torch.topk(probs, self.top_k, dim=-1)
+        if self.norm_topk:
+            top_w = top_w / top_w.sum(dim=-1, keepdim=True)
+        return top_w.to(logits.dtype), top_i
+
+
+class Experts(nn.Module):
+    """Fused expert weights: ``gate_up_proj [E, 2I, D]``, ``down_proj [E, D, I]``."""
+
+    def __init__(self, num_experts: int, hidden: int, intermediate: int) -> None:
+        super().__init__()
+        self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * intermediate, hidden))
+        self.down_proj = nn.Parameter(torch.empty(num_experts, hidden, intermediate))
+
+    def forward(self, x: torch.Tensor, top_i: torch.Tensor, top_w: torch.Tensor) -> torch.Tensor:
+        return moe_ops.moe_experts(x, top_i, top_w, self.gate_up_proj, self.down_proj)
+
+
+class SparseMoE(nn.Module):
+    """Routed experts plus a sigmoid-gated shared expert. x: ``[T, D]``."""
+
+    def __init__(self, cfg: HybridConfig) -> None:
+        super().__init__()
+        d = cfg.hidden_size
+        self.gate = Router(d, cfg.num_experts, cfg.num_experts_per_tok, cfg.norm_topk_prob)
+        self.experts = Experts(cfg.num_experts, d, cfg.moe_intermediate_size)
+        self.shared_expert = MLP(d, cfg.shared_expert_intermediate_size)
+        self.shared_expert_gate = nn.Linear(d, 1, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        top_w, top_i = self.gate(x)
+        routed = self.experts(x, top_i, top_w)
+        shared = torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+        return routed + shared
+
+
+def build_mlp(cfg: HybridConfig, layer_idx: int) -> nn.Module:
+    if cfg.moe_layers and cfg.moe_layers[layer_idx]:
+        return SparseMoE(cfg)
+    return MLP(cfg.hidden_size, cfg.intermediate_size)
