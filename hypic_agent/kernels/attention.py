@@ -1,0 +1,86 @@
+"""Varlen softmax attention with GQA and position-based causal masking.
+
+Per sequence, query i sees key j iff ``k_pos[j] <= q_pos[i]``. Positions default to
+"queries are the last tokens of their key sequence" (bottom-right causal): local key positions
+``0..Lk-1`` and query positions ``Lk-Lq .. Lk-1``. A query that sees no key gets zeros.
+GQA: query head h reads kv head ``h // (Hq // Hkv)`` (transformers' ``repeat_kv``).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ._varlen import normalize_cu_seqlens
+
+
+def _sdpa(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, causal: bool, scale: float
+) -> torch.Tensor:
+    """q ``[Hq, Lq, D]``, k ``[Hkv, Lk, D]``, v ``[Hkv, Lk, Dv]`` -> ``[Hq, Lq, Dv]``."""
+    rep = q.shape[0] // k.shape[0]
+    if rep > 1:
+        k = k.repeat_interleave(rep, dim=0)
+        v = v.repeat_interleave(rep, dim=0)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=scale)
+
+
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    cu_seqlens_q: torch.Tensor | None = None,
+    cu_seqlens_k: torch.Tensor | None = None,
+    q_positions: torch.Tensor | None = None,
+    k_positions: torch.Tensor | None = None,
+    scale: float | None = None,
+    backend: str = "auto",
+) -> torch.Tensor:
+    """Attention over N packed sequences.
+
+    Args:
+        q: ``[Tq, Hq, D]``; k: ``[Tk, Hkv, D]``; v: ``[Tk, Hkv, Dv]`` (Hq a multiple of Hkv).
+        cu_seqlens_q, cu_seqlens_k: ``[N+1]`` int32 (None = one sequence).
+        q_positions ``[Tq]``, k_positions ``[Tk]``: int positions (both or neither).
+        scale: softmax scale, default ``D ** -0.5``.
+    Returns:
+        ``[Tq, Hq, Dv]`` in q's dtype.
+    """
+    del backend  # SDPA picks flash / efficient / math kernels itself
+    Tq, Hq, D = q.shape
+    Tk, Hkv, _ = k.shape
+    if Hq % Hkv or k.shape[:2] != v.shape[:2]:
+        raise ValueError(
+            f"need Hq % Hkv == 0 and k, v [Tk, Hkv, ...]; got q {tuple(q.shape)}, "
+            f"k {tuple(k.shape)}, v {tuple(v.shape)}"
+        )
+    if (q_positions is None) != (k_positions is None):
+        raise ValueError("pass both q_positions and k_positions, or neither")
+    cq = normalize_cu_seqlens(cu_seqlens_q, Tq, q.device).tolist()
+    ck = normalize_cu_seqlens(cu_seqlens_k, Tk, q.device).tolist()
+    if len(cq) != len(ck):
+        raise ValueError(f"cu_seqlens_q and cu_seqlens_k describe {len(cq) - 1} vs {len(ck) - 1} sequences")
+    scale = D**-0.5 if scale is None else scale
+    out = q.new_zeros(Tq, Hq, v.shape[-1])
+    for i in range(len(cq) - 1):
+        qa, qb, ka, kb = cq[i], cq[i + 1], ck[i], ck[i + 1]
+        lq, lk = qb - qa, kb - ka
+        if lq == 0 or lk == 0:
+            continue
+        qs, ks, vs = q[qa:qb].transpose(0, 1), k[ka:kb].transpose(0, 1), v[ka:kb].transpose(0, 1)
+        if q_positions is None:
+            if lq == lk:
+                out[qa:qb] = _sdpa(qs, ks, vs, None, True, scale).transpose(0, 1)
+                continue
+            qp = torch.arange(lk - lq, lk, device=q.device)
+            kp = torch.arange(lk, device=q.device)
+        else:
+            qp, kp = q_positions[qa:qb].to(q.device), k_positions[ka:kb].to(q.device)
+        mask = kp[None, :] <= qp[:, None]  # [Lq, Lk]
+        seen = mask.any(-1)
+        if not bool(seen.all()):
+            mask = mask | ~seen[:, None]  # avoid NaN rows; zeroed below
+        o = _sdpa(qs, ks, vs, mask, False, scale)
+        out[qa:qb] = (o * seen[None, :, None]).transpose(0, 1)
+    return out

@@ -1,0 +1,84 @@
+"""Backend selection for the numerical ops.
+
+Every op takes ``backend="auto" | "torch" | "fla"``. ``"fla"`` means the GPU kernels (fla-core
+ops and the project's own Triton kernels); it is only ever chosen on a CUDA device. Imports of
+``fla`` and ``triton`` are lazy so that the package imports on CPU-only machines.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+from typing import Literal
+
+import torch
+
+Backend = Literal["torch", "fla"]
+_NAMES = ("auto", "torch", "fla")
+
+
+@functools.cache
+def fla_available() -> bool:
+    """True when ``fla`` (fla-core) and ``triton`` import and CUDA is present."""
+    if not torch.cuda.is_available():
+        return False
+    try:
+        importlib.import_module("fla")
+        importlib.import_module("triton")
+    except Exception:
+        return False
+    return True
+
+
+@functools.cache
+def triton_available() -> bool:
+    """True when ``triton`` imports and CUDA is present (our own Triton kernels)."""
+    if not torch.cuda.is_available():
+        return False
+    try:
+        importlib.import_module("triton")
+    except Exception:
+        return False
+    return True
+
+
+def _device_type(device: torch.device | str | None) -> str:
+    if device is None:
+        return "cpu"
+    return torch.device(device).type
+
+
+def resolve_backend(name: str, device: torch.device | str | None) -> Backend:
+    """Map a requested backend name to the one that will run.
+
+    ``"auto"`` -> ``"fla"`` when ``device`` is CUDA and fla imports, else ``"torch"``.
+    ``"fla"`` on a non-CUDA device or without fla installed raises ``ValueError`` (say
+    ``backend="torch"`` or install the ``[gpu]`` extra).
+    """
+    if name not in _NAMES:
+        raise ValueError(f"unknown kernel backend {name!r}; use one of {_NAMES}")
+    if name == "torch":
+        return "torch"
+    on_cuda = _device_type(device) == "cuda"
+    if name == "auto":
+        return "fla" if on_cuda and fla_available() else "torch"
+    if not on_cuda:
+        raise ValueError(f"backend='fla' needs CUDA tensors, got device {device}; use backend='torch'")
+    if not fla_available():
+        raise ValueError("backend='fla' needs fla-core and triton (pip install 'hypic-agent[gpu]')")
+    return "fla"
+
+
+def resolve_triton(name: str, device: torch.device | str | None) -> bool:
+    """Whether a project Triton kernel (chain scan) should run: like ``resolve_backend`` but
+    only needs ``triton`` (not fla)."""
+    if name not in _NAMES:
+        raise ValueError(f"unknown kernel backend {name!r}; use one of {_NAMES}")
+    if name == "torch":
+        return False
+    on_cuda = _device_type(device) == "cuda"
+    if name == "auto":
+        return on_cuda and triton_available()
+    if not on_cuda or not triton_available():
+        raise ValueError(f"backend={name!r} needs CUDA tensors and triton; use backend='torch'")
+    return True

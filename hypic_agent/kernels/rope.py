@@ -1,0 +1,54 @@
+"""Rotary position embedding, rotate-half (NeoX) style on the first ``rotary_dim`` dims.
+
+Matches transformers' ``apply_rotary_pos_emb`` for llama and (text positions) Qwen3.5/Qwen3-Next,
+whose interleaved M-RoPE reduces to this when its three position streams are equal. Rotation is
+additive in position: ``apply_rope(apply_rope(x, p), d) == apply_rope(x, p + d)``, which is how
+cached (un-rotated) keys are placed at any global offset.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def rope_cos_sin(
+    positions: torch.Tensor, rotary_dim: int, theta: float, device: torch.device | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin ``[T, rotary_dim]`` fp32 for ``positions [T]`` (halves repeated: ``cat(f, f)``)."""
+    if rotary_dim % 2:
+        raise ValueError(f"rotary_dim must be even, got {rotary_dim}")
+    dev = device if device is not None else positions.device
+    inv_freq = 1.0 / (theta ** (torch.arange(0, rotary_dim, 2, dtype=torch.int64, device=dev).float() / rotary_dim))
+    freqs = positions.to(dev).float()[:, None] * inv_freq[None, :]
+    emb = torch.cat([freqs, freqs], dim=-1)
+    return emb.cos(), emb.sin()
+
+
+def apply_rope(
+    x: torch.Tensor,
+    positions: torch.Tensor,
+    *,
+    rotary_dim: int,
+    theta: float,
+    backend: str = "auto",
+) -> torch.Tensor:
+    """Rotate ``x [T, H, D]`` at ``positions [T]`` (int64); dims ``>= rotary_dim`` pass through.
+
+    Computed in fp32, returned in x's dtype. ``backend`` is accepted for interface symmetry; the
+    op is a few fused elementwise kernels on any device.
+    """
+    del backend
+    T, _, D = x.shape
+    if positions.shape != (T,):
+        raise ValueError(f"positions must be [T] = [{T}], got {tuple(positions.shape)}")
+    if not 0 < rotary_dim <= D:
+        raise ValueError(f"rotary_dim must be in (0, D={D}], got {rotary_dim}")
+    cos, sin = rope_cos_sin(positions, rotary_dim, theta, x.device)
+    cos, sin = cos[:, None, :], sin[:, None, :]
+    xr = x[..., :rotary_dim].float()
+    half = rotary_dim // 2
+    rot = torch.cat([-xr[..., half:], xr[..., :half]], dim=-1)
+    out = (xr * cos + rot * sin).to(x.dtype)
+    if rotary_dim == D:
+        return out
+    return torch.cat([out, x[..., rotary_dim:]], dim=-1)
