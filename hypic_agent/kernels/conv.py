@@ -49,11 +49,11 @@ def causal_conv1d(
     n = cu.numel() - 1
     if initial_state is not None and tuple(initial_state.shape) != (n, C, W - 1):
         raise ValueError(f"initial_state must be [N, C, W-1] = {(n, C, W - 1)}, got {tuple(initial_state.shape)}")
+    _act(x[:0], activation)  # validate the name early
     if resolve_backend(backend, x.device) == "fla":
         from .conv_fla import causal_conv1d_fla
 
         return causal_conv1d_fla(x, weight, bias, cu, initial_state, activation)
-    _act(x[:0], activation)  # validate the name early
     # extended buffer: each sequence preceded by its W-1 state inputs
     h0 = initial_state if initial_state is not None else x.new_zeros(n, C, W - 1)
     seq = seq_ids(cu, T)

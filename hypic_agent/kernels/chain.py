@@ -1,0 +1,44 @@
+"""Chain scan: push a running GDN state through a sequence of transition pairs.
+
+``states[0] = h0`` and ``states[i+1] = T[i] @ states[i] + S[i]`` per value head, fp32. This is
+the combine step of HYPIC linear layers (seam -> body -> seam ...). On CUDA it is one Triton
+launch (``chain_triton``); the torch reference is a loop of batched matmuls.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .backend import resolve_triton
+
+
+def chain_scan_torch(h0: torch.Tensor, T: torch.Tensor, S: torch.Tensor) -> torch.Tensor:
+    """Reference: h0 ``[HV, K, V]``, T ``[n, HV, K, K]``, S ``[n, HV, K, V]`` -> ``[n+1, HV, K, V]`` fp32."""
+    out = h0.new_empty(T.shape[0] + 1, *h0.shape, dtype=torch.float32)
+    out[0] = h0.float()
+    for i in range(T.shape[0]):
+        torch.baddbmm(S[i].float(), T[i].float(), out[i], out=out[i + 1])
+    return out
+
+
+def chain_scan(h0: torch.Tensor, T: torch.Tensor, S: torch.Tensor, *, backend: str = "auto") -> torch.Tensor:
+    """Running states through n pairs.
+
+    Args:
+        h0: ``[HV, K, V]`` incoming state.
+        T: ``[n, HV, K, K]`` transitions; S: ``[n, HV, K, V]`` zero-start states.
+    Returns:
+        ``[n+1, HV, K, V]`` fp32 with ``states[0] = h0`` and ``states[-1]`` the state after all pairs.
+    """
+    HV, K, V = h0.shape
+    n = T.shape[0]
+    if T.shape != (n, HV, K, K) or S.shape != (n, HV, K, V):
+        raise ValueError(
+            f"need T [n, HV, K, K] and S [n, HV, K, V] for h0 {tuple(h0.shape)}; "
+            f"got {tuple(T.shape)} and {tuple(S.shape)}"
+        )
+    if resolve_triton(backend, h0.device):
+        from .chain_triton import chain_scan_triton
+
+        return chain_scan_triton(h0, T, S)
+    return chain_scan_torch(h0, T, S)
