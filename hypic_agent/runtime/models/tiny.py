@@ -1,0 +1,169 @@
+"""Built-in tiny models: Hugging Face config dicts plus seeded random weights.
+
+The configs are valid transformers configs (``hf_config_object``) so tests can run transformers'
+own implementation as the oracle on the very same weights (``build_hf_model``). Weights come from
+transformers' model init under ``torch.manual_seed(seed)``, then a few tensors are re-drawn so
+that the recurrences and norms are exercised:
+
+* GDN decay: ``A = exp(A_log)`` in [0.05, 1] and ``dt_bias ~ N(0, 0.5)`` give per-token decays
+  between ~0.5 and ~0.99, so states carry information over many tokens (transformers' default
+  ``A`` up to 16 forgets everything after one token).
+* norms: ``N(0, 0.1)`` around the identity (zero-centred Qwen norms ``y * (1 + w)``, plain Llama
+  norms ``y * w`` and the gated GDN norm), so a wrong norm convention shows up in outputs.
+* causal conv: ``N(0, 1 / sqrt(W))`` instead of ``N(0, 0.02)``.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+
+from hypic_agent.errors import ModelConfigError
+
+# vocab of ``tokenizer.tiny_tokenizer()``: 256 byte tokens + <|endoftext|>, <|im_start|>, <|im_end|>
+TINY_VOCAB_SIZE = 259
+TINY_PAD_ID, TINY_BOS_ID, TINY_EOS_ID = 256, 257, 258
+
+TINY_ARCHS: tuple[str, ...] = ("qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "llama")
+ALIASES: dict[str, str] = {"qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text"}
+
+_COMMON: dict[str, Any] = {
+    "vocab_size": TINY_VOCAB_SIZE,
+    "hidden_size": 64,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 32,
+    "intermediate_size": 128,
+    "hidden_act": "silu",
+    "rms_norm_eps": 1e-6,
+    "max_position_embeddings": 4096,
+    "initializer_range": 0.05,
+    "attention_bias": False,
+    "bos_token_id": None,
+    "eos_token_id": TINY_EOS_ID,
+    "pad_token_id": TINY_PAD_ID,
+}
+_LINEAR: dict[str, Any] = {
+    "layer_types": ["linear_attention", "linear_attention", "linear_attention", "full_attention"],
+    "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4,
+    "linear_key_head_dim": 16,
+    "linear_value_head_dim": 16,
+    "linear_conv_kernel_dim": 4,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+}
+_MOE: dict[str, Any] = {
+    "num_experts": 4,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 32,
+    "shared_expert_intermediate_size": 64,
+}
+
+_CONFIGS: dict[str, dict[str, Any]] = {
+    "qwen3_5_text": {"model_type": "qwen3_5_text", **_COMMON, **_LINEAR, "tie_word_embeddings": True},
+    "qwen3_5_moe_text": {
+        "model_type": "qwen3_5_moe_text",
+        **_COMMON,
+        **_LINEAR,
+        **_MOE,
+        "tie_word_embeddings": False,
+    },
+    "qwen3_next": {
+        "model_type": "qwen3_next",
+        **_COMMON,
+        **_LINEAR,
+        **_MOE,
+        "decoder_sparse_step": 1,
+        "norm_topk_prob": True,
+        "mlp_only_layers": [],
+        "tie_word_embeddings": False,
+    },
+    "llama": {
+        "model_type": "llama",
+        **_COMMON,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+        "mlp_bias": False,
+        "tie_word_embeddings": True,
+    },
+}
+
+
+def canonical_arch(arch: str) -> str:
+    """``"qwen3_5"`` -> ``"qwen3_5_text"`` etc.; raises ``ModelConfigError`` for unknown names."""
+    arch = ALIASES.get(arch, arch)
+    if arch not in _CONFIGS:
+        raise ModelConfigError(
+            f"no tiny config for {arch!r}; use one of {list(TINY_ARCHS)} (e.g. 'tiny:qwen3_5_text')",
+            param="model",
+        )
+    return arch
+
+
+def tiny_config(arch: str) -> dict[str, Any]:
+    """A fresh copy of the tiny HF config dict for ``arch`` (see ``TINY_ARCHS``)."""
+    return copy.deepcopy(_CONFIGS[canonical_arch(arch)])
+
+
+def hf_config_object(hf_config: dict[str, Any]) -> Any:
+    """The transformers ``PreTrainedConfig`` for a config dict (wrapper configs included)."""
+    from transformers import AutoConfig
+
+    d = dict(hf_config)
+    model_type = d.pop("model_type")
+    return AutoConfig.for_model(model_type, **d)
+
+
+def build_hf_model(
+    hf_config: dict[str, Any],
+    state_dict: dict[str, torch.Tensor] | None = None,
+    *,
+    dtype: torch.dtype = torch.float32,
+) -> Any:
+    """transformers' ``*ForCausalLM`` for ``hf_config`` in eval mode (the oracle).
+
+    With ``state_dict`` (our naming contract == transformers' names) the weights are loaded
+    strictly; without, the model keeps transformers' init under the current RNG state.
+    """
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_config(hf_config_object(hf_config))
+    if state_dict is not None:
+        sd = dict(state_dict)
+        if model.config.tie_word_embeddings:
+            sd.setdefault("lm_head.weight", sd["model.embed_tokens.weight"])
+        model.load_state_dict(sd, strict=True)
+    return model.to(dtype).eval()
+
+
+def random_state_dict(
+    hf_config: dict[str, Any], seed: int = 0, dtype: torch.dtype = torch.float32
+) -> dict[str, torch.Tensor]:
+    """Seeded random weights under the naming contract (``lm_head.weight`` absent when tied).
+
+    Deterministic in ``(hf_config, seed)``; the caller's global RNG state is left untouched.
+    """
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = build_hf_model(hf_config)
+    gen = torch.Generator().manual_seed(seed + 1)
+    zero_centered = hf_config.get("model_type") != "llama"
+    out: dict[str, torch.Tensor] = {}
+    for name, t in model.state_dict().items():
+        t = t.detach().clone().float()
+        if name.endswith("linear_attn.A_log"):
+            t = torch.empty(t.shape).uniform_(0.05, 1.0, generator=gen).log()
+        elif name.endswith("linear_attn.dt_bias"):
+            t = torch.randn(t.shape, generator=gen) * 0.5
+        elif name.endswith("linear_attn.conv1d.weight"):
+            t = torch.randn(t.shape, generator=gen) / t.shape[-1] ** 0.5
+        elif name.endswith("linear_attn.norm.weight"):  # gated RMSNorm: y * w
+            t = 1.0 + 0.1 * torch.randn(t.shape, generator=gen)
+        elif name.endswith("norm.weight"):
+            t = 0.1 * torch.randn(t.shape, generator=gen) + (0.0 if zero_centered else 1.0)
+        out[name] = t.to(dtype).contiguous()
+    if model.config.tie_word_embeddings:
+        out.pop("lm_head.weight", None)
+    return out
