@@ -1,0 +1,241 @@
+"""The engine: ``plan -> lookup -> route cold segments -> scatter prefill -> store -> combine -> decode``.
+
+``Engine.prepare`` turns a prompt plan into a ``RequestState`` in the requested mode;
+``Engine.generate`` decodes from it and streams events. One model stream: requests are
+serialized by a lock, which also makes concurrent requests needing the same cold segment share
+one prefill (the second finds the entry the first stored).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any, Protocol
+
+import torch
+
+from hypic_agent.config import Settings
+from hypic_agent.errors import ContextLengthError, InvalidRequestError
+from hypic_agent.runtime.decode import decode_loop
+from hypic_agent.runtime.forward import prefill
+from hypic_agent.runtime.hypic.cache import EntryCache, MemoryEntryCache
+from hypic_agent.runtime.hypic.combine import combine
+from hypic_agent.runtime.hypic.entry import SegmentEntry
+from hypic_agent.runtime.hypic.layout import plan_layout
+from hypic_agent.runtime.hypic.modes import mode_spec, seam_tokens, validate_seam
+from hypic_agent.runtime.hypic.prefix_cache import PrefixCache
+from hypic_agent.runtime.models.hybrid import HybridForCausalLM
+from hypic_agent.runtime.results import FinishEvent, Prepared, SegmentUsage, TokenEvent
+from hypic_agent.runtime.router import route
+from hypic_agent.runtime.sampling import SamplingParams
+from hypic_agent.runtime.scatter import scatter_prefill
+from hypic_agent.segments.keys import segment_key
+
+
+class PlanLike(Protocol):
+    """What the engine reads of a ``segments.plan.PromptPlan``."""
+
+    segments: Sequence[Any]  # each with .token_ids and .kind
+    suffix_ids: Sequence[int]
+    bos_id: int | None
+
+
+def _ms(t0: float) -> float:
+    return (time.perf_counter() - t0) * 1e3
+
+
+class Engine:
+    def __init__(
+        self,
+        model: HybridForCausalLM,
+        tokenizer: Any,
+        fingerprint: str,
+        settings: Settings | None = None,
+        cache: EntryCache | None = None,
+        name: str = "model",
+    ) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.fingerprint = fingerprint
+        self.settings = settings or Settings()
+        self.cache: EntryCache = cache if cache is not None else MemoryEntryCache(self.settings.cpu_budget_bytes)
+        self.prefix_cache = PrefixCache(model.config.layer_types, self.settings.cpu_budget_bytes)
+        self.name = name
+        self.device = next(model.parameters()).device
+        self.lock = threading.RLock()
+        self.pair_dtype = getattr(torch, self.settings.pair_dtype)
+        self.max_context = min(self.settings.max_context, model.config.max_position_embeddings)
+
+    @property
+    def eos_ids(self) -> tuple[int, ...]:
+        ids = set(self.model.config.eos_token_ids)
+        tok_eos = getattr(self.tokenizer, "eos_token_id", None)
+        if tok_eos is not None:
+            ids.add(int(tok_eos))
+        return tuple(sorted(ids))
+
+    def entry_key(self, token_ids: Sequence[int], tenant: str, seam: float) -> str:
+        return segment_key(token_ids, model_fingerprint=self.fingerprint, tenant=tenant, seam=seam)
+
+    # ------------------------------------------------------------------ prepare
+    def prepare(
+        self,
+        plan: PlanLike,
+        *,
+        mode: str | None = None,
+        seam: float | None = None,
+        tenant: str = "default",
+        max_new_tokens: int = 0,
+    ) -> Prepared:
+        spec = mode_spec(mode or self.settings.default_mode)
+        w = validate_seam(self.settings.default_seam if seam is None else seam)
+        segs = [tuple(int(t) for t in s.token_ids) for s in plan.segments]
+        kinds = [str(getattr(s, "kind", "text")) for s in plan.segments]
+        suffix = [int(t) for t in plan.suffix_ids]
+        if plan.bos_id is not None:
+            segs.insert(0, (int(plan.bos_id),))
+            kinds.insert(0, "bos")
+        total = sum(len(s) for s in segs) + len(suffix)
+        if total == 0:
+            raise InvalidRequestError("the prompt is empty", param="segments")
+        if total + max_new_tokens > self.max_context:
+            raise ContextLengthError(
+                f"prompt ({total} tokens) + max_tokens ({max_new_tokens}) exceeds the context window "
+                f"({self.max_context}); send fewer segments or lower max_tokens",
+                param="segments",
+            )
+        uncached_last = not suffix  # no query: the last segment is computed as the suffix
+        if uncached_last:
+            suffix = list(segs.pop())
+            kinds.pop()
+        with self.lock:
+            if spec.name == "full_recompute":
+                return self._full(segs, kinds, suffix)
+            if spec.name == "prefix_cache":
+                return self._prefix(segs, kinds, suffix, tenant)
+            return self._composed(segs, kinds, suffix, spec, w, tenant)
+
+    def _full(self, segs: list[tuple[int, ...]], kinds: list[str], suffix: list[int]) -> Prepared:
+        t0 = time.perf_counter()
+        state = prefill(self.model, [[t for s in segs for t in s] + suffix])[0]
+        usage = [SegmentUsage(None, k, len(s), False, None) for s, k in zip(segs, kinds, strict=True)]
+        return Prepared(
+            state, "full_recompute", usage, state.length, 0, state.length, timings_ms={"prefill_ms": _ms(t0)}
+        )
+
+    def _prefix(self, segs: list[tuple[int, ...]], kinds: list[str], suffix: list[int], tenant: str) -> Prepared:
+        t0 = time.perf_counter()
+        keys = [self.entry_key(s, tenant, 0) for s in segs]
+        depth, state = self.prefix_cache.lookup(keys)
+        reused = state.length if state is not None else 0
+        for i in range(depth, len(segs)):
+            state = prefill(self.model, [list(segs[i])], [state])[0]
+            self.prefix_cache.insert(keys[: i + 1], state, segs[i])
+        state = prefill(self.model, [suffix], [state])[0]
+        usage = [
+            SegmentUsage(keys[i], kinds[i], len(s), i < depth, "memory" if i < depth else None)
+            for i, s in enumerate(segs)
+        ]
+        return Prepared(
+            state,
+            "prefix_cache",
+            usage,
+            state.length,
+            reused,
+            state.length - reused,
+            exact_prefix_tokens=reused,
+            timings_ms={"prefill_ms": _ms(t0)},
+        )
+
+    def _composed(
+        self, segs: list[tuple[int, ...]], kinds: list[str], suffix: list[int], spec: Any, w: float, tenant: str
+    ) -> Prepared:
+        t0 = time.perf_counter()
+        eff = w if spec.seams else 0.0
+        seams = [seam_tokens(eff, len(s)) for s in segs]
+        cacheable = [
+            k != "bos" and len(s) >= self.settings.min_cached_tokens and seams[i] < len(s)
+            for i, (s, k) in enumerate(zip(segs, kinds, strict=True))
+        ]
+        keys = [self.entry_key(s, tenant, eff) if c else None for s, c in zip(segs, cacheable, strict=True)]
+        r = route(keys, self.cache)  # lookup
+        t_lookup = _ms(t0)
+        t1 = time.perf_counter()
+        built: list[SegmentEntry] = scatter_prefill(
+            [self.model], [segs[i] for i in r.cold], [seams[i] for i in r.cold], pair_dtype=self.pair_dtype
+        )
+        fresh: dict[str, SegmentEntry] = {}
+        for i, e in zip(r.cold, built, strict=True):
+            key = keys[i]
+            assert key is not None
+            self.cache.insert(key, e, kind=kinds[i], tenant=tenant)  # store
+            fresh[key] = e
+        hits = [r.entries[i] is not None for i in range(len(segs))]
+        entries = [
+            r.entries[i] if r.entries[i] is not None else (fresh.get(keys[i]) if keys[i] else None)
+            for i in range(len(segs))
+        ]
+        entries = [e.to(self.device) if e is not None else None for e in entries]
+        t_scatter = _ms(t1)
+        t2 = time.perf_counter()
+        lay = plan_layout(segs, entries, seams, suffix, self.device)
+        state = combine(self.model, lay, entries, spec)
+        cached = sum(len(segs[i]) - seams[i] for i in range(len(segs)) if hits[i])
+        usage = [
+            SegmentUsage(keys[i], kinds[i], len(segs[i]), hits[i], r.tiers[i] if hits[i] else None)
+            for i in range(len(segs))
+        ]
+        return Prepared(
+            state,
+            spec.name,
+            usage,
+            state.length,
+            cached,
+            state.length - cached,
+            timings_ms={"lookup_ms": t_lookup, "scatter_ms": t_scatter, "combine_ms": _ms(t2)},
+        )
+
+    # ------------------------------------------------------------------ generate
+    def generate(
+        self,
+        plan: PlanLike,
+        sampling: SamplingParams,
+        *,
+        mode: str | None = None,
+        seam: float | None = None,
+        tenant: str = "default",
+    ) -> Iterator[TokenEvent | FinishEvent]:
+        """Prepare the prompt and decode; yields ``TokenEvent``s then one ``FinishEvent``."""
+        sampling.validate()
+        t0 = time.perf_counter()
+        with self.lock:
+            prepared = self.prepare(plan, mode=mode, seam=seam, tenant=tenant, max_new_tokens=sampling.max_tokens)
+            yield from decode_loop(self, prepared, sampling, t0)
+
+    def prewarm(
+        self,
+        segments: Sequence[Sequence[int]],
+        kinds: Sequence[str],
+        *,
+        tenant: str = "default",
+        mode: str | None = None,
+        seam: float | None = None,
+    ) -> list[SegmentUsage]:
+        """Make sure every segment has an entry (PUT /v1/segments); returns their keys and hit flags."""
+        spec = mode_spec(mode or self.settings.default_mode)
+        w = validate_seam(self.settings.default_seam if seam is None else seam)
+        eff = w if spec.seams else 0.0
+        seams = [seam_tokens(eff, len(s)) for s in segments]
+        keys = [self.entry_key(s, tenant, eff) for s in segments]
+        with self.lock:
+            r = route(keys, self.cache)
+            built = scatter_prefill(
+                [self.model], [segments[i] for i in r.cold], [seams[i] for i in r.cold], pair_dtype=self.pair_dtype
+            )
+            for i, e in zip(r.cold, built, strict=True):
+                self.cache.insert(keys[i], e, kind=kinds[i], tenant=tenant)
+        return [
+            SegmentUsage(keys[i], kinds[i], len(segments[i]), r.entries[i] is not None, r.tiers[i])
+            for i in range(len(segments))
+        ]

@@ -1,0 +1,119 @@
+"""Combine: one forward over the active tokens only (seam windows + suffix) on top of cached entries.
+
+Linear layers: the running state advances piece -> cached body pair -> next piece. Each piece's
+own pair (from a zero state) is computed in one varlen launch, one ``chain_scan`` gives the state
+entering every piece, and one varlen gated-delta-rule launch yields the pieces' outputs; each
+piece's conv state is preloaded with the tail of the body before it. Attention layers: active
+tokens attend over spliced KV (cached bodies rotated to their global positions, or left at their
+local positions without ``rerotate``) and write fresh KV for the active rows.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from hypic_agent.kernels import chain as chain_ops
+from hypic_agent.kernels import pairs as pair_ops
+from hypic_agent.runtime.hypic.entry import AttentionEntry, LinearEntry, SegmentEntry
+from hypic_agent.runtime.hypic.layout import CombineLayout
+from hypic_agent.runtime.hypic.modes import ModeSpec
+from hypic_agent.runtime.models.attention import FullAttention
+from hypic_agent.runtime.models.gated_deltanet import GatedDeltaNet
+from hypic_agent.runtime.models.hybrid import HybridForCausalLM
+from hypic_agent.runtime.state import AttentionLayerState, LayerState, LinearLayerState, RequestState
+
+
+def _linear(
+    mixer: GatedDeltaNet,
+    x: torch.Tensor,
+    lay: CombineLayout,
+    entries: list[SegmentEntry | None],
+    li: int,
+    spec: ModeSpec,
+) -> tuple[torch.Tensor, LinearLayerState]:
+    dev = x.device
+    n_pieces = lay.cu_pieces.numel() - 1
+    conv0 = torch.zeros(n_pieces, mixer.conv_dim, mixer.kernel - 1, device=dev, dtype=x.dtype)
+    for p, seg in enumerate(lay.piece_conv_from):
+        if seg is not None:
+            e = entries[seg]
+            assert e is not None
+            conv0[p] = e.layers[li].conv_tail.to(x.dtype)  # type: ignore[union-attr]
+    ops, conv_final = mixer.operands(x, lay.cu_pieces, conv0)
+    hv, kd, vd = mixer.hv, mixer.dk, mixer.dv
+    h0 = torch.zeros(hv, kd, vd, device=dev, dtype=torch.float32)
+    if n_pieces == 1 and lay.chain[0].kind == "piece":
+        enter = h0.unsqueeze(0)  # nothing cached before the only piece
+    else:
+        Tp, Sp = pair_ops.transition_pairs(
+            ops.k, ops.v, ops.g, ops.beta, cu_seqlens=lay.cu_pieces, use_qk_l2norm=True, backend=mixer.backend
+        )
+        eye = torch.eye(kd, device=dev, dtype=torch.float32).expand(hv, kd, kd)
+        Ts, Ss, piece_slot = [], [], []
+        for item in lay.chain:
+            if item.kind == "piece":
+                piece_slot.append(len(Ts))
+                Ts.append(Tp[item.index].float())
+                Ss.append(Sp[item.index].float())
+            else:
+                le: LinearEntry = entries[item.index].layers[li]  # type: ignore[union-attr,assignment]
+                Ts.append(le.T.float() if spec.transition else eye)
+                Ss.append(le.S.float())
+        states = chain_ops.chain_scan(h0, torch.stack(Ts), torch.stack(Ss))  # [n+1, HV, K, V]
+        enter = states[torch.tensor(piece_slot, device=dev)]
+    o, finals = mixer.mix(ops, lay.cu_pieces, enter.contiguous())
+    return mixer.output(o, ops.z), LinearLayerState(finals[-1], conv_final[-1])
+
+
+def _attention(
+    attn: FullAttention,
+    x: torch.Tensor,
+    lay: CombineLayout,
+    entries: list[SegmentEntry | None],
+    li: int,
+    spec: ModeSpec,
+) -> tuple[torch.Tensor, AttentionLayerState]:
+    dev = x.device
+    q, k, v, gate = attn.qkv(x)
+    q = attn.rotate(q, lay.active_pos)
+    k = attn.rotate(k, lay.active_pos)
+    k_full = k.new_empty(lay.total, attn.hkv, attn.d)
+    v_full = v.new_empty(lay.total, attn.hkv, attn.d)
+    k_full[lay.active_pos] = k
+    v_full[lay.active_pos] = v
+    if lay.body_segments:
+        bk, bv = [], []
+        for s, n_body in zip(lay.body_segments, lay.body_lens, strict=True):
+            e = entries[s]
+            assert e is not None
+            ae: AttentionEntry = e.layers[li]  # type: ignore[assignment]
+            bk.append(ae.k[-n_body:])
+            bv.append(ae.v[-n_body:])
+        rot_pos = lay.body_pos if spec.rerotate else lay.body_local_pos
+        k_full[lay.body_pos] = attn.rotate(torch.cat(bk).to(k.dtype), rot_pos)
+        v_full[lay.body_pos] = torch.cat(bv).to(v.dtype)
+    cu_q = torch.tensor([0, x.shape[0]], dtype=torch.int32, device=dev)
+    cu_k = torch.tensor([0, lay.total], dtype=torch.int32, device=dev)
+    k_pos = torch.arange(lay.total, device=dev)
+    o = attn.attend(q, k_full, v_full, cu_q, cu_k, q_positions=lay.active_pos, k_positions=k_pos)
+    return attn.output(o, gate), AttentionLayerState(k_full, v_full)
+
+
+@torch.no_grad()
+def combine(
+    model: HybridForCausalLM, lay: CombineLayout, entries: list[SegmentEntry | None], spec: ModeSpec
+) -> RequestState:
+    """Build the request's working state from entries + active tokens; sets ``last_logits``."""
+    h = model.embed(lay.active_ids)
+    layers: list[LayerState] = []
+    for li, layer in enumerate(model.layers):
+        x = layer.input_layernorm(h)
+        if layer.linear_attn is not None:
+            y, st = _linear(layer.linear_attn, x, lay, entries, li, spec)
+        else:
+            assert layer.self_attn is not None
+            y, st = _attention(layer.self_attn, x, lay, entries, li, spec)
+        layers.append(st)
+        h = layer.feed_forward(h + y)
+    logits = model.logits(h[-1:])[0]
+    return RequestState(layers, lay.total, logits, tokens=list(lay.tokens))

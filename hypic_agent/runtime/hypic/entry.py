@@ -1,0 +1,97 @@
+"""``SegmentEntry``: what a segment's isolated prefill leaves behind for reuse anywhere.
+
+For every linear layer: the body transition pair ``T [HV, K, K]``, ``S [HV, K, V]`` (fp32 by
+default) over tokens ``seam..n-1`` and the conv tail ``[C, W-1]`` (last W-1 conv inputs of the
+segment). For every attention layer: un-rotated keys and values ``[n, Hkv, D]`` of all n tokens
+(seam rows are replaced by fresh ones at reuse in ``hypic`` mode). The body covers the whole
+segment when ``seam == 0``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class LinearEntry:
+    T: torch.Tensor  # [HV, K, K]
+    S: torch.Tensor  # [HV, K, V]
+    conv_tail: torch.Tensor  # [C, W-1]
+
+
+@dataclass
+class AttentionEntry:
+    k: torch.Tensor  # [n, Hkv, D] un-rotated
+    v: torch.Tensor  # [n, Hkv, D]
+
+
+@dataclass
+class SegmentEntry:
+    token_ids: tuple[int, ...]
+    seam: int  # tokens 0..seam-1 are the seam window, seam..n-1 the cached body
+    layers: list[LinearEntry | AttentionEntry]
+    prefill_ms: float = 0.0  # cost of building it (what a hit saves)
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.token_ids)
+
+    def nbytes(self) -> int:
+        total = 0
+        for e in self.layers:
+            if isinstance(e, LinearEntry):
+                total += e.T.nbytes + e.S.nbytes + e.conv_tail.nbytes
+            else:
+                total += e.k.nbytes + e.v.nbytes
+        return total
+
+    def bytes_per_layer(self) -> dict[str, int]:
+        """Bytes of one linear layer's pair (+tail) and one attention layer's KV."""
+        out: dict[str, int] = {}
+        for e in self.layers:
+            if isinstance(e, LinearEntry) and "linear" not in out:
+                out["linear"] = e.T.nbytes + e.S.nbytes + e.conv_tail.nbytes
+            elif isinstance(e, AttentionEntry) and "attention" not in out:
+                out["attention"] = e.k.nbytes + e.v.nbytes
+        return out
+
+    # ------------------------------------------------------------------ (de)serialization
+    def to_tensors(self) -> dict[str, torch.Tensor]:
+        """Flat ``name -> tensor`` dict for the store (safetensors-compatible)."""
+        out: dict[str, torch.Tensor] = {
+            "token_ids": torch.tensor(self.token_ids, dtype=torch.int32),
+            "seam": torch.tensor([self.seam], dtype=torch.int32),
+            "prefill_ms": torch.tensor([self.prefill_ms], dtype=torch.float64),
+        }
+        for i, e in enumerate(self.layers):
+            if isinstance(e, LinearEntry):
+                out[f"l{i}.T"], out[f"l{i}.S"], out[f"l{i}.conv"] = e.T, e.S, e.conv_tail
+            else:
+                out[f"l{i}.k"], out[f"l{i}.v"] = e.k, e.v
+        return out
+
+    @staticmethod
+    def from_tensors(t: dict[str, torch.Tensor], layer_kinds: tuple[str, ...]) -> SegmentEntry:
+        layers: list[LinearEntry | AttentionEntry] = []
+        for i, kind in enumerate(layer_kinds):
+            if kind == "linear":
+                layers.append(LinearEntry(t[f"l{i}.T"], t[f"l{i}.S"], t[f"l{i}.conv"]))
+            else:
+                layers.append(AttentionEntry(t[f"l{i}.k"], t[f"l{i}.v"]))
+        return SegmentEntry(
+            token_ids=tuple(int(x) for x in t["token_ids"].tolist()),
+            seam=int(t["seam"][0]),
+            layers=layers,
+            prefill_ms=float(t["prefill_ms"][0]) if "prefill_ms" in t else 0.0,
+        )
+
+    def to(self, device: torch.device | str) -> SegmentEntry:
+        layers: list[LinearEntry | AttentionEntry] = []
+        for e in self.layers:
+            if isinstance(e, LinearEntry):
+                layers.append(LinearEntry(e.T.to(device), e.S.to(device), e.conv_tail.to(device)))
+            else:
+                layers.append(AttentionEntry(e.k.to(device), e.v.to(device)))
+        return SegmentEntry(self.token_ids, self.seam, layers, self.prefill_ms)

@@ -1,0 +1,108 @@
+"""``CombineLayout``: where every token of a composed prompt comes from.
+
+The prompt is ``[segment 0][segment 1]...[segment m-1][suffix]``. Each segment is either served
+from an entry (its first ``seam`` tokens are *active*, i.e. recomputed in context, the rest is
+the cached *body*) or has no entry (all tokens active). The suffix is always active. Active
+tokens form maximal contiguous *pieces*; the linear-layer chain alternates pieces and bodies.
+All index tensors are computed once per request and shared by every layer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from hypic_agent.runtime.hypic.entry import SegmentEntry
+
+
+@dataclass
+class ChainItem:
+    kind: str  # "piece" | "body"
+    index: int  # piece number, or segment number for a body
+
+
+@dataclass
+class CombineLayout:
+    total: int  # prompt length L
+    active_ids: torch.Tensor  # [Ta] token ids of active tokens
+    active_pos: torch.Tensor  # [Ta] global positions
+    cu_pieces: torch.Tensor  # [P+1] int32 over active tokens
+    body_pos: torch.Tensor  # [Tb] global positions of body tokens
+    body_local_pos: torch.Tensor  # [Tb] positions inside their segment (canonical rotation)
+    body_segments: list[int]  # segments with a non-empty body, in order
+    body_lens: list[int]  # body length of each of those segments
+    chain: list[ChainItem]  # pieces and bodies in prompt order
+    piece_conv_from: list[int | None]  # per piece: segment whose body precedes it (conv tail), or None
+    tokens: list[int] = field(default_factory=list)  # all prompt tokens
+
+
+def plan_layout(
+    segments: list[tuple[int, ...]],
+    entries: list[SegmentEntry | None],
+    seams: list[int],
+    suffix: list[int],
+    device: torch.device,
+) -> CombineLayout:
+    """``seams[i]``: active head of segment i when it has an entry (ignored otherwise)."""
+    active_ids: list[int] = []
+    active_pos: list[int] = []
+    piece_lens: list[int] = []
+    body_pos: list[int] = []
+    body_local: list[int] = []
+    body_segments: list[int] = []
+    body_lens: list[int] = []
+    chain: list[ChainItem] = []
+    conv_from: list[int | None] = []
+    tokens: list[int] = []
+    offset = 0
+    prev_body: int | None = None
+    in_piece = False
+
+    def add_active(ids: list[int], start: int) -> None:
+        nonlocal in_piece
+        if not ids:
+            return
+        if not in_piece:
+            chain.append(ChainItem("piece", len(piece_lens)))
+            piece_lens.append(0)
+            conv_from.append(prev_body)
+            in_piece = True
+        active_ids.extend(ids)
+        active_pos.extend(range(start, start + len(ids)))
+        piece_lens[-1] += len(ids)
+
+    for i, seg in enumerate(segments):
+        n = len(seg)
+        e = entries[i]
+        w = n if e is None else min(seams[i], n)
+        add_active(list(seg[:w]), offset)
+        if w < n:
+            body_segments.append(i)
+            body_lens.append(n - w)
+            body_pos.extend(range(offset + w, offset + n))
+            body_local.extend(range(w, n))
+            chain.append(ChainItem("body", i))
+            prev_body = i
+            in_piece = False
+        tokens.extend(seg)
+        offset += n
+    add_active(list(suffix), offset)
+    tokens.extend(suffix)
+    offset += len(suffix)
+    cu = torch.zeros(len(piece_lens) + 1, dtype=torch.int32)
+    cu[1:] = torch.cumsum(torch.tensor(piece_lens, dtype=torch.int32), 0)
+    lt = torch.long
+    return CombineLayout(
+        total=offset,
+        active_ids=torch.tensor(active_ids, dtype=lt, device=device),
+        active_pos=torch.tensor(active_pos, dtype=lt, device=device),
+        cu_pieces=cu.to(device),
+        body_pos=torch.tensor(body_pos, dtype=lt, device=device),
+        body_local_pos=torch.tensor(body_local, dtype=lt, device=device),
+        body_segments=body_segments,
+        body_lens=body_lens,
+        chain=chain,
+        piece_conv_from=conv_from,
+        tokens=tokens,
+    )

@@ -1,0 +1,67 @@
+"""The ladder of modes, for honest comparison on identical prompt tokens.
+
+| mode              | linear layers            | attention bodies         | seams |
+|-------------------|--------------------------|--------------------------|-------|
+| full_recompute    | one pass                 | one pass                 | -     |
+| prefix_cache      | exact prefix reuse only  | exact prefix reuse only  | -     |
+| addition          | S += S_C (drops T_C)     | spliced, local positions | no    |
+| transition        | S = T_C S + S_C          | spliced, local positions | no    |
+| transition_rope   | S = T_C S + S_C          | re-rotated to global     | no    |
+| hypic             | S = T_C S + S_C          | re-rotated to global     | yes   |
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from hypic_agent.config import MODES
+from hypic_agent.errors import InvalidRequestError, UnknownModeError
+
+
+@dataclass(frozen=True)
+class ModeSpec:
+    name: str
+    composed: bool  # built from cached segment entries (vs one pass / prefix reuse)
+    transition: bool = True  # apply T_C (False: naive addition)
+    rerotate: bool = True  # RoPE of cached keys at their global positions
+    seams: bool = True  # recompute the first w tokens of each segment
+
+
+SPECS: dict[str, ModeSpec] = {
+    "full_recompute": ModeSpec("full_recompute", composed=False),
+    "prefix_cache": ModeSpec("prefix_cache", composed=False),
+    "addition": ModeSpec("addition", composed=True, transition=False, rerotate=False, seams=False),
+    "transition": ModeSpec("transition", composed=True, rerotate=False, seams=False),
+    "transition_rope": ModeSpec("transition_rope", composed=True, seams=False),
+    "hypic": ModeSpec("hypic", composed=True),
+}
+assert tuple(SPECS) == MODES
+
+
+def mode_spec(name: str) -> ModeSpec:
+    """Look a mode up by name; alias ``transition_rope_recompute`` is the published name of ``hypic``."""
+    if name == "transition_rope_recompute":
+        name = "hypic"
+    spec = SPECS.get(name)
+    if spec is None:
+        raise UnknownModeError(f"unknown mode {name!r}; choose one of {', '.join(MODES)}", param="mode")
+    return spec
+
+
+def validate_seam(w: float) -> float:
+    if not isinstance(w, int | float) or math.isnan(w) or w < 0:
+        raise InvalidRequestError("seam must be >= 0 (0 = none, (0,1] = fraction, > 1 = tokens)", param="seam")
+    if w > 1 and float(w) != int(w):
+        raise InvalidRequestError("seam > 1 is a token count and must be an integer", param="seam")
+    return float(w)
+
+
+def seam_tokens(w: float, n_tokens: int) -> int:
+    """Seam width in tokens for a segment of ``n_tokens``: 0 = none, 0 < w <= 1 a fraction
+    (rounded up), w > 1 a token count; never more than the segment (a segment shorter than its
+    seam is recomputed whole)."""
+    if w <= 0 or n_tokens == 0:
+        return 0
+    width = math.ceil(w * n_tokens) if w <= 1 else int(w)
+    return min(width, n_tokens)

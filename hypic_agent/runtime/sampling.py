@@ -1,0 +1,65 @@
+"""Sampling: greedy and temperature / top-k / top-p, with per-token logprobs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from hypic_agent.errors import InvalidRequestError
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_tokens: int = 64
+    temperature: float = 0.0  # 0 = greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+    logprobs: bool = False
+    ignore_eos: bool = False
+    stop_token_ids: tuple[int, ...] = field(default=())
+
+    def validate(self) -> SamplingParams:
+        if self.max_tokens < 1:
+            raise InvalidRequestError("max_tokens must be >= 1", param="max_tokens")
+        if not 0.0 <= self.temperature <= 5.0:
+            raise InvalidRequestError("temperature must be in [0, 5]", param="temperature")
+        if not 0.0 < self.top_p <= 1.0:
+            raise InvalidRequestError("top_p must be in (0, 1]", param="top_p")
+        if self.top_k < 0:
+            raise InvalidRequestError("top_k must be >= 0", param="top_k")
+        if any(not s for s in self.stop):
+            raise InvalidRequestError("stop strings must be non-empty", param="stop")
+        return self
+
+
+def make_generator(params: SamplingParams, device: torch.device) -> torch.Generator | None:
+    if params.temperature == 0.0 or params.seed is None:
+        return None
+    g = torch.Generator(device=device)
+    g.manual_seed(params.seed)
+    return g
+
+
+def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None) -> tuple[int, float]:
+    """logits ``[vocab]`` (fp32) -> (token id, logprob of that token under the unmodified distribution)."""
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    if params.temperature == 0.0:
+        tok = int(torch.argmax(logits))
+        return tok, float(logprobs[tok])
+    scores = logits.float() / params.temperature
+    if params.top_k > 0 and params.top_k < scores.shape[-1]:
+        kth = torch.topk(scores, params.top_k).values[-1]
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+    if params.top_p < 1.0:
+        sorted_scores, idx = torch.sort(scores, descending=True)
+        probs = torch.softmax(sorted_scores, dim=-1)
+        cum = torch.cumsum(probs, dim=-1)
+        drop = cum - probs > params.top_p  # keep the smallest prefix whose mass reaches top_p
+        sorted_scores = sorted_scores.masked_fill(drop, float("-inf"))
+        scores = torch.full_like(scores, float("-inf")).scatter(0, idx, sorted_scores)
+    probs = torch.softmax(scores, dim=-1)
+    tok = int(torch.multinomial(probs, 1, generator=generator))
+    return tok, float(logprobs[tok])
