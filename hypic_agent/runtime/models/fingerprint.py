@@ -7,7 +7,8 @@
 * weight files (paths): each file's name, size and bytes, streamed in 8 MiB blocks. With
   ``cache_dir`` a per-file digest is remembered by (path, size, mtime) so a restart does not
   re-read tens of GB;
-* ``seed`` (seeded random weights, e.g. ``tiny:*``): the seed only, weights are never read.
+* ``seed`` (seeded random weights, e.g. ``tiny:*``): the seed and the transformers version
+  (whose init draws the weights); the weights are never read.
 
 Two models share a fingerprint only if they compute the same function at that dtype, so cached
 segment states can never be served across models.
@@ -105,8 +106,10 @@ def model_fingerprint(
     dt = dtype_name(dtype)
     h = xxhash.xxh3_128()
     h.update(f"{FORMAT}|{dt}|{cfg_json}|".encode())
-    if seed is not None:
-        h.update(f"random-seed|{int(seed)}".encode())
+    if seed is not None:  # random init depends on the transformers version too
+        import transformers
+
+        h.update(f"random-seed|{int(seed)}|transformers-{transformers.__version__}".encode())
     elif isinstance(weights, Mapping):
         h.update(b"tensors|")
         for name in sorted(weights):

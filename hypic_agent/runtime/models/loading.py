@@ -16,13 +16,17 @@ from __future__ import annotations
 import json
 import logging
 import re
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from hypic_agent.errors import ModelConfigError, WeightsError
 from hypic_agent.runtime.models.config import HybridConfig
+
+if TYPE_CHECKING:
+    from hypic_agent.runtime.models.catalog import ModelSource
 
 log = logging.getLogger(__name__)
 
@@ -251,3 +255,49 @@ def load_checkpoint(
         for n in extra:
             del tensors[n]
     return cfg, raw_cfg, tensors
+
+
+@dataclass
+class LoadedWeights:
+    """What ``load_weights`` returns: tensors under the naming contract plus identity."""
+
+    source: ModelSource
+    config: HybridConfig
+    hf_config: dict[str, Any]
+    tensors: dict[str, torch.Tensor] = field(repr=False)
+    fingerprint: str
+
+
+# ---------------------------------------------------------------------------- any source
+def load_weights(
+    source: ModelSource,
+    *,
+    dtype: torch.dtype | None = None,
+    device: str | torch.device = "cpu",
+    seed: int = 0,
+    fingerprint_cache: Path | None = None,
+) -> LoadedWeights:
+    """Config + tensors (naming contract) + fingerprint of a resolved source."""
+    from hypic_agent.runtime.models.fingerprint import model_fingerprint
+
+    if source.kind == "tiny":
+        from hypic_agent.runtime.models.tiny import random_state_dict, tiny_config
+
+        raw = tiny_config(source.arch or "qwen3_5_text")
+        dt = dtype or torch.float32
+        tensors = {k: v.to(device) for k, v in random_state_dict(raw, seed, dt).items()}
+        cfg = HybridConfig.from_hf(raw)
+        fp = model_fingerprint(cfg, dtype=dt, seed=seed)
+        return LoadedWeights(source, cfg, raw, tensors, fp)
+    assert source.path is not None
+    if source.kind == "gguf":
+        from hypic_agent.runtime.models.gguf_loader import load_gguf
+
+        cfg, raw, tensors = load_gguf(source.path, dtype=dtype, device=device)
+        files = [source.path]
+    else:
+        cfg, raw, tensors = load_checkpoint(source.path, dtype=dtype, device=device)
+        files = weight_files(source.path)
+    dt = dtype or tensors["model.embed_tokens.weight"].dtype
+    fp = model_fingerprint(cfg, files, dtype=dt, cache_dir=fingerprint_cache)
+    return LoadedWeights(source, cfg, raw, tensors, fp)

