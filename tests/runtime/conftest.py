@@ -1,0 +1,44 @@
+"""Shared fixtures: tiny seeded models of every architecture, ours and transformers' (the oracle)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from hypic_agent.runtime.models.hybrid import HybridForCausalLM
+from hypic_agent.runtime.models.registry import build_model
+from hypic_agent.runtime.models.tiny import TINY_ARCHS, build_hf_model, random_state_dict, tiny_config
+
+
+def make_model(arch: str = "qwen3_5_text", seed: int = 0, slow_decay: bool = False,
+               **overrides: Any) -> tuple[HybridForCausalLM, dict[str, torch.Tensor], dict[str, Any]]:
+    cfg = tiny_config(arch)
+    cfg.update(overrides)
+    sd = random_state_dict(cfg, seed=seed)
+    if slow_decay:  # long memory, so dropping T_C (naive addition) shows
+        for k in sd:
+            if k.endswith("A_log"):
+                sd[k] = torch.full_like(sd[k], -4.0)
+            elif k.endswith("dt_bias"):
+                sd[k] = torch.full_like(sd[k], -3.0)
+    model = build_model(cfg)
+    model.load_weights(sd)
+    return model, sd, cfg
+
+
+@pytest.fixture(params=TINY_ARCHS)
+def arch(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+@pytest.fixture
+def model_and_oracle(arch: str) -> tuple[HybridForCausalLM, Any]:
+    model, sd, cfg = make_model(arch)
+    return model, build_hf_model(cfg, sd)
+
+
+def rand_tokens(n: int, seed: int, vocab: int = 256) -> list[int]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab, (n,), generator=g).tolist()
