@@ -1,0 +1,135 @@
+"""Shared helpers for benchmarks: random real-shape models, timing, FLOP counts, table + JSON output."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = ROOT.parent / "shared"
+sys.path.insert(0, str(ROOT))
+
+from hypic_agent.runtime.models.config import HybridConfig  # noqa: E402
+from hypic_agent.runtime.models.hybrid import HybridForCausalLM  # noqa: E402
+from hypic_agent.runtime.models.registry import build_model  # noqa: E402
+
+
+def load_shape(name_or_path: str, layers: int | None = None) -> dict[str, Any]:
+    """A real config from shared/configs (or a path / tiny:<arch>), optionally cut to ``layers`` layers."""
+    if name_or_path.startswith("tiny:"):
+        from hypic_agent.runtime.models.tiny import tiny_config
+
+        raw = tiny_config(name_or_path[5:])
+    else:
+        p = Path(name_or_path)
+        if not p.exists():
+            p = SHARED / "configs" / f"{name_or_path}.json"
+        raw = json.loads(p.read_text())
+    if layers:
+        text = raw.get("text_config", raw)
+        text["num_hidden_layers"] = layers
+        if "layer_types" in text:
+            text["layer_types"] = text["layer_types"][:layers]
+    return raw
+
+
+@torch.no_grad()
+def random_model(raw: dict[str, Any], device: str, dtype: torch.dtype, seed: int = 0) -> HybridForCausalLM:
+    """Our model at the config's real size with seeded random weights (initialized on the device)."""
+    torch.manual_seed(seed)
+    model = build_model(raw, dtype=dtype, device=device)
+    for name, p in model.named_parameters():
+        if name.endswith("A_log"):
+            p.copy_(torch.empty_like(p, dtype=torch.float32).uniform_(0.01, 16).log())
+        elif name.endswith("dt_bias") or name.endswith("linear_attn.norm.weight"):
+            p.fill_(1.0)
+        elif name.endswith("norm.weight"):
+            p.fill_(0.0 if model.config.norm_zero_centered else 1.0)
+        elif name.endswith("conv1d.weight"):
+            p.normal_(0, 0.5)
+        else:
+            p.normal_(0, 0.02)
+    return model
+
+
+def sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def timed(fn: Callable[[], Any], reps: int = 3, warmup: int = 1) -> tuple[float, list[float]]:
+    """Median wall seconds over ``reps`` after ``warmup`` calls (device synchronized)."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        sync()
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - t0)
+    times.sort()
+    return times[len(times) // 2], times
+
+
+def prefill_flops(cfg: HybridConfig, L: int) -> dict[str, float]:
+    """FLOPs of one prefill of L tokens (matmuls count 2 per MAC; logits for the last token only)."""
+    d = cfg.hidden_size
+    mm = 0.0
+    for i, kind in enumerate(cfg.layer_types):
+        if kind == "linear":
+            proj = d * (cfg.linear_conv_dim + cfg.linear_value_dim + 2 * cfg.linear_num_value_heads)
+            mm += 2 * L * (proj + cfg.linear_value_dim * d)
+        else:
+            q = cfg.num_attention_heads * cfg.head_dim * (2 if cfg.attn_output_gate else 1)
+            kv = 2 * cfg.num_key_value_heads * cfg.head_dim
+            mm += 2 * L * d * (q + kv + cfg.num_attention_heads * cfg.head_dim)
+        if cfg.moe_layers and cfg.moe_layers[i]:
+            per_tok = cfg.num_experts * d + cfg.num_experts_per_tok * 3 * d * cfg.moe_intermediate_size
+            per_tok += 3 * d * cfg.shared_expert_intermediate_size + d
+            mm += 2 * L * per_tok
+        else:
+            mm += 2 * L * 3 * d * cfg.intermediate_size
+    mm += 2 * d * cfg.vocab_size
+    n_attn = len(cfg.attention_layers)
+    attn = n_attn * 2 * L * L * cfg.num_attention_heads * cfg.head_dim  # causal: QK^T + PV over L^2/2
+    hv, k, v, c = cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim, 64
+    gdn = len(cfg.linear_layers) * L * hv * (6 * k * v + 4 * c * (k + v))
+    return {"matmul": mm, "attention": attn, "gdn": gdn, "total": mm + attn + gdn}
+
+
+def matmul_peak_tflops(device: str) -> float:
+    """Measured bf16 matmul rate (8192^3) on this device, TFLOP/s."""
+    if not device.startswith("cuda"):
+        return float("nan")
+    a = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
+    t, _ = timed(lambda: a @ b, reps=10, warmup=3)
+    return 2 * 8192**3 / t / 1e12
+
+
+def print_table(rows: list[dict[str, Any]], cols: list[str]) -> None:
+    def fmt(v: Any) -> str:
+        if isinstance(v, float):
+            return "nan" if math.isnan(v) else (f"{v:.3g}" if abs(v) < 1000 else f"{v:,.0f}")
+        return str(v)
+
+    widths = [max(len(c), *(len(fmt(r.get(c, ""))) for r in rows)) for c in cols]
+    print(" | ".join(c.ljust(w) for c, w in zip(cols, widths)))
+    print("-|-".join("-" * w for w in widths))
+    for r in rows:
+        print(" | ".join(fmt(r.get(c, "")).ljust(w) for c, w in zip(cols, widths)))
+
+
+def write_json(path: str | Path, payload: dict[str, Any]) -> None:
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(json.dumps(payload, indent=2, default=str))
+    print(f"wrote {p}")

@@ -1,0 +1,84 @@
+"""HYPIC overheads: pair building vs a plain isolated prefill, composition time, bytes and error.
+
+    python benchmarks/overhead.py --shape qwen3_5_35b_a3b --segments 16 --seg-len 1024
+    python benchmarks/overhead.py --shape tiny:qwen3_5_text --device cpu --segments 4 --seg-len 64
+
+* build: ``build_entries`` (isolated packed prefill + pairs + KV capture) vs ``prefill`` of the same
+  packed batch without pairs.
+* compose: ``chain_scan`` over ``--compose-n`` pairs for every linear layer (one launch per layer).
+* bytes per entry per layer with fp32 and bf16 pairs, and the composed-state error of each against
+  a one-pass run (layer 0, seams >= W-1 so the fp32 composition is exact there).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+from _common import load_shape, print_table, random_model, timed, write_json
+
+from hypic_agent.kernels import chain as chain_ops
+from hypic_agent.runtime.forward import prefill
+from hypic_agent.runtime.hypic.build import build_entries
+from hypic_agent.runtime.hypic.combine import combine
+from hypic_agent.runtime.hypic.layout import plan_layout
+from hypic_agent.runtime.hypic.modes import mode_spec
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shape", default="qwen3_5_35b_a3b")
+    ap.add_argument("--layers", type=int, default=None)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--segments", type=int, default=16)
+    ap.add_argument("--seg-len", type=int, default=1024)
+    ap.add_argument("--compose-n", type=int, default=64)
+    ap.add_argument("--seam", type=int, default=8)
+    ap.add_argument("--out", default="bench_out/overhead.json")
+    args = ap.parse_args()
+    model = random_model(load_shape(args.shape, args.layers), args.device, getattr(torch, args.dtype))
+    cfg = model.config
+    g = torch.Generator().manual_seed(0)
+    segs = [tuple(torch.randint(0, cfg.vocab_size, (args.seg_len,), generator=g).tolist())
+            for _ in range(args.segments)]
+    seams = [args.seam] * len(segs)
+    t_plain, _ = timed(lambda: prefill(model, [list(s) for s in segs]))
+    t_build, _ = timed(lambda: build_entries(model, segs, seams))
+    dev = torch.device(args.device)
+    hv, k, v = cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim
+    n = args.compose_n
+    T = torch.randn(n, hv, k, k, device=dev) * 0.05
+    S = torch.randn(n, hv, k, v, device=dev)
+    h0 = torch.zeros(hv, k, v, device=dev)
+    n_lin = len(cfg.linear_layers)
+
+    def compose_all() -> None:
+        for _ in range(n_lin):
+            chain_ops.chain_scan(h0, T, S)
+
+    t_comp, _ = timed(compose_all, reps=5, warmup=2)
+    # bytes and composed-state error (fp32 vs bf16 pairs) at layer 0
+    suffix = [1]
+    full = prefill(model, [[t for s in segs[:4] for t in s] + suffix])[0]
+    rows_b = []
+    for pdt in (torch.float32, torch.bfloat16):
+        entries = build_entries(model, segs[:4], seams[:4], pair_dtype=pdt)
+        st = combine(model, plan_layout(list(segs[:4]), list(entries), seams[:4], suffix, dev), list(entries),
+                     mode_spec("hypic"))
+        ref = full.layers[cfg.linear_layers[0]].recurrent
+        err = ((st.layers[cfg.linear_layers[0]].recurrent - ref).norm() / ref.norm()).item()
+        per = entries[0].bytes_per_layer()
+        rows_b.append({"pair_dtype": str(pdt).split(".")[-1], "linear_layer_bytes": per.get("linear", 0),
+                       "attention_layer_bytes": per.get("attention", 0), "entry_bytes": entries[0].nbytes(),
+                       "layer0_state_rel_err": err})
+    rows = [{"segments": len(segs), "seg_len": args.seg_len, "plain_prefill_ms": t_plain * 1e3,
+             "build_entries_ms": t_build * 1e3, "pair_overhead_pct": (t_build / t_plain - 1) * 100,
+             "compose_n": n, "compose_all_linear_layers_ms": t_comp * 1e3}]
+    print_table(rows, list(rows[0]))
+    print_table(rows_b, list(rows_b[0]))
+    write_json(args.out, {"args": vars(args), "timing": rows, "bytes": rows_b})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,101 @@
+"""Prefill throughput and TTFT of our runtime vs transformers on the same random weights.
+
+    python benchmarks/prefill.py --shape qwen3_5_35b_a3b --lengths 4096 16384 32768
+    python benchmarks/prefill.py --shape qwen3_next_80b_a3b --layers 24   # 80B does not fit one H200
+    python benchmarks/prefill.py --shape tiny:qwen3_5_moe_text --device cpu --lengths 256   # smoke
+
+transformers' model shares our parameter tensors (built on the meta device, then assigned), so both
+fit on one GPU. FLOPs count matmuls, attention and the GDN recurrence; the fraction of peak is
+against a bf16 8192^3 matmul measured in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+import torch
+from _common import load_shape, matmul_peak_tflops, prefill_flops, print_table, random_model, timed, write_json
+
+from hypic_agent.runtime.forward import prefill
+
+
+def hf_twin(model: Any, raw: dict[str, Any], device: str) -> Any:
+    """transformers' CausalLM sharing ``model``'s parameters (no second copy of the weights)."""
+    from transformers import AutoModelForCausalLM
+
+    from hypic_agent.runtime.models.tiny import hf_config_object
+
+    text = raw.get("text_config", raw)
+    if raw.get("model_type") in ("qwen3_5", "qwen3_5_moe"):
+        text = dict(text)
+    cfg = hf_config_object(text)
+    kw: dict[str, Any] = {"torch_dtype": next(model.parameters()).dtype}
+    with torch.device("meta"):
+        try:
+            hf = AutoModelForCausalLM.from_config(cfg, experts_implementation="grouped_mm", **kw)
+        except (TypeError, ValueError):
+            hf = AutoModelForCausalLM.from_config(cfg, **kw)
+    sd = model.state_dict()
+    if cfg.tie_word_embeddings:
+        sd.setdefault("lm_head.weight", sd["model.embed_tokens.weight"])
+    hf.load_state_dict(sd, assign=True, strict=True)
+    rot = hf.model.rotary_emb
+    hf.model.rotary_emb = type(rot)(config=hf.config).to(device)
+    left = [n for n, b in hf.named_buffers() if b.is_meta]
+    if left:
+        raise RuntimeError(f"meta buffers left in the transformers twin: {left[:4]}")
+    return hf.eval()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shape", default="qwen3_5_35b_a3b")
+    ap.add_argument("--layers", type=int, default=None)
+    ap.add_argument("--lengths", type=int, nargs="+", default=[4096, 16384, 32768])
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--no-transformers", action="store_true")
+    ap.add_argument("--out", default="bench_out/prefill.json")
+    args = ap.parse_args()
+    dtype = getattr(torch, args.dtype)
+    raw = load_shape(args.shape, args.layers)
+    model = random_model(raw, args.device, dtype)
+    cfg = model.config
+    nparams = sum(p.numel() for p in model.parameters())
+    peak = matmul_peak_tflops(args.device)
+    hf = None if args.no_transformers else hf_twin(model, raw, args.device)
+    rows = []
+    g = torch.Generator().manual_seed(0)
+    for L in args.lengths:
+        ids = torch.randint(0, cfg.vocab_size, (L,), generator=g).tolist()
+        fl = prefill_flops(cfg, L)
+        t_ours, all_ours = timed(lambda ids=ids: prefill(model, [ids]), reps=args.reps)
+        row: dict[str, Any] = {"shape": args.shape, "layers": cfg.num_layers, "tokens": L,
+                               "ours_s": t_ours, "ours_tok_s": L / t_ours,
+                               "ours_tflops": fl["total"] / t_ours / 1e12,
+                               "ours_frac_peak": fl["total"] / t_ours / 1e12 / peak, "all_ours": all_ours}
+        if hf is not None:
+            x = torch.tensor([ids], device=args.device)
+
+            def run_hf(x=x) -> None:
+                with torch.no_grad():
+                    hf(input_ids=x, logits_to_keep=1, use_cache=False)
+
+            t_hf, all_hf = timed(run_hf, reps=args.reps)
+            row.update({"hf_s": t_hf, "hf_tok_s": L / t_hf, "speedup": t_hf / t_ours,
+                        "hf_frac_peak": fl["total"] / t_hf / 1e12 / peak, "all_hf": all_hf})
+        row.update({f"flops_{k}": v for k, v in fl.items()})
+        rows.append(row)
+        print(f"L={L}: ours {t_ours:.3f}s" + (f", transformers {row['hf_s']:.3f}s" if hf is not None else ""),
+              flush=True)
+    cols = ["shape", "layers", "tokens", "ours_s", "ours_tok_s", "ours_frac_peak", "hf_s", "hf_tok_s", "speedup"]
+    print_table(rows, cols)
+    write_json(args.out, {"device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
+                          "peak_tflops": peak, "params": nparams, "dtype": args.dtype, "rows": rows,
+                          "torch": torch.__version__})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,120 @@
+"""TTFT of every mode on a RAG workload, side by side in one run.
+
+Each request: ``--segments`` documents of ``--seg-len`` tokens drawn in random order from a pool,
+plus a ``--query-len``-token question. ``--hit-rate 1.0`` = warm (all documents cached before);
+0.8 = 80% of each request's documents cached, the rest never seen before.
+
+    python benchmarks/ttft.py --shape qwen3_5_35b_a3b --requests 8 --hit-rates 1.0 0.8
+    python benchmarks/ttft.py --shape tiny:qwen3_5_text --device cpu --seg-len 64 --segments 6 --requests 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from _common import load_shape, print_table, random_model, sync, write_json
+
+from hypic_agent.config import MODES, Settings
+from hypic_agent.runtime.engine import Engine
+
+
+@dataclass
+class Seg:
+    token_ids: tuple[int, ...]
+    kind: str = "document"
+
+
+@dataclass
+class Plan:
+    segments: list[Seg]
+    suffix_ids: list[int]
+    bos_id: int | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+def make_requests(args: argparse.Namespace, vocab: int, hit_rate: float) -> tuple[list[Plan], list[Seg]]:
+    rng = random.Random(args.seed)
+    n_cold = round(args.segments * (1 - hit_rate))
+    pool = [Seg(tuple(rng.randrange(vocab) for _ in range(args.seg_len))) for _ in range(args.pool)]
+    plans, warm = [], set()
+    for _ in range(args.requests + args.warmup):
+        docs = rng.sample(range(args.pool), args.segments - n_cold)
+        warm.update(docs)
+        segs = [pool[i] for i in docs]
+        segs += [Seg(tuple(rng.randrange(vocab) for _ in range(args.seg_len))) for _ in range(n_cold)]
+        rng.shuffle(segs)
+        plans.append(Plan(segs, [rng.randrange(vocab) for _ in range(args.query_len)]))
+    return plans, [pool[i] for i in sorted(warm)]
+
+
+def pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shape", default="qwen3_5_35b_a3b")
+    ap.add_argument("--layers", type=int, default=None)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--pool", type=int, default=200)
+    ap.add_argument("--segments", type=int, default=20)
+    ap.add_argument("--seg-len", type=int, default=1024)
+    ap.add_argument("--query-len", type=int, default=50)
+    ap.add_argument("--requests", type=int, default=8)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--seam", type=float, default=8)
+    ap.add_argument("--hit-rates", type=float, nargs="+", default=[1.0, 0.8])
+    ap.add_argument("--modes", nargs="+", default=list(MODES))
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default="bench_out/ttft.json")
+    args = ap.parse_args()
+    model = random_model(load_shape(args.shape, args.layers), args.device, getattr(torch, args.dtype))
+    settings = Settings(min_cached_tokens=16, cpu_budget_bytes=1 << 40, max_context=1 << 20)
+    rows = []
+    for hit in args.hit_rates:
+        plans, warm_docs = make_requests(args, model.config.vocab_size, hit)
+        for mode in args.modes:
+            engine = Engine(model, None, "bench", settings)  # fresh caches per mode
+            if mode not in ("full_recompute", "prefix_cache"):
+                for i in range(0, len(warm_docs), 16):
+                    chunk = warm_docs[i : i + 16]
+                    engine.prewarm([s.token_ids for s in chunk], [s.kind for s in chunk], mode=mode, seam=args.seam)
+            times = []
+            for j, plan in enumerate(plans):
+                sync()
+                t0 = torch.cuda.Event(enable_timing=True) if args.device.startswith("cuda") else None
+                import time
+
+                w0 = time.perf_counter()
+                prep = engine.prepare(plan, mode=mode, seam=args.seam)
+                sync()
+                ms = (time.perf_counter() - w0) * 1e3
+                del t0
+                if j >= args.warmup:
+                    times.append(ms)
+                    cached = prep.cached_tokens
+            rows.append({"hit_rate": hit, "mode": mode, "p50_ms": pct(times, 0.5), "p90_ms": pct(times, 0.9),
+                         "mean_ms": sum(times) / len(times), "cached_tokens": cached,
+                         "prompt_tokens": prep.prompt_tokens, "timings": prep.timings_ms})
+            print(f"hit={hit} {mode}: p50 {rows[-1]['p50_ms']:.1f} ms", flush=True)
+            del engine
+            if args.device.startswith("cuda"):
+                torch.cuda.empty_cache()
+        base = next((r for r in rows if r["hit_rate"] == hit and r["mode"] == "prefix_cache"), None)
+        for r in rows:
+            if base and r["hit_rate"] == hit:
+                r["speedup_vs_prefix_cache_p50"] = base["p50_ms"] / r["p50_ms"]
+    print_table(rows, ["hit_rate", "mode", "p50_ms", "p90_ms", "cached_tokens", "prompt_tokens",
+                       "speedup_vs_prefix_cache_p50"])
+    write_json(args.out, {"args": vars(args), "rows": rows,
+                          "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"})
+
+
+if __name__ == "__main__":
+    main()
