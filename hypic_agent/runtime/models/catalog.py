@@ -166,10 +166,10 @@ def _hub_source(repo_id: str, cache_dir: Path | None) -> ModelSource:
 
 
 # ---------------------------------------------------------------------------- fetching
-def fetch_model(name: str, settings: Settings, *, force: bool = False) -> ModelSource:
+def fetch_model(name: str, settings: Settings, *, force: bool = False, hf_cache_dir: Path | None = None) -> ModelSource:
     """Make a model available locally; idempotent. Only catalog models can be downloaded."""
     if name not in CATALOG:
-        return resolve_model(name, settings, fetch=False)
+        return resolve_model(name, settings, fetch=False, hf_cache_dir=hf_cache_dir)
     entry = CATALOG[name]
     target = catalog_path(entry, settings)
     if force or not (target.is_file() and target.stat().st_size == entry.size):

@@ -1,0 +1,124 @@
+"""Tiny configs are valid transformers configs; seeded weights follow the naming contract."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hypic_agent.errors import ModelConfigError
+from hypic_agent.runtime.models.config import HybridConfig
+from hypic_agent.runtime.models.loading import expected_shapes, validate_state_dict
+from hypic_agent.runtime.models.tiny import (
+    TINY_ARCHS,
+    TINY_EOS_ID,
+    TINY_VOCAB_SIZE,
+    build_hf_model,
+    canonical_arch,
+    hf_config_object,
+    random_state_dict,
+    tiny_config,
+)
+from hypic_agent.runtime.models.tokenizer import tiny_tokenizer
+
+HF_CLASS = {
+    "qwen3_5_text": "Qwen3_5ForCausalLM",
+    "qwen3_5_moe_text": "Qwen3_5MoeForCausalLM",
+    "qwen3_next": "Qwen3NextForCausalLM",
+    "llama": "LlamaForCausalLM",
+}
+
+
+@pytest.mark.parametrize("arch", TINY_ARCHS)
+def test_tiny_config_is_valid_transformers_config(arch: str) -> None:
+    d = tiny_config(arch)
+    hf = hf_config_object(d)
+    assert hf.model_type == arch
+    cfg = HybridConfig.from_hf(d)
+    assert cfg.vocab_size == TINY_VOCAB_SIZE == len(tiny_tokenizer())
+    assert cfg.eos_token_ids == (TINY_EOS_ID,)
+    assert cfg.num_layers == 4 and 64 <= cfg.hidden_size <= 128
+    assert cfg.head_dim == 32 and cfg.num_attention_heads > cfg.num_key_value_heads  # GQA
+    if arch == "llama":
+        assert cfg.attention_layers == [0, 1, 2, 3] and cfg.rotary_dim == 32
+    else:
+        assert cfg.attention_layers == [3] and cfg.linear_layers == [0, 1, 2]
+        assert (cfg.linear_num_key_heads, cfg.linear_num_value_heads) == (2, 4)
+        assert cfg.rotary_dim == 16  # partial rotary 0.5
+        # transformers reads the same layout
+        assert list(hf.layer_types) == ["linear_attention"] * 3 + ["full_attention"]
+    if arch in ("qwen3_5_moe_text", "qwen3_next"):
+        assert cfg.num_experts == 4 and cfg.num_experts_per_tok == 2 and all(cfg.moe_layers)
+        assert cfg.shared_expert_intermediate_size > 0
+    assert cfg.linear_fused_qkvz == (arch == "qwen3_next")
+
+
+def test_tiny_config_returns_copies_and_aliases() -> None:
+    a = tiny_config("qwen3_5")
+    a["hidden_size"] = 1
+    assert tiny_config("qwen3_5_text")["hidden_size"] == 64
+    assert canonical_arch("qwen3_5_moe") == "qwen3_5_moe_text"
+    with pytest.raises(ModelConfigError, match="tiny:qwen3_5_text"):
+        tiny_config("mamba")
+
+
+@pytest.mark.parametrize("arch", TINY_ARCHS)
+def test_random_state_dict_matches_transformers_names(arch: str) -> None:
+    d = tiny_config(arch)
+    sd = random_state_dict(d, seed=3)
+    model = build_hf_model(d)
+    assert type(model).__name__ == HF_CLASS[arch]
+    hf_names = set(model.state_dict())
+    if d["tie_word_embeddings"]:
+        assert "lm_head.weight" not in sd
+        hf_names.discard("lm_head.weight")
+    assert set(sd) == hf_names
+    for k, v in model.state_dict().items():
+        if k in sd:
+            assert tuple(sd[k].shape) == tuple(v.shape), k
+    cfg = HybridConfig.from_hf(d)
+    assert {k: tuple(v.shape) for k, v in sd.items()} == expected_shapes(cfg)
+    assert validate_state_dict(cfg, sd) == []
+
+
+@pytest.mark.parametrize("arch", ["qwen3_5_text", "qwen3_next", "llama"])
+def test_random_state_dict_is_seeded_and_sane(arch: str) -> None:
+    d = tiny_config(arch)
+    torch.manual_seed(1234)
+    before = torch.rand(3)
+    torch.manual_seed(1234)
+    a = random_state_dict(d, seed=7)
+    after = torch.rand(3)
+    assert torch.equal(before, after), "caller's RNG state must be untouched"
+    b = random_state_dict(d, seed=7)
+    c = random_state_dict(d, seed=8)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert not torch.equal(a["model.embed_tokens.weight"], c["model.embed_tokens.weight"])
+    for k, t in a.items():
+        assert torch.isfinite(t).all(), k
+        if k.endswith("A_log"):
+            A = t.exp()
+            assert (A >= 0.05 - 1e-6).all() and (A <= 1.0 + 1e-6).all()
+        if k.endswith("layernorm.weight") or k.endswith("model.norm.weight"):
+            centre = 1.0 if arch == "llama" else 0.0
+            assert (t - centre).abs().max() < 0.6 and (t - centre).abs().mean() > 0.01, k
+
+
+def test_random_state_dict_dtype() -> None:
+    sd = random_state_dict(tiny_config("qwen3_5_moe_text"), seed=0, dtype=torch.bfloat16)
+    assert {t.dtype for t in sd.values()} == {torch.bfloat16}
+
+
+@pytest.mark.parametrize("arch", TINY_ARCHS)
+def test_oracle_model_runs_on_shared_weights(arch: str) -> None:
+    d = tiny_config(arch)
+    sd = random_state_dict(d, seed=0)
+    model = build_hf_model(d, sd)
+    msd = model.state_dict()
+    assert all(torch.equal(msd[k], sd[k]) for k in sd)
+    if d["tie_word_embeddings"]:
+        assert torch.equal(msd["lm_head.weight"], sd["model.embed_tokens.weight"])
+    ids = torch.randint(0, TINY_VOCAB_SIZE, (1, 24), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        logits = model(ids).logits
+    assert logits.shape == (1, 24, TINY_VOCAB_SIZE)
+    assert torch.isfinite(logits).all() and logits.std() > 0.05
