@@ -1,0 +1,355 @@
+"""``SegmentStore``: the tiered, persistent, thread-safe store of segment entries.
+
+Payloads are opaque ``dict[str, Tensor]`` (the runtime defines them). Tiers, fastest first:
+GPU pool (only with CUDA, or an explicit ``gpu_device``) -> CPU (pinned when CUDA is there)
+-> disk (one safetensors file per entry). GPU and CPU hold an entry exclusively; the disk is
+written through on ``put``, so every entry that fits the disk budget survives a restart.
+
+* hit: served from the tier it is in and promoted to the top memory tier;
+* budgets: a tier over budget sheds its lowest-score entries (``eviction.py``): GPU -> CPU,
+  CPU -> dropped from memory (still on disk), disk -> file removed; an entry left nowhere is
+  gone (its registry row too). Pinned entries are never shed; a TTL still ends them;
+* safety: a disk entry whose checksum, format, key or model fingerprint does not check out,
+  or a hit whose fingerprint / token digest differs from what the caller expects, is deleted
+  and reported as a miss: never served.
+
+NOTE: one store object owns one store dir; registry rows are the source of truth for what is
+on disk, and ``open()`` makes the two consistent after a crash (``recovery.py``).
+Returned tensors are shared with the store: treat them as read-only.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hypic_agent.config import Settings
+from hypic_agent.errors import InvalidRequestError
+from hypic_agent.segments.entries import EntryMeta, Fetch, IndexEntry, StoreStats, Tensors, TierStats
+from hypic_agent.segments.eviction import EvictionPolicy
+from hypic_agent.segments.recovery import recover
+from hypic_agent.segments.registry import UNSET, EntryRecord, Page, Registry
+from hypic_agent.segments.singleflight import SingleFlight, StoreFlights
+from hypic_agent.segments.tier_policy import TierPolicy
+from hypic_agent.segments.tiers import CorruptEntryError, DiskTier, MemoryTier, payload_nbytes
+
+log = logging.getLogger(__name__)
+
+
+class SegmentStore(TierPolicy, StoreFlights):
+    def __init__(
+        self,
+        registry: Registry,
+        root: Path | str,
+        *,
+        gpu_budget_bytes: int = 0,
+        cpu_budget_bytes: int = 1 << 30,
+        disk_budget_bytes: int = 8 << 30,
+        gpu_device: str | torch.device | None = "auto",
+        pin_cpu: bool | None = None,
+        policy: EvictionPolicy | None = None,
+        default_ttl_s: float | None = None,
+        flush_interval_s: float = 2.0,
+        clock: Callable[[], float] = time.time,
+        owns_registry: bool = False,
+    ) -> None:
+        cuda = torch.cuda.is_available()
+        if gpu_device == "auto":
+            gpu_device = "cuda" if cuda else None
+        self.registry = registry
+        self.gpu = MemoryTier("gpu", gpu_device or "cpu", gpu_budget_bytes if gpu_device else 0)
+        self.cpu = MemoryTier("cpu", "cpu", cpu_budget_bytes, pin=cuda if pin_cpu is None else pin_cpu)
+        self.disk = DiskTier(root, disk_budget_bytes)
+        self.policy = policy or EvictionPolicy()
+        self.default_ttl_s = default_ttl_s
+        self.flush_interval_s = flush_interval_s
+        self.clock = clock
+        self._owns_registry = owns_registry
+        self._lock = threading.RLock()
+        self._index: dict[str, IndexEntry] = {}
+        self._flight: SingleFlight[Fetch] = SingleFlight()
+        self._pending: dict[str, tuple[float, int]] = {}
+        self._last_flush = 0.0
+        self._opened = False
+        self._counts = dict.fromkeys(("hits", "misses", "evicted", "expired", "corrupt", "rejected"), 0)
+        self._tier_evictions = {"gpu": 0, "cpu": 0, "disk": 0}
+
+    @classmethod
+    def from_settings(cls, settings: Settings, registry: Registry | None = None, **kwargs: Any) -> SegmentStore:
+        """Store over ``settings`` (budgets, dirs, database URL), already ``open()``."""
+        owns = registry is None
+        device: str | None = settings.device if settings.device.startswith("cuda") else "auto"
+        if settings.device == "cpu":
+            device = None
+        store = cls(
+            registry or Registry.from_settings(settings),
+            settings.resolved_store_dir(),
+            gpu_budget_bytes=settings.gpu_budget_bytes,
+            cpu_budget_bytes=settings.cpu_budget_bytes,
+            disk_budget_bytes=settings.disk_budget_bytes,
+            gpu_device=kwargs.pop("gpu_device", device),
+            default_ttl_s=settings.default_ttl_s,
+            owns_registry=owns,
+            **kwargs,
+        )
+        return store.open()
+
+    # ------------------------------------------------------------------ lifecycle
+    def open(self) -> SegmentStore:
+        """Recover after a crash or restart: drop half-written entries and orphan files."""
+        with self._lock:
+            if not self._opened:
+                self._index = {e.key: e for e in recover(self.registry, self.disk, self.clock())}
+                self.disk.used = sum(e.file_bytes for e in self._index.values() if e.location)
+                self._enforce_locked(set(), self.clock())
+                self._opened = True
+        return self
+
+    def close(self) -> None:
+        with self._lock:
+            self._flush_locked()
+            if self._owns_registry:
+                self.registry.close()
+
+    def __enter__(self) -> SegmentStore:
+        return self.open()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ put
+    def put(self, key: str, tensors: Tensors, meta: EntryMeta) -> str | None:
+        """Store a payload (replacing any under ``key``); returns the memory tier it landed in,
+        ``"disk"``, or ``None`` when it fits no budget (then nothing is stored)."""
+        if not tensors or not all(isinstance(t, torch.Tensor) for t in tensors.values()):
+            raise InvalidRequestError("an entry payload must be a non-empty dict of tensors", param="tensors")
+        nbytes = payload_nbytes(tensors)
+        now = self.clock()
+        with self._lock:
+            self._require_open()
+            old = self._index.get(key)
+            entry = IndexEntry(
+                key=key, tenant=meta.tenant, kind=meta.kind, n_tokens=meta.n_tokens,
+                model_fingerprint=meta.model_fingerprint, nbytes=nbytes, prefill_ms=meta.prefill_ms,
+                created_at=old.created_at if old else now, last_used_at=now, hits=old.hits if old else 0,
+                pinned=meta.pinned or bool(old and old.pinned),
+                ttl_s=meta.ttl_s if meta.ttl_s is not None else (old.ttl_s if old else self.default_ttl_s),
+                token_digest=meta.token_digest,
+            )  # fmt: skip
+            if old is not None:
+                self._discard_payload_locked(old)
+            placed = self._place_locked(entry, tensors)
+            to_disk = self.disk.fits(nbytes)
+            if placed is None and not to_disk:
+                self._forget_locked(key)
+                return None
+            entry.state = "writing" if to_disk else "ready"
+            self._index[key] = entry
+            self.registry.upsert(entry.to_record(meta))
+            self._enforce_locked({key}, now)
+            self._maybe_expire_locked(now)
+        if not to_disk:
+            return entry.mem_tier
+        return self._write_through(entry, tensors, meta) or entry.mem_tier
+
+    def _write_through(self, entry: IndexEntry, tensors: Tensors, meta: EntryMeta) -> str | None:
+        """Write the disk copy outside the lock, then publish it if the entry is still current."""
+        md = {"key": entry.key, "model_fingerprint": entry.model_fingerprint, "tenant": entry.tenant,
+              "token_digest": entry.token_digest or "", "kind": entry.kind}  # fmt: skip
+        try:
+            written = self.disk.write(entry.key, tensors, md)
+        except OSError as exc:
+            log.warning("disk write of entry %s failed: %s", entry.key, exc)
+            with self._lock:
+                if self._index.get(entry.key) is entry:
+                    entry.state = "ready"
+                    self._settle_locked(entry)
+            return None
+        with self._lock:
+            if self._index.get(entry.key) is not entry:  # deleted or replaced meanwhile
+                self.disk.remove(written.location)
+                return None
+            entry.location, entry.checksum, entry.file_bytes = written.location, written.checksum, written.file_bytes
+            entry.state = "ready"
+            self.disk.used += written.file_bytes
+            self.registry.set_location(
+                entry.key, tier=entry.tier, location=written.location, checksum=written.checksum, state="ready"
+            )
+            self._enforce_locked({entry.key}, self.clock())
+            return entry.tier if entry.key in self._index else None
+
+    def register(self, key: str, meta: EntryMeta) -> EntryRecord:
+        """Record a segment definition (tokens, policy) without a payload, e.g. one too short
+        to cache; an existing entry only gets its policy updated."""
+        now = self.clock()
+        with self._lock:
+            self._require_open()
+            if key in self._index:
+                rec = self.set_policy(key, pinned=meta.pinned or None, ttl_s=meta.ttl_s or UNSET)
+                assert rec is not None
+                return rec
+            entry = IndexEntry(
+                key=key, tenant=meta.tenant, kind=meta.kind, n_tokens=meta.n_tokens,
+                model_fingerprint=meta.model_fingerprint, nbytes=0, prefill_ms=meta.prefill_ms,
+                created_at=now, last_used_at=now, pinned=meta.pinned,
+                ttl_s=meta.ttl_s if meta.ttl_s is not None else self.default_ttl_s,
+                token_digest=meta.token_digest, has_payload=False,
+            )  # fmt: skip
+            self._index[key] = entry
+            return self.registry.upsert(entry.to_record(meta))
+
+    # ------------------------------------------------------------------ get
+    def get(
+        self,
+        key: str,
+        *,
+        tenant: str | None = None,
+        model_fingerprint: str | None = None,
+        token_digest: str | None = None,
+    ) -> tuple[Tensors, str] | None:
+        """The payload of ``key`` and the tier it was found in, or ``None`` (miss).
+
+        ``tenant`` / ``model_fingerprint`` / ``token_digest``, when given, must match the
+        entry; a fingerprint or digest mismatch deletes the entry."""
+        now = self.clock()
+        with self._lock:
+            self._require_open()
+            e = self._index.get(key)
+            if e is None or (tenant is not None and e.tenant != tenant) or not e.has_payload:
+                return self._miss()
+            if (model_fingerprint is not None and e.model_fingerprint != model_fingerprint) or (
+                token_digest is not None and e.token_digest != token_digest
+            ):
+                self._counts["rejected"] += 1
+                self._forget_locked(key)
+                return self._miss()
+            if e.expired(now):
+                self._counts["expired"] += 1
+                self._forget_locked(key)
+                return self._miss()
+            if e.mem_tier is not None:
+                found = e.mem_tier
+                tensors = self._promote_locked(e, now)
+                return self._hit_locked(e, now, tensors, found)
+            if e.location is None or e.state != "ready":
+                return self._miss()
+            location, checksum = e.location, e.checksum
+        try:  # disk read + verification outside the lock
+            tensors, md = self.disk.read(location, checksum)
+            if md.get("key") != key or md.get("model_fingerprint") != e.model_fingerprint:
+                raise CorruptEntryError(f"{location} belongs to another key or model")
+        except CorruptEntryError as exc:
+            log.warning("dropping entry %s: %s", key, exc)
+            with self._lock:
+                if self._index.get(key) is e:
+                    self._counts["corrupt"] += 1
+                    self._forget_locked(key)
+                return self._miss()
+        with self._lock:
+            if self._index.get(key) is not e or e.location != location:
+                return self._miss()  # deleted or replaced while we read
+            held = self._place_locked(e, tensors) if e.mem_tier is None else self._tier(e.mem_tier).get(key)
+            self._settle_locked(e)
+            self._enforce_locked({key}, now)
+            return self._hit_locked(e, now, held if held is not None else tensors, "disk")
+
+    def contains(self, key: str) -> bool:
+        with self._lock:
+            e = self._index.get(key)
+            return e is not None and e.has_payload and (e.mem_tier is not None or e.location is not None)
+
+    # ------------------------------------------------------------------ admin
+    def delete(self, key: str, tenant: str | None = None) -> bool:
+        with self._lock:
+            e = self._index.get(key)
+            if e is None or (tenant is not None and e.tenant != tenant):
+                return False
+            self._forget_locked(key)
+            return True
+
+    def set_policy(
+        self, key: str, tenant: str | None = None, *, pinned: bool | None = None, ttl_s: Any = UNSET
+    ) -> EntryRecord | None:
+        """Pin / unpin and set or clear (``ttl_s=None``) the sliding TTL."""
+        with self._lock:
+            e = self._index.get(key)
+            if e is None or (tenant is not None and e.tenant != tenant):
+                return None
+            self._flush_locked()
+            rec = self.registry.set_policy(key, pinned=pinned, ttl_s=ttl_s)
+            if pinned is not None:
+                e.pinned = pinned
+            if ttl_s is not UNSET:
+                e.ttl_s = ttl_s
+            if pinned is False:
+                self._enforce_locked(set(), self.clock())
+            return rec
+
+    def info(self, key: str, tenant: str | None = None) -> EntryRecord | None:
+        """The registry row (with token ids and text) of ``key``."""
+        with self._lock:
+            self._flush_locked()
+            return self.registry.get(key, tenant)
+
+    def list_entries(self, tenant: str, *, limit: int = 50, cursor: str | None = None, kind: str | None = None) -> Page:
+        with self._lock:
+            self._flush_locked()
+        return self.registry.list_entries(tenant, limit=limit, cursor=cursor, kind=kind)
+
+    def expire(self, now: float | None = None) -> int:
+        """Drop every entry whose TTL ran out; returns how many."""
+        now = self.clock() if now is None else now
+        with self._lock:
+            dead = [k for k, e in self._index.items() if e.expired(now)]
+            for k in dead:
+                self._forget_locked(k)
+            self._counts["expired"] += len(dead)
+            return len(dead)
+
+    def flush(self) -> None:
+        """Write buffered hit counts / last-used times to the registry."""
+        with self._lock:
+            self._flush_locked()
+
+    def stats(self) -> StoreStats:
+        with self._lock:
+            tiers = {
+                t.name: TierStats(t.used, t.budget, len(t), self._tier_evictions[t.name], t.enabled)
+                for t in (self.gpu, self.cpu)
+            }
+            on_disk = sum(1 for e in self._index.values() if e.location)
+            tiers["disk"] = TierStats(
+                self.disk.used, self.disk.budget, on_disk, self._tier_evictions["disk"], self.disk.enabled
+            )
+            return StoreStats(tiers=tiers, entries=len(self._index), in_flight=self._flight.in_flight(), **self._counts)
+
+    # ------------------------------------------------------------------ helpers
+    def _require_open(self) -> None:
+        if not self._opened:
+            raise RuntimeError("SegmentStore.open() must run before use")
+
+    def _miss(self) -> tuple[Tensors, str] | None:
+        self._counts["misses"] += 1
+        return None
+
+    def _hit_locked(self, e: IndexEntry, now: float, tensors: Tensors, found: str) -> tuple[Tensors, str]:
+        self._counts["hits"] += 1
+        e.hits += 1
+        e.last_used_at = now
+        _, n = self._pending.get(e.key, (now, 0))
+        self._pending[e.key] = (now, n + 1)
+        if now - self._last_flush >= self.flush_interval_s:
+            self._flush_locked()
+        return tensors, found
+
+    def _flush_locked(self) -> None:
+        if self._pending:
+            self.registry.touch_many(self._pending)
+            self._pending = {}
+        self._last_flush = self.clock()
