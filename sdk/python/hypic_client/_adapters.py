@@ -85,6 +85,9 @@ def plan_chat(
     """``(role, text)`` pairs -> segments + query (see module docstring for the order)."""
     if not messages:
         raise ValueError("need at least one message")
+    # NOTE: messages with no text (e.g. an assistant message holding only tool calls) carry nothing
+    # the server can frame, and it rejects empty turn content, so they are dropped.
+    messages = [(role, text) for role, text in messages if text.strip()]
     systems = [system(text) for role, text in messages if role == "system"]
     rest = [(role, text) for role, text in messages if role != "system"]
     query = None

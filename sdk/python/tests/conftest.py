@@ -2,9 +2,10 @@
 
 Run: ``python -m pytest sdk/python/tests -q`` (from the repo root or from ``sdk/python``).
 
-End-to-end fixtures (``app_transport`` for the sync client, ``asgi_app`` + ``app_lifespan`` for
-the async one) build the real ``hypic_agent.api.create_app`` on a tiny random model in a temp
-home; they skip while the server package does not provide ``create_app``.
+End-to-end fixtures build the real ``hypic_agent.api.create_app`` on a tiny random model in a
+temp home: ``app_transport`` for the sync client (ASGITransport driven from a portal thread),
+``asgi_app`` + ``app_lifespan`` for the async one with ``httpx.ASGITransport``. They skip while
+the server package does not provide ``create_app``.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ for p in (SDK_ROOT, Path(__file__).resolve().parent):
         sys.path.insert(0, str(p))
 
 import hypic_client  # noqa: E402
+from hypic_asgi_bridge import app_sync_transport  # noqa: E402
 from hypic_client import _retry  # noqa: E402
 from hypic_fake_server import FakeServer  # noqa: E402
 
@@ -85,10 +87,8 @@ def asgi_app(tmp_path: Path) -> Any:
 @pytest.fixture
 def app_transport(asgi_app: Any) -> Iterator[Any]:
     """A sync httpx transport into the real app with its lifespan running: ``Hypic(transport=...)``."""
-    from starlette.testclient import TestClient
-
-    with TestClient(asgi_app) as tc:
-        yield tc._transport  # NOTE: starlette's transport runs the ASGI app on a portal thread
+    with app_sync_transport(asgi_app) as transport:
+        yield transport
 
 
 @contextlib.asynccontextmanager

@@ -87,6 +87,7 @@ def test_chat_maps_messages_and_documents_to_segments(client: hc.Hypic, fake_ser
             SystemMessage("Answer from the documents."),
             HumanMessage("hi"),
             AIMessage("hello"),
+            AIMessage("", tool_calls=[{"name": "calc", "args": {}, "id": "t1"}]),
             ToolMessage("42", tool_call_id="t1"),
             HumanMessage("Capital of France?"),
         ],
