@@ -61,11 +61,11 @@ def gguf_hf_config(reader: Any) -> dict[str, Any]:
         )
     cfg: dict[str, Any] = dict(GGUF_CONFIG_DEFAULTS_MAPPING.get(arch, {}))
     for section in (*_SECTIONS, arch):
-        prefix = "general" if section == "general" else section
-        for key, hf_key in GGUF_CONFIG_MAPPING[section].items():
+        table: dict[str, Any] = GGUF_CONFIG_MAPPING[section]  # type: ignore[assignment]
+        for key, hf_key in table.items():
             if hf_key in (None, -1):
                 continue
-            value = _field(reader, f"{prefix}.{key}")
+            value = _field(reader, f"{section}.{key}")
             if value is not None:
                 cfg[hf_key] = value
     cfg["model_type"] = arch

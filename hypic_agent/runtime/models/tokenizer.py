@@ -74,10 +74,10 @@ def load_tokenizer(source: ModelSource | str | Path) -> Any:
     kind = getattr(source, "kind", None)
     if kind == "tiny" or (isinstance(source, str) and (source == "tiny" or source.startswith("tiny:"))):
         return tiny_tokenizer()
-    path = getattr(source, "path", None) if kind is not None else source
-    if path is None:
+    raw_path: Any = getattr(source, "path", None) if kind is not None else source
+    if raw_path is None:
         raise ModelConfigError(f"model source {source!r} has no path to load a tokenizer from")
-    path = Path(path).expanduser()
+    path = Path(raw_path).expanduser()
     from transformers import AutoTokenizer
 
     if path.is_file() and path.suffix == ".gguf":
