@@ -33,6 +33,12 @@ from hypic_fake_server import FakeServer  # noqa: E402
 E2E_MODEL = "tiny:qwen3_5"
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # NOTE: registered here too so the marks are known when run under the repo root's pytest config.
+    config.addinivalue_line("markers", "e2e: runs against the real hypic_agent app in-process")
+    config.addinivalue_line("markers", "slow: builds a fresh virtualenv (needs PyPI)")
+
+
 @pytest.fixture
 def fake_server() -> FakeServer:
     return FakeServer()
