@@ -29,8 +29,10 @@ def load_shape(name_or_path: str, layers: int | None = None) -> dict[str, Any]:
         raw = tiny_config(name_or_path[5:])
     else:
         p = Path(name_or_path)
-        if not p.exists():
-            p = SHARED / "configs" / f"{name_or_path}.json"
+        for cand in (ROOT / "benchmarks" / "configs" / f"{name_or_path}.json",
+                     SHARED / "configs" / f"{name_or_path}.json"):
+            if not p.exists():
+                p = cand
         raw = json.loads(p.read_text())
     if layers:
         text = raw.get("text_config", raw)
