@@ -9,12 +9,16 @@ def normalize_cu_seqlens(cu_seqlens: torch.Tensor | None, total: int, device: to
     """Return ``cu_seqlens [N+1]`` int32 on ``device``; ``None`` means one sequence of ``total`` tokens.
 
     Raises ``ValueError`` when it does not start at 0, decreases, or does not end at ``total``.
+    The value checks need host values, so they run only for CPU tensors (no device sync on CUDA).
+    An int32 tensor already on ``device`` is returned as is (same object).
     """
     if cu_seqlens is None:
         return torch.tensor([0, total], dtype=torch.int32, device=device)
     if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
         raise ValueError(f"cu_seqlens must be 1-D with N+1 >= 2 entries, got shape {tuple(cu_seqlens.shape)}")
     cu = cu_seqlens.to(device=device, dtype=torch.int32)
+    if cu_seqlens.is_cuda:
+        return cu
     lens = cu[1:] - cu[:-1]
     if int(cu[0]) != 0 or int(cu[-1]) != total or bool((lens < 0).any()):
         raise ValueError(

@@ -29,6 +29,6 @@ def causal_conv1d_fla(
         initial_state=h0,
         output_final_state=True,
         activation=act,
-        cu_seqlens=cu_seqlens.long(),
+        cu_seqlens=cu_seqlens,
     )
     return y[0], final[..., 1:].contiguous()

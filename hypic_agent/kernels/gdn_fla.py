@@ -1,6 +1,7 @@
 """fla-core wrappers for ``gdn.gated_delta_rule`` / ``gated_delta_rule_step`` (CUDA; imported lazily).
 
-fla takes ``[B=1, T, H, K]`` with ``cu_seqlens`` (int64) for packed sequences, handles GVA
+fla takes ``[B=1, T, H, K]`` with ``cu_seqlens`` for packed sequences (int32 passed through
+unchanged so fla's identity cache of chunk indices hits across layers), handles GVA
 itself (value head i reads key head ``i // (HV // H)``, same as repeat_interleave), L2-normalises
 q/k in-kernel and defaults ``scale`` to ``K ** -0.5``. States are ``[N, HV, K, V]`` fp32.
 """
@@ -34,7 +35,7 @@ def chunk_gdn_fla(
         initial_state=None if initial_state is None else initial_state.float().contiguous(),
         output_final_state=True,
         use_qk_l2norm_in_kernel=use_qk_l2norm,
-        cu_seqlens=cu_seqlens.long(),
+        cu_seqlens=cu_seqlens,
     )
     return o[0], st
 

@@ -33,7 +33,7 @@ def transition_pairs_fla(
     K = k.shape[-1]
     HV, V = v.shape[-2:]
     n = cu_seqlens.numel() - 1
-    cu = cu_seqlens.long()
+    cu = cu_seqlens  # int32, same object across calls: fla caches chunk indices by identity
     kf = (l2norm(k.float()) if use_qk_l2norm else k.float()).contiguous()[None]
     vf = v.float().contiguous()[None]
     bf = beta.float().contiguous()[None]
