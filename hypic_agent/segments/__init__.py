@@ -1,0 +1,79 @@
+"""Segments: kinds, framing + tokenization, content keys, prompt plan, registry, tiered store.
+
+Pipeline: ``SegmentIn`` (wire) -> ``Segment`` -> ``CanonicalSegment`` (framed, tokenized,
+keyed) -> ``PromptPlan``; entries computed for segments live in the ``SegmentStore``
+(GPU -> CPU -> disk, rows in the SQLAlchemy ``Registry``).
+
+Names resolve lazily, so importing e.g. ``hypic_agent.segments.kinds`` does not pull in torch.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+_EXPORTS = {
+    "kinds": ("KINDS", "CachePolicy", "Message", "Segment", "SegmentIn", "SegmentKind", "parse_segment"),
+    "framing": ("FORMAT_VERSION", "Framer"),
+    "keys": ("KeyContext", "SegmentKey", "segment_key", "token_digest"),
+    "tokenize": ("CanonicalSegment", "Tokenizer", "canonicalize"),
+    "plan": ("PromptPlan", "Resolver", "build_plan"),
+    "resolve": ("stored_resolver",),
+    "registry": ("EntryRecord", "Page", "Registry"),
+    "entries": ("EntryMeta", "Fetch", "StoreStats", "TierStats"),
+    "eviction": ("EvictionPolicy",),
+    "store": ("SegmentStore",),
+}
+_WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
+__all__ = [
+    "FORMAT_VERSION",
+    "KINDS",
+    "CachePolicy",
+    "CanonicalSegment",
+    "EntryMeta",
+    "EntryRecord",
+    "EvictionPolicy",
+    "Fetch",
+    "Framer",
+    "KeyContext",
+    "Message",
+    "Page",
+    "PromptPlan",
+    "Registry",
+    "Resolver",
+    "Segment",
+    "SegmentIn",
+    "SegmentKey",
+    "SegmentKind",
+    "SegmentStore",
+    "StoreStats",
+    "TierStats",
+    "Tokenizer",
+    "build_plan",
+    "canonicalize",
+    "parse_segment",
+    "segment_key",
+    "stored_resolver",
+    "token_digest",
+]
+
+if TYPE_CHECKING:
+    from hypic_agent.segments.entries import EntryMeta, Fetch, StoreStats, TierStats
+    from hypic_agent.segments.eviction import EvictionPolicy
+    from hypic_agent.segments.framing import FORMAT_VERSION, Framer
+    from hypic_agent.segments.keys import KeyContext, SegmentKey, segment_key, token_digest
+    from hypic_agent.segments.kinds import KINDS, CachePolicy, Message, Segment, SegmentIn, SegmentKind, parse_segment
+    from hypic_agent.segments.plan import PromptPlan, Resolver, build_plan
+    from hypic_agent.segments.registry import EntryRecord, Page, Registry
+    from hypic_agent.segments.resolve import stored_resolver
+    from hypic_agent.segments.store import SegmentStore
+    from hypic_agent.segments.tokenize import CanonicalSegment, Tokenizer, canonicalize
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'hypic_agent.segments' has no attribute {name!r}")
+    value = getattr(import_module(f"hypic_agent.segments.{module}"), name)
+    globals()[name] = value
+    return value

@@ -15,7 +15,9 @@ written through on ``put``, so every entry that fits the disk budget survives a 
 
 NOTE: one store object owns one store dir; registry rows are the source of truth for what is
 on disk, and ``open()`` makes the two consistent after a crash (``recovery.py``).
-Returned tensors are shared with the store: treat them as read-only.
+``put`` takes ownership of the tensors it is given (a memory tier on their device keeps them
+as they are, without a copy) and returned tensors are shared with the store: treat both as
+read-only. One store object per store dir and process (no cross-process locking).
 """
 
 from __future__ import annotations

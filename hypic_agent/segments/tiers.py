@@ -41,7 +41,10 @@ class MemoryTier:
 
     def __init__(self, name: str, device: torch.device | str, budget_bytes: int, *, pin: bool = False) -> None:
         self.name = name
-        self.device = torch.device(device)
+        dev = torch.device(device)
+        if dev.type == "cuda" and dev.index is None:
+            dev = torch.device("cuda", torch.cuda.current_device())
+        self.device = dev
         self.budget = int(budget_bytes)
         self.pin = pin and self.device.type == "cpu"
         self.used = 0

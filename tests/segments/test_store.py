@@ -289,3 +289,17 @@ def test_real_gpu_and_pinned_tiers(tmp_path):
     assert held is not None and held["layer0.S"].is_pinned()
     tensors, tier = s.get(key(0))
     assert tier == "cpu" and tensors["layer0.S"].is_cuda and same(tensors, payload(0))
+
+
+def test_store_over_any_registry(registry_url, tmp_path):
+    """The store end to end on each registry backend (PostgreSQL when configured)."""
+    clock = FakeClock()
+    s = make_store(tmp_path, clock=clock, registry=Registry(registry_url), cpu_budget_bytes=2 * E)
+    for i in range(3):
+        clock.now += 1
+        s.put(key(i), payload(i), meta(i))
+    assert s.registry.get(key(0)).tier == "disk" and s.get(key(0))[1] == "disk"
+    s.close()
+    s2 = make_store(tmp_path, clock=clock, registry=Registry(registry_url))
+    assert all(same(s2.get(key(i))[0], payload(i)) for i in range(3))
+    assert s2.info(key(0)).hits == 2 and len(s2.list_entries("t1").items) == 3
