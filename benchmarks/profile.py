@@ -1,0 +1,69 @@
+"""Where prefill time goes: torch.profiler top CUDA kernels for ours vs transformers, and chain-scan variants.
+
+    python benchmarks/profile.py --shape qwen3_5_35b_a3b --layers 4 --length 8192
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+from _common import load_shape, random_model, timed, write_json
+from prefill import hf_twin
+
+from hypic_agent.kernels import chain as chain_ops
+from hypic_agent.runtime.forward import prefill
+
+
+def top_kernels(fn, n: int = 18) -> list[dict]:
+    fn()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    rows = []
+    for e in sorted(prof.key_averages(), key=lambda e: -e.device_time_total)[:n]:
+        rows.append({"name": e.key[:90], "cuda_ms": e.device_time_total / 1e3, "calls": e.count})
+    total = sum(e.device_time_total for e in prof.key_averages()) / 1e3
+    print(f"total CUDA kernel time {total:.1f} ms")
+    for r in rows:
+        print(f"  {r['cuda_ms']:8.2f} ms  {r['calls']:5d}x  {r['name']}")
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shape", default="qwen3_5_35b_a3b")
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--length", type=int, default=8192)
+    ap.add_argument("--out", default="bench_out/profile.json")
+    args = ap.parse_args()
+    raw = load_shape(args.shape, args.layers)
+    model = random_model(raw, "cuda", torch.bfloat16)
+    hf = hf_twin(model, raw, "cuda")
+    ids = torch.randint(0, model.config.vocab_size, (args.length,)).tolist()
+    x = torch.tensor([ids], device="cuda")
+    print("== ours")
+    ours = top_kernels(lambda: prefill(model, [ids]))
+    print("== transformers")
+    with torch.no_grad():
+        theirs = top_kernels(lambda: hf(input_ids=x, logits_to_keep=1, use_cache=False))
+    # chain variants: 41 pairs (20 segments: 21 pieces + 20 bodies) at the real GDN state shape
+    cfg = model.config
+    hv, k, v = cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim
+    T = torch.randn(41, hv, k, k, device="cuda") * 0.05
+    S = torch.randn(41, hv, k, v, device="cuda")
+    h0 = torch.zeros(hv, k, v, device="cuda")
+    ref = chain_ops.chain_scan_torch(h0, T, S)
+    chain = {}
+    for name, fn in {"torch_loop": lambda: chain_ops.chain_scan_torch(h0, T, S),
+                     "triton": lambda: chain_ops.chain_scan(h0, T, S)}.items():
+        t, _ = timed(fn, reps=10, warmup=3)
+        err = ((fn() - ref).norm() / ref.norm()).item()
+        chain[name] = {"ms": t * 1e3, "rel_err_vs_torch": err}
+        print(f"chain {name}: {t * 1e3:.3f} ms, rel err {err:.2e}")
+    write_json(args.out, {"ours": ours, "transformers": theirs, "chain": chain})
+
+
+if __name__ == "__main__":
+    main()
