@@ -79,6 +79,35 @@ def generate(
         raise typer.Exit(2) from e
 
 
+@app.command()
+def serve(
+    host: str | None = typer.Option(None, help="bind address (default 127.0.0.1, or HYPIC_HOST)"),
+    port: int | None = typer.Option(None, help="port (default 8000, or HYPIC_PORT)"),
+    model: str | None = typer.Option(
+        None, help="model name/path (default: the embedded SmolLM2; tiny:<arch> for tests)"
+    ),
+    device: str | None = typer.Option(None, help="auto | cpu | cuda | cuda:N"),
+    prewarm: str | None = typer.Option(None, help="JSON list of segments to register + pre-warm before serving"),
+    tenant: str = typer.Option("default", help="tenant that owns the --prewarm segments"),
+) -> None:
+    """Start the HTTP API server (segment-aware generate, segments store, OpenAI-compatible chat)."""
+    from pathlib import Path
+
+    from hypic_agent.api.serve import run_server
+
+    try:
+        settings = _settings(model, device)
+        updates = {k: v for k, v in {"host": host, "port": port}.items() if v is not None}
+        run_server(
+            settings.model_copy(update=updates) if updates else settings,
+            prewarm=Path(prewarm) if prewarm else None,
+            tenant=tenant,
+        )
+    except HypicError as e:
+        err.print(f"[red]error ({e.type}):[/red] {e.message}")
+        raise typer.Exit(2) from e
+
+
 def main() -> None:
     app()
 

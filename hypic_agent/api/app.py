@@ -1,0 +1,103 @@
+"""App factory: ``create_app(settings=None, engine=None, store=None)``.
+
+The lifespan builds what was not injected: the engine (``load_engine``: the configured model,
+or the tiny fallback, said so in the log) and the persistent segment store (SQLite registry +
+disk tier under ``settings.home`` unless configured otherwise), then wires the engine's entry
+cache onto the store (``StoreEntryCache``). A store the app built is closed on shutdown.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI
+from starlette.concurrency import run_in_threadpool
+
+from hypic_agent.api.errors import install_error_handlers
+from hypic_agent.api.logs import log_event
+from hypic_agent.api.metrics import Metrics
+from hypic_agent.api.middleware import AccessLogMiddleware, BodyLimitMiddleware
+from hypic_agent.api.routes import chat, generate, segments, system
+from hypic_agent.api.state import ServerState
+from hypic_agent.config import Settings, get_settings
+from hypic_agent.runtime.engine import Engine
+from hypic_agent.segments.store import SegmentStore
+
+log = logging.getLogger("hypic.api")
+
+
+def create_app(
+    settings: Settings | None = None,
+    engine: Engine | None = None,
+    store: SegmentStore | None = None,
+    *,
+    model: str | None = None,
+    close_store: bool | None = None,
+) -> FastAPI:
+    """A FastAPI app. ``engine`` / ``store`` are built in the lifespan when not given;
+    ``model`` overrides ``settings.model`` for the engine built there. The store is closed on
+    shutdown when the app built it (or ``close_store=True``); an injected one is only flushed."""
+    settings = settings or get_settings()
+    holder: dict[str, ServerState] = {}
+
+    def store_stats() -> Any:
+        st = holder.get("state")
+        return st.store.stats() if st is not None else None
+
+    metrics = Metrics(store_stats)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        from hypic_agent.runtime.loader import load_engine
+
+        eng = engine
+        if eng is None:
+            eng = await run_in_threadpool(lambda: load_engine(settings, model=model))
+        if eng.name.startswith("tiny"):
+            log_event(log, "serving the tiny random model: its answers are noise", logging.WARNING, model=eng.name)
+        st_store = store if store is not None else await run_in_threadpool(SegmentStore.from_settings, settings)
+        state = ServerState.build(
+            settings, eng, st_store, metrics, owns_store=store is None if close_store is None else close_store
+        )
+        holder["state"] = state
+        app.state.hypic = state
+        stats = st_store.stats()
+        log_event(
+            log,
+            "server ready",
+            model=eng.name,
+            fingerprint=eng.fingerprint,
+            max_context=eng.max_context,
+            store_entries=stats.entries,
+            store_dir=str(settings.resolved_store_dir()),
+            auth="open" if state.auth.open else f"{len(settings.api_keys)} keys",
+        )
+        try:
+            yield
+        finally:
+            app.state.hypic = None
+            holder.pop("state", None)
+            state.close()
+            log_event(log, "server stopped")
+
+    app = FastAPI(
+        title="hypic-agent",
+        version="0.1.0",
+        summary="Position-independent segment caching (HYPIC) for hybrid-attention LLMs",
+        lifespan=lifespan,
+    )
+    app.state.hypic = None
+
+    def count_error(type_: str) -> None:
+        metrics.errors.labels(type_).inc()
+
+    install_error_handlers(app, on_error=count_error)
+    for r in (generate.router, segments.router, chat.router, system.router):
+        app.include_router(r)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes, on_error=count_error)
+    app.add_middleware(AccessLogMiddleware, metrics=metrics)
+    app.state.metrics = metrics
+    return app

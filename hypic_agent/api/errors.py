@@ -1,0 +1,153 @@
+"""One error envelope for every failure: ``{"error": {"type", "message", "param"}}``.
+
+Mapping onto HTTP:
+
+| cause                                   | status | type                       |
+|-----------------------------------------|--------|----------------------------|
+| ``HypicError`` subclasses               | .status| .type (``errors.py``)      |
+| body is not valid JSON                  | 400    | ``invalid_json``           |
+| unknown segment ``kind``                | 422    | ``unknown_kind``           |
+| any other schema violation              | 422    | ``invalid_request``        |
+| body over ``max_body_bytes``            | 413    | ``payload_too_large``      |
+| unknown route / method                  | 404/405| ``not_found`` / ``method_not_allowed`` |
+| anything else                           | 500    | ``internal_error``         |
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from hypic_agent.errors import HypicError, InvalidRequestError
+
+log = logging.getLogger("hypic.api")
+
+
+class TooManySegmentsError(InvalidRequestError):
+    type = "too_many_segments"
+
+
+class PayloadTooLargeError(HypicError):
+    type = "payload_too_large"
+    status = 413
+
+
+class ServiceUnavailableError(HypicError):
+    type = "unavailable"
+    status = 503
+
+
+_HTTP_TYPES = {
+    400: "invalid_request",
+    401: "unauthorized",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    413: "payload_too_large",
+    415: "unsupported_media_type",
+    429: "rate_limited",
+}
+
+
+def envelope(type_: str, message: str, param: str | None = None) -> dict[str, Any]:
+    return {"error": {"type": type_, "message": message, "param": param}}
+
+
+def error_response(status: int, type_: str, message: str, param: str | None = None, **headers: str) -> JSONResponse:
+    return JSONResponse(envelope(type_, message, param), status_code=status, headers=headers or None)
+
+
+def error_of(exc: BaseException) -> tuple[int, dict[str, Any]]:
+    """Status and envelope for an exception (used in SSE streams too)."""
+    if isinstance(exc, HypicError):
+        return exc.status, envelope(exc.type, exc.message, exc.param)
+    return 500, envelope("internal_error", "internal server error; see the server log")
+
+
+def _loc_param(loc: tuple[Any, ...]) -> str | None:
+    parts = [str(p) for p in loc if p not in ("body", "query", "path")]
+    # drop discriminator tags pydantic inserts into the location ("segments.0.document.text")
+    return ".".join(parts) or None
+
+
+def validation_error(exc: RequestValidationError) -> tuple[int, dict[str, Any]]:
+    errors = exc.errors()
+    if not errors:
+        return 422, envelope("invalid_request", "the request body is invalid")
+    first = errors[0]
+    kind = first.get("type", "")
+    loc = tuple(first.get("loc", ()))
+    if kind == "json_invalid":
+        ctx = first.get("ctx", {}) or {}
+        detail = ctx.get("error", first.get("msg", ""))
+        return 400, envelope("invalid_json", f"the body is not valid JSON ({detail}); send a JSON object", None)
+    if loc == ("body",) and kind in ("model_attributes_type", "dict_type", "missing"):
+        what = "needs a JSON body" if kind == "missing" else "body must be a JSON object"
+        return 400, envelope("invalid_json", f"the request {what}; send it with Content-Type: application/json")
+    if kind == "invalid_segment_kind":
+        return 422, envelope("unknown_kind", str(first.get("msg")), f"{_loc_param(loc) or 'segments'}.kind")
+    param = _loc_param(_strip_tags(loc))
+    msg = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
+    if kind == "missing":
+        msg = f"field {param!r} is required"
+    elif param:
+        msg = f"{param}: {msg}"
+    more = len(errors) - 1
+    if more:
+        msg += f" (and {more} more problem{'s' if more > 1 else ''})"
+    return 422, envelope("invalid_request", msg, param)
+
+
+def _strip_tags(loc: tuple[Any, ...]) -> tuple[Any, ...]:
+    tags = {"system", "document", "skill", "memory", "turn", "text", "ref", "str", "list[...]"}
+    out: list[Any] = []
+    for i, p in enumerate(loc):
+        # a union/discriminator tag right after a list index ("segments", 0, "document", "text")
+        if isinstance(p, str) and p in tags and i > 0 and isinstance(loc[i - 1], int):
+            continue
+        out.append(p)
+    return tuple(out)
+
+
+def install_error_handlers(app: FastAPI, on_error: Any = None) -> None:
+    """Register handlers; ``on_error(type)`` is called for every error response (metrics)."""
+
+    def _respond(status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> JSONResponse:
+        if on_error is not None:
+            on_error(body["error"]["type"])
+        return JSONResponse(body, status_code=status, headers=headers)
+
+    @app.exception_handler(HypicError)
+    async def _hypic(_: Request, exc: HypicError) -> JSONResponse:
+        headers = None
+        retry = getattr(exc, "retry_after", None)
+        if retry is not None:
+            headers = {"Retry-After": str(max(1, int(retry + 0.999)))}
+        status, body = error_of(exc)
+        return _respond(status, body, headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+        status, body = validation_error(exc)
+        return _respond(status, body)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        type_ = _HTTP_TYPES.get(exc.status_code, "invalid_request" if exc.status_code < 500 else "internal_error")
+        msg = str(exc.detail)
+        if exc.status_code == 404 and msg == "Not Found":
+            msg = f"no route {request.method} {request.url.path}; see GET /docs for the routes"
+        if exc.status_code == 405:
+            msg = f"{request.method} is not allowed on {request.url.path}"
+        return _respond(exc.status_code, envelope(type_, msg), dict(exc.headers or {}) or None)
+
+    @app.exception_handler(Exception)
+    async def _internal(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        status, body = error_of(exc)
+        return _respond(status, body)

@@ -1,0 +1,115 @@
+"""Pure-ASGI middleware (streaming-safe): request size limit (413), request id, access log + metrics."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from typing import Any
+
+from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from hypic_agent.api.errors import envelope
+from hypic_agent.api.logs import log_event
+
+log = logging.getLogger("hypic.api.access")
+
+
+class BodyLimitMiddleware:
+    """Refuse bodies over ``max_bytes``: by ``Content-Length`` up front, else while reading."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int, on_error: Any = None) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+        self.on_error = on_error
+
+    def _message(self, size: int | None) -> str:
+        got = f" ({size} bytes)" if size is not None else ""
+        return (
+            f"request body is over the limit of {self.max_bytes} bytes{got}; store long segments once with "
+            "PUT /v1/segments and refer to them by id, or raise HYPIC_MAX_BODY_BYTES"
+        )
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope.get("headers") or [])
+        length = headers.get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > self.max_bytes:
+            await _send_json(send, 413, envelope("payload_too_large", self._message(int(length))))
+            if self.on_error is not None:
+                self.on_error("payload_too_large")
+            return
+        seen = 0
+
+        async def limited() -> Message:
+            nonlocal seen
+            msg = await receive()
+            if msg["type"] == "http.request":
+                seen += len(msg.get("body", b""))
+                if seen > self.max_bytes:
+                    raise HTTPException(413, self._message(None))
+            return msg
+
+        await self.app(scope, limited, send)
+
+
+class AccessLogMiddleware:
+    """Adds ``x-request-id``; logs one JSON line per request; feeds request count / latency metrics."""
+
+    def __init__(self, app: ASGIApp, metrics: Any = None) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        rid = dict(scope.get("headers") or []).get(b"x-request-id", b"").decode() or uuid.uuid4().hex[:16]
+        scope.setdefault("state", {})["request_id"] = rid
+        t0 = time.perf_counter()
+        status = 500
+
+        async def send_wrapped(msg: Message) -> None:
+            nonlocal status
+            if msg["type"] == "http.response.start":
+                status = msg["status"]
+                msg.setdefault("headers", [])
+                msg["headers"] = [*msg["headers"], (b"x-request-id", rid.encode())]
+            await send(msg)
+
+        try:
+            await self.app(scope, receive, send_wrapped)
+        finally:
+            ms = (time.perf_counter() - t0) * 1e3
+            route = getattr(scope.get("route"), "path", None) or "unmatched"
+            if self.metrics is not None:
+                self.metrics.requests.labels(route, str(status)).inc()
+                self.metrics.latency.labels(route).observe(ms / 1e3)
+            state = scope.get("state") or {}
+            log_event(
+                log,
+                "request",
+                request_id=rid,
+                method=scope.get("method"),
+                path=scope.get("path"),
+                route=route,
+                status=status,
+                ms=round(ms, 2),
+                tenant=state.get("tenant"),
+            )
+
+
+async def _send_json(send: Send, status: int, body: dict[str, Any]) -> None:
+    data = json.dumps(body).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())],
+        }
+    )
+    await send({"type": "http.response.body", "body": data})

@@ -1,0 +1,1 @@
+"""Routers of the API: native generate, segments CRUD, OpenAI-compatible chat, system routes."""

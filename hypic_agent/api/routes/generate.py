@@ -1,0 +1,60 @@
+"""``POST /v1/generate``: segments + query -> text, as JSON or an SSE stream."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.concurrency import run_in_threadpool
+
+from hypic_agent.api import service
+from hypic_agent.api.deps import tenant
+from hypic_agent.api.schemas import GenerateRequest, GenerateResponse
+from hypic_agent.api.state import ServerState, get_state
+from hypic_agent.api.streaming import EventPump, sse_body
+from hypic_agent.runtime.results import FinishEvent
+
+router = APIRouter(tags=["generate"])
+
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+@router.post(
+    "/v1/generate",
+    response_model=GenerateResponse,
+    responses={200: {"content": {"text/event-stream": {}}, "description": "JSON, or SSE with stream=true"}},
+)
+async def generate(req: GenerateRequest, request: Request, tenant_name: str = Depends(tenant)) -> Any:
+    st = get_state(request)
+    segments = [s.to_segment() for s in req.segments]
+    job = await run_in_threadpool(service.prepare_job, st, req, segments, req.query, tenant_name)
+    if not req.stream:
+        return JSONResponse(await run_in_threadpool(service.collect, st, job))
+    return await stream_generate(st, job)
+
+
+async def stream_generate(st: ServerState, job: service.GenerateJob) -> StreamingResponse:
+    pump: EventPump[service.Timed] = EventPump(lambda: service.run_job(st, job))
+    first = await pump.next()  # errors before the first event still get a proper status
+    assert first is not None
+    ttft = first.since_start_ms
+
+    def render(t: service.Timed) -> list[dict[str, Any]]:
+        ev = t.event
+        if isinstance(ev, FinishEvent):
+            usage = service.usage_of(job, ev.prepared, ev.completion_tokens)
+            service.observe(st, job, ev, ttft, usage)
+            return [
+                {
+                    "id": job.id,
+                    "text": "",
+                    "finish_reason": ev.finish_reason,
+                    "usage": usage.model_dump(),
+                    "timings": service.timings_of(t, ttft).model_dump(),
+                }
+            ]
+        tid = ev.token_id if ev.token_id >= 0 else None
+        return [{"id": job.id, "text": ev.text, "token_id": tid, "logprob": ev.logprob}]
+
+    return StreamingResponse(sse_body(first, pump, render), media_type="text/event-stream", headers=SSE_HEADERS)

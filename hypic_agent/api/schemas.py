@@ -1,0 +1,136 @@
+"""Wire schemas of the native routes (``/v1/generate``, ``/v1/segments``).
+
+Requests check types and shapes here (violations: 422); value ranges of sampling parameters,
+modes, segment counts and context limits are checked by the service (400 with a ``param``).
+Responses keep the names of ``/work/shared/DESIGN.md`` and what ``hypic_client`` parses.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from hypic_agent.segments.kinds import SegmentIn
+
+# --------------------------------------------------------------------------- requests
+
+
+class SamplingIn(BaseModel):
+    """Sampling fields shared by generate and chat (ranges checked by ``SamplingParams.validate``)."""
+
+    max_tokens: int = Field(default=64, description="completion tokens at most (>= 1)")
+    temperature: float = Field(default=0.0, description="0 = greedy")
+    top_p: float = 1.0
+    top_k: int = 0
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    logprobs: bool = False
+    mode: str | None = Field(default=None, description="full_recompute | prefix_cache | ... | hypic")
+    seam: float | None = Field(default=None, description="seam width: 0 none, (0,1] fraction, > 1 tokens")
+
+
+class GenerateRequest(SamplingIn):
+    model_config = ConfigDict(extra="forbid")
+
+    segments: list[SegmentIn] = Field(default_factory=list)
+    query: str | None = None
+    stream: bool = False
+    model: str | None = None
+
+
+class PutSegmentsRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    segments: list[SegmentIn]
+    mode: str | None = Field(default=None, description="the mode whose entries to pre-warm (default: server's)")
+    seam: float | None = None
+
+
+class CacheUpdate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    pin: bool | None = None
+    ttl: float | None = Field(default=None, gt=0, description="seconds after last use; null clears it")
+
+
+class PatchSegmentRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    cache: CacheUpdate
+
+
+# --------------------------------------------------------------------------- responses
+
+
+class SegmentUsageOut(BaseModel):
+    id: str | None
+    kind: str
+    tokens: int
+    hit: bool
+    tier: str | None
+
+
+class UsageOut(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    recomputed_tokens: int
+    exact_prefix_tokens: int = Field(description="tokens reused as an exact prefix (prefix_cache mode only)")
+    mode: str
+    segments: list[SegmentUsageOut]
+
+
+class TimingsOut(BaseModel):
+    ttft_ms: float
+    total_ms: float
+    queue_ms: float = 0.0
+    engine: dict[str, float] = Field(default_factory=dict, description="lookup/scatter/combine/prefill ms")
+
+
+class TokenLogprobOut(BaseModel):
+    token: str
+    token_id: int
+    logprob: float
+
+
+class GenerateResponse(BaseModel):
+    id: str
+    object: Literal["generation"] = "generation"
+    model: str
+    text: str
+    finish_reason: str
+    usage: UsageOut
+    timings: TimingsOut
+    logprobs: list[TokenLogprobOut] | None = None
+
+
+class SegmentInfo(BaseModel):
+    id: str
+    object: Literal["segment"] = "segment"
+    kind: str
+    tokens: int
+    tier: str
+    pin: bool
+    ttl: float | None
+    bytes: int
+    hits: int
+    title: str | None = None
+    created_at: float
+    last_used_at: float
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    hit: bool | None = Field(default=None, description="PUT only: already cached before this request")
+    text: str | None = Field(default=None, description="GET one only: the framed text")
+
+
+class SegmentList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[SegmentInfo]
+    has_more: bool = False
+    next: str | None = None
+
+
+class SegmentDeleted(BaseModel):
+    id: str
+    object: Literal["segment"] = "segment"
+    deleted: bool = True

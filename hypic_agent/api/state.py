@@ -1,0 +1,88 @@
+"""``ServerState``: what one app instance holds (engine, store, cache adapter, metrics, auth).
+
+Built by the app's lifespan (``app.py``) and reached from routes via ``request.app.state.hypic``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import Request
+
+from hypic_agent.api.auth import KeyAuth, RateLimiter
+from hypic_agent.api.errors import ServiceUnavailableError
+from hypic_agent.api.metrics import Metrics
+from hypic_agent.config import Settings
+from hypic_agent.runtime.engine import Engine
+from hypic_agent.runtime.hypic.store_cache import StoreEntryCache
+from hypic_agent.segments.framing import Framer
+from hypic_agent.segments.store import SegmentStore
+
+
+@dataclass
+class ServerState:
+    settings: Settings
+    engine: Engine
+    store: SegmentStore
+    cache: StoreEntryCache
+    metrics: Metrics
+    auth: KeyAuth
+    limiter: RateLimiter
+    framer: Framer
+    owns_store: bool = False
+    started_at: float = field(default_factory=time.time)
+    _depth: int = 0
+    _depth_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @classmethod
+    def build(cls, settings: Settings, engine: Engine, store: SegmentStore, metrics: Metrics, owns_store: bool) -> Any:
+        cache = engine.cache
+        if not (isinstance(cache, StoreEntryCache) and cache.store is store):
+            cache = StoreEntryCache(store, engine.model.config.layer_types, engine.fingerprint)
+            engine.cache = cache
+        cache.on_insert = lambda _key: metrics.cold.inc()
+        return cls(
+            settings=settings,
+            engine=engine,
+            store=store,
+            cache=cache,
+            metrics=metrics,
+            auth=KeyAuth(settings.api_keys),
+            limiter=RateLimiter(settings.tenant_requests_per_minute),
+            framer=Framer(engine.tokenizer),
+            owns_store=owns_store,
+        )
+
+    @contextmanager
+    def engine_slot(self) -> Any:
+        """Hold the engine (its re-entrant lock) for one request; yields the ms spent queueing.
+
+        NOTE: acquire and release happen on the same thread (the worker running the request)."""
+        with self._depth_lock:
+            self._depth += 1
+            self.metrics.queue_depth.set(self._depth)
+        t0 = time.perf_counter()
+        try:
+            with self.engine.lock:
+                yield (time.perf_counter() - t0) * 1e3
+        finally:
+            with self._depth_lock:
+                self._depth -= 1
+                self.metrics.queue_depth.set(self._depth)
+
+    def close(self) -> None:
+        if self.owns_store:
+            self.store.close()
+        else:
+            self.store.flush()
+
+
+def get_state(request: Request) -> ServerState:
+    st = getattr(request.app.state, "hypic", None)
+    if st is None:
+        raise ServiceUnavailableError("the server is still starting (model loading); retry in a moment")
+    return st
