@@ -128,7 +128,10 @@ class SegmentStore(TierPolicy, StoreFlights):
     # ------------------------------------------------------------------ put
     def put(self, key: str, tensors: Tensors, meta: EntryMeta) -> str | None:
         """Store a payload (replacing any under ``key``); returns the memory tier it landed in,
-        ``"disk"``, or ``None`` when it fits no budget (then nothing is stored)."""
+        ``"disk"``, or ``None`` when it fits no budget (then nothing is stored).
+
+        Replacing keeps the old entry's ``created_at``, hit count, pin and TTL unless ``meta``
+        pins it or sets a TTL. The disk copy is written before this returns (outside the lock)."""
         if not tensors or not all(isinstance(t, torch.Tensor) for t in tensors.values()):
             raise InvalidRequestError("an entry payload must be a non-empty dict of tensors", param="tensors")
         nbytes = payload_nbytes(tensors)
