@@ -22,7 +22,10 @@ def _sdpa(
     if rep > 1:
         k = k.repeat_interleave(rep, dim=0)
         v = v.repeat_interleave(rep, dim=0)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=scale)
+    # NOTE: 4-D [1, H, L, D] inputs: with 3-D inputs SDPA falls back to the fp32 math kernel on CUDA.
+    m = None if mask is None else mask[None, None]
+    out = F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=m, is_causal=causal, scale=scale)
+    return out[0]
 
 
 def attention(
