@@ -103,6 +103,7 @@ def main() -> None:
                          "mean_ms": sum(times) / len(times), "cached_tokens": cached,
                          "prompt_tokens": prep.prompt_tokens, "timings": prep.timings_ms})
             print(f"hit={hit} {mode}: p50 {rows[-1]['p50_ms']:.1f} ms", flush=True)
+            write_json(args.out, {"args": vars(args), "rows": rows, "partial": True})
             del engine
             if args.device.startswith("cuda"):
                 torch.cuda.empty_cache()
