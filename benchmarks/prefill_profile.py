@@ -1,6 +1,6 @@
 """Where prefill time goes: torch.profiler top CUDA kernels for ours vs transformers, and chain-scan variants.
 
-    python benchmarks/profile.py --shape qwen3_5_35b_a3b --layers 4 --length 8192
+    python benchmarks/prefill_profile.py --shape qwen3_5_35b_a3b --layers 4 --length 8192
 """
 
 from __future__ import annotations
