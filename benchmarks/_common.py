@@ -124,10 +124,10 @@ def print_table(rows: list[dict[str, Any]], cols: list[str]) -> None:
         return str(v)
 
     widths = [max(len(c), *(len(fmt(r.get(c, ""))) for r in rows)) for c in cols]
-    print(" | ".join(c.ljust(w) for c, w in zip(cols, widths)))
+    print(" | ".join(c.ljust(w) for c, w in zip(cols, widths, strict=True)))
     print("-|-".join("-" * w for w in widths))
     for r in rows:
-        print(" | ".join(fmt(r.get(c, "")).ljust(w) for c, w in zip(cols, widths)))
+        print(" | ".join(fmt(r.get(c, "")).ljust(w) for c, w in zip(cols, widths, strict=True)))
 
 
 def write_json(path: str | Path, payload: dict[str, Any]) -> None:

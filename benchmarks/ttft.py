@@ -53,7 +53,7 @@ def make_requests(args: argparse.Namespace, vocab: int, hit_rate: float) -> tupl
 
 def pct(xs: list[float], q: float) -> float:
     xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
+    return xs[min(len(xs) - 1, round(q * (len(xs) - 1)))]
 
 
 def main() -> None:

@@ -79,6 +79,7 @@ def attention(
             qp = torch.arange(lk - lq, lk, device=q.device)
             kp = torch.arange(lk, device=q.device)
         else:
+            assert k_positions is not None
             qp, kp = q_positions[qa:qb].to(q.device), k_positions[ka:kb].to(q.device)
         mask = kp[None, :] <= qp[:, None]  # [Lq, Lk]
         seen = mask.any(-1)

@@ -36,9 +36,14 @@ from hypic_agent.segments.keys import segment_key
 class PlanLike(Protocol):
     """What the engine reads of a ``segments.plan.PromptPlan``."""
 
-    segments: Sequence[Any]  # each with .token_ids and .kind
-    suffix_ids: Sequence[int]
-    bos_id: int | None
+    @property
+    def segments(self) -> Sequence[Any]: ...  # each with .token_ids and .kind
+
+    @property
+    def suffix_ids(self) -> Sequence[int]: ...
+
+    @property
+    def bos_id(self) -> int | None: ...
 
 
 def _ms(t0: float) -> float:
@@ -172,10 +177,7 @@ class Engine:
             self.cache.insert(key, e, kind=kinds[i], tenant=tenant)  # store
             fresh[key] = e
         hits = [r.entries[i] is not None for i in range(len(segs))]
-        entries = [
-            r.entries[i] if r.entries[i] is not None else (fresh.get(keys[i]) if keys[i] else None)
-            for i in range(len(segs))
-        ]
+        entries = [r.entries[i] if r.entries[i] is not None else fresh.get(keys[i] or "") for i in range(len(segs))]
         entries = [e.to(self.device) if e is not None else None for e in entries]
         t_scatter = _ms(t1)
         t2 = time.perf_counter()

@@ -8,6 +8,7 @@ from a prior ``RequestState`` (prefix-then-continue). Decode advances N sequence
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import cast
 
 import torch
 
@@ -131,11 +132,9 @@ def decode_step(model: HybridForCausalLM, states: Sequence[RequestState], tokens
     for i, layer in enumerate(model.layers):
         x = layer.input_layernorm(h)
         if layer.linear_attn is not None:
-            lin = [st.layers[i] for st in states]
+            lin = [cast(LinearLayerState, st.layers[i]) for st in states]
             y, new, conv = layer.linear_attn.step(
-                x,
-                torch.stack([s.recurrent for s in lin]),
-                torch.stack([s.conv for s in lin]),  # type: ignore[union-attr]
+                x, torch.stack([s.recurrent for s in lin]), torch.stack([s.conv for s in lin])
             )
             for j, st in enumerate(states):
                 st.layers[i] = LinearLayerState(new[j], conv[j])

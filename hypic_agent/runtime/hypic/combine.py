@@ -49,7 +49,9 @@ def _linear(
             ops.k, ops.v, ops.g, ops.beta, cu_seqlens=lay.cu_pieces, use_qk_l2norm=True, backend=mixer.backend
         )
         eye = torch.eye(kd, device=dev, dtype=torch.float32).expand(hv, kd, kd)
-        Ts, Ss, piece_slot = [], [], []
+        Ts: list[torch.Tensor] = []
+        Ss: list[torch.Tensor] = []
+        piece_slot: list[int] = []
         for item in lay.chain:
             if item.kind == "piece":
                 piece_slot.append(len(Ts))
@@ -108,6 +110,7 @@ def combine(
     layers: list[LayerState] = []
     for li, layer in enumerate(model.layers):
         x = layer.input_layernorm(h)
+        st: LayerState
         if layer.linear_attn is not None:
             y, st = _linear(layer.linear_attn, x, lay, entries, li, spec)
         else:

@@ -62,9 +62,9 @@ class PrefixCache:
                     rec, conv = path[-1].layers[li]
                     layers.append(LinearLayerState(rec.clone(), conv.clone()))
                 else:
-                    k = torch.cat([n.layers[li][0] for n in path])
-                    v = torch.cat([n.layers[li][1] for n in path])
-                    layers.append(AttentionLayerState(k, v))
+                    keys_t = torch.cat([n.layers[li][0] for n in path])
+                    vals_t = torch.cat([n.layers[li][1] for n in path])
+                    layers.append(AttentionLayerState(keys_t, vals_t))
             tokens = [t for n in path for t in n.tokens]
             return len(path), RequestState(layers, path[-1].length, None, tokens)
 
