@@ -6,17 +6,19 @@ import torch
 
 
 def normalize_cu_seqlens(cu_seqlens: torch.Tensor | None, total: int, device: torch.device) -> torch.Tensor:
-    """Return ``cu_seqlens [N+1]`` int32 on ``device``; ``None`` means one sequence of ``total`` tokens.
+    """Return ``cu_seqlens [N+1]`` (int32, or int64 if given so) on ``device``; ``None`` means one
+    sequence of ``total`` tokens.
 
     Raises ``ValueError`` when it does not start at 0, decreases, or does not end at ``total``.
     The value checks need host values, so they run only for CPU tensors (no device sync on CUDA).
-    An int32 tensor already on ``device`` is returned as is (same object).
+    An int32/int64 tensor already on ``device`` is returned as is (same object).
     """
     if cu_seqlens is None:
         return torch.tensor([0, total], dtype=torch.int32, device=device)
     if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
         raise ValueError(f"cu_seqlens must be 1-D with N+1 >= 2 entries, got shape {tuple(cu_seqlens.shape)}")
-    cu = cu_seqlens.to(device=device, dtype=torch.int32)
+    dtype = cu_seqlens.dtype if cu_seqlens.dtype in (torch.int32, torch.int64) else torch.int32
+    cu = cu_seqlens.to(device=device, dtype=dtype)
     if cu_seqlens.is_cuda:
         return cu
     lens = cu[1:] - cu[:-1]
@@ -36,3 +38,19 @@ def seq_ids(cu_seqlens: torch.Tensor, total: int) -> torch.Tensor:
     """``[T]`` int64: the sequence index of every packed token."""
     lens = (cu_seqlens[1:] - cu_seqlens[:-1]).long()
     return torch.repeat_interleave(torch.arange(lens.numel(), device=cu_seqlens.device), lens, output_size=total)
+
+
+_LAST_INT64: list[torch.Tensor | None] = [None, None]
+
+
+def as_int64(cu_seqlens: torch.Tensor) -> torch.Tensor:
+    """int64 view of ``cu_seqlens`` for fla, memoised on the last input object so that every layer
+    of a forward passes fla the *same* tensor (fla caches chunk indices by tensor identity).
+    Callers must not modify a cu_seqlens tensor in place after using it."""
+    if cu_seqlens.dtype == torch.int64:
+        return cu_seqlens
+    if _LAST_INT64[0] is cu_seqlens and _LAST_INT64[1] is not None:
+        return _LAST_INT64[1]
+    out = cu_seqlens.long()
+    _LAST_INT64[0], _LAST_INT64[1] = cu_seqlens, out
+    return out

@@ -1,8 +1,13 @@
 """Fused chain scan in Triton (CUDA; imported lazily so CPU installs never need triton).
 
-One launch, grid ``(cdiv(V, BV), HV)``: each program keeps its ``[K, BV]`` slice of the running
-state in registers and walks the n pairs, ``h <- T[i] @ h + S[i]`` with ``tl.dot`` in full fp32
-(``input_precision="ieee"``), storing every intermediate state.
+One launch, grid ``(cdiv(V, BV), HV)``: each program owns a ``[K, BV]`` column slice of the
+running state and walks the n pairs, ``h <- T[i] @ h + S[i]``, storing every state. Two
+variants (``CHUNKED``):
+
+* full tile: ``h`` stays in registers, one ``tl.dot(T[i], h)`` per step in ``tf32x3``
+  (three tensor-core passes, ~fp32 accuracy; the precision fla uses for its CP chains);
+* chunked: ``T[i]`` is streamed in ``[K, BC]`` column blocks and the previous state is re-read
+  from the output (L1/L2-hot, after a CTA barrier), exact fp32 FMA dots (``ieee``).
 """
 
 from __future__ import annotations
@@ -16,34 +21,53 @@ import triton.language as tl
 def _chain_scan_kernel(
     h0, t, s, out, n,
     HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    BC: tl.constexpr, CHUNKED: tl.constexpr,
 ):  # fmt: skip
     i_v = tl.program_id(0)
     i_h = tl.program_id(1).to(tl.int64)
     o_k = tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
     m_k = o_k < K
-    m_kv = m_k[:, None] & (o_v < V)[None, :]
-    m_kk = m_k[:, None] & m_k[None, :]
+    m_v = o_v < V
+    m_kv = m_k[:, None] & m_v[None, :]
     off_kv = o_k[:, None] * V + o_v[None, :]
-    off_kk = o_k[:, None] * K + o_k[None, :]
     b_h = tl.load(h0 + i_h * K * V + off_kv, mask=m_kv, other=0.0).to(tl.float32)
     tl.store(out + i_h * K * V + off_kv, b_h, mask=m_kv)
     for i in range(n):
         base = i * HV + i_h
-        b_t = tl.load(t + base * K * K + off_kk, mask=m_kk, other=0.0)
         b_s = tl.load(s + base * K * V + off_kv, mask=m_kv, other=0.0)
-        b_h = tl.dot(b_t, b_h, input_precision="ieee") + b_s
-        tl.store(out + (base + HV) * K * V + off_kv, b_h, mask=m_kv)
+        if CHUNKED:
+            tl.debug_barrier()  # out[i] written by this CTA must be visible to all its threads
+            acc = b_s
+            for c in tl.static_range(0, BK, BC):
+                o_c = c + tl.arange(0, BC)
+                m_c = o_c < K
+                b_t = tl.load(t + base * K * K + o_k[:, None] * K + o_c[None, :], mask=m_k[:, None] & m_c[None, :],
+                              other=0.0)  # fmt: skip
+                b_hc = tl.load(out + base * K * V + o_c[:, None] * V + o_v[None, :], mask=m_c[:, None] & m_v[None, :],
+                               other=0.0)  # fmt: skip
+                acc += tl.dot(b_t, b_hc, input_precision="ieee")
+            tl.store(out + (base + HV) * K * V + off_kv, acc, mask=m_kv)
+        else:
+            b_t = tl.load(t + base * K * K + o_k[:, None] * K + o_k[None, :], mask=m_k[:, None] & m_k[None, :],
+                          other=0.0)  # fmt: skip
+            b_h = tl.dot(b_t, b_h, input_precision="tf32x3") + b_s
+            tl.store(out + (base + HV) * K * V + off_kv, b_h, mask=m_kv)
 
 
-def chain_scan_triton(h0: torch.Tensor, T: torch.Tensor, S: torch.Tensor) -> torch.Tensor:
+def chain_scan_triton(
+    h0: torch.Tensor, T: torch.Tensor, S: torch.Tensor, *, chunked: bool = False, bv: int | None = None,
+    num_warps: int = 4,
+) -> torch.Tensor:  # fmt: skip
     """h0 ``[HV, K, V]``, T ``[n, HV, K, K]``, S ``[n, HV, K, V]`` (CUDA) -> ``[n+1, HV, K, V]`` fp32."""
     HV, K, V = h0.shape
     n = T.shape[0]
     h0, T, S = (x.float().contiguous() for x in (h0, T, S))
     out = torch.empty(n + 1, HV, K, V, dtype=torch.float32, device=h0.device)
     BK = max(16, triton.next_power_of_2(K))
-    BV = max(16, min(64 if K <= 64 else 32, triton.next_power_of_2(V)))
+    BV = bv or max(16, min(32, triton.next_power_of_2(V)))
     grid = (triton.cdiv(V, BV), HV)
-    _chain_scan_kernel[grid](h0, T, S, out, n, HV=HV, K=K, V=V, BK=BK, BV=BV, num_warps=8 if BK >= 128 else 4)
+    _chain_scan_kernel[grid](
+        h0, T, S, out, n, HV=HV, K=K, V=V, BK=BK, BV=BV, BC=min(BK, 32), CHUNKED=chunked, num_warps=num_warps
+    )
     return out

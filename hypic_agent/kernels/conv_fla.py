@@ -10,6 +10,8 @@ import torch
 import torch.nn.functional as F
 from fla.modules.causal_conv1d import causal_conv1d as fla_causal_conv1d
 
+from ._varlen import as_int64
+
 
 def causal_conv1d_fla(
     x: torch.Tensor,
@@ -29,6 +31,6 @@ def causal_conv1d_fla(
         initial_state=h0,
         output_final_state=True,
         activation=act,
-        cu_seqlens=cu_seqlens,
+        cu_seqlens=as_int64(cu_seqlens),
     )
     return y[0], final[..., 1:].contiguous()

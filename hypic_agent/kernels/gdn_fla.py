@@ -1,7 +1,7 @@
 """fla-core wrappers for ``gdn.gated_delta_rule`` / ``gated_delta_rule_step`` (CUDA; imported lazily).
 
-fla takes ``[B=1, T, H, K]`` with ``cu_seqlens`` for packed sequences (int32 passed through
-unchanged so fla's identity cache of chunk indices hits across layers), handles GVA
+fla takes ``[B=1, T, H, K]`` with int64 ``cu_seqlens`` for packed sequences (``as_int64`` keeps
+the same object across layers so fla's identity cache of chunk indices hits), handles GVA
 itself (value head i reads key head ``i // (HV // H)``, same as repeat_interleave), L2-normalises
 q/k in-kernel and defaults ``scale`` to ``K ** -0.5``. States are ``[N, HV, K, V]`` fp32.
 """
@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import torch
 from fla.ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
+
+from ._varlen import as_int64
 
 
 def chunk_gdn_fla(
@@ -35,7 +37,7 @@ def chunk_gdn_fla(
         initial_state=None if initial_state is None else initial_state.float().contiguous(),
         output_final_state=True,
         use_qk_l2norm_in_kernel=use_qk_l2norm,
-        cu_seqlens=cu_seqlens,
+        cu_seqlens=as_int64(cu_seqlens),
     )
     return o[0], st
 

@@ -15,6 +15,7 @@ from fla.ops.utils import chunk_local_cumsum
 from fla.ops.utils.constant import RCP_LN2
 from fla.ops.utils.index import prepare_chunk_indices
 
+from ._varlen import as_int64
 from .gdn_torch import l2norm
 
 CHUNK = 64
@@ -33,7 +34,7 @@ def transition_pairs_fla(
     K = k.shape[-1]
     HV, V = v.shape[-2:]
     n = cu_seqlens.numel() - 1
-    cu = cu_seqlens  # int32, same object across calls: fla caches chunk indices by identity
+    cu = as_int64(cu_seqlens)  # same object across layers: fla caches chunk indices by identity
     kf = (l2norm(k.float()) if use_qk_l2norm else k.float()).contiguous()[None]
     vf = v.float().contiguous()[None]
     bf = beta.float().contiguous()[None]

@@ -8,7 +8,9 @@ import sys
 import pytest
 import torch
 
+from hypic_agent.kernels._varlen import as_int64, normalize_cu_seqlens
 from hypic_agent.kernels.backend import resolve_backend, resolve_triton
+from hypic_agent.kernels.chain import chain_scan
 
 
 def test_resolve_on_cpu():
@@ -29,3 +31,19 @@ def test_import_does_not_pull_gpu_packages():
         "assert not [m for m in lazy if m in sys.modules]\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_cu_seqlens_identity_kept():
+    cu = torch.tensor([0, 3, 7], dtype=torch.int32)
+    assert normalize_cu_seqlens(cu, 7, cu.device) is cu
+    cu64 = cu.long()
+    assert normalize_cu_seqlens(cu64, 7, cu.device) is cu64 and as_int64(cu64) is cu64
+    a = as_int64(cu)
+    assert a.dtype == torch.int64 and as_int64(cu) is a and torch.equal(a, cu64)
+    with pytest.raises(ValueError):
+        normalize_cu_seqlens(cu, 8, cu.device)
+
+
+def test_triton_chain_needs_cuda():
+    with pytest.raises(ValueError):
+        chain_scan(torch.zeros(1, 16, 16), torch.zeros(2, 1, 16, 16), torch.zeros(2, 1, 16, 16), backend="fla")

@@ -68,14 +68,32 @@ def test_pairs_match_torch_and_compose(dtype, tol):
     assert ec < tol and naive > 0.1
 
 
+@pytest.mark.parametrize("chunked", [False, True])
 @pytest.mark.parametrize("HV,K,V,n", [(32, 128, 128, 64), (4, 64, 96, 5), (2, 100, 40, 3), (3, 16, 16, 0)])
-def test_chain_triton_matches_torch(HV, K, V, n):
+def test_chain_triton_matches_torch(HV, K, V, n, chunked):
     g = torch.Generator(device="cuda").manual_seed(3)
     h0 = torch.randn(HV, K, V, device="cuda", generator=g)
-    T = torch.randn(n, HV, K, K, device="cuda", generator=g) / K**0.5
+    T = torch.randn(n, HV, K, K, device="cuda", generator=g) * 0.45 / K**0.5  # contractive
     S = torch.randn(n, HV, K, V, device="cuda", generator=g)
-    out_tr = chain_scan(h0, T, S, backend="fla")
+    out_tr = chain_scan(h0, T, S, backend="fla", chunked=chunked)
     out_t = chain_scan(h0, T, S, backend="torch")
     err = rel_err(out_tr, out_t) if n else float((out_tr - out_t).abs().max())
-    print(f"chain HV={HV} K={K} V={V} n={n}: rel err {err:.2e}")
-    assert out_tr.shape == (n + 1, HV, K, V) and err < 1e-5
+    print(f"chain chunked={chunked} HV={HV} K={K} V={V} n={n}: rel err {err:.2e}")
+    assert out_tr.shape == (n + 1, HV, K, V) and err < 5e-5
+
+
+def test_chain_timing():
+    """Prints torch loop vs Triton timings at Qwen3-Next shapes (no speed assertion)."""
+    triton = pytest.importorskip("triton")
+    HV, K = 32, 128
+    h0 = torch.zeros(HV, K, K, device="cuda")
+    for n in (32, 256):
+        T = torch.randn(n, HV, K, K, device="cuda") * 0.45 / K**0.5
+        S = torch.randn(n, HV, K, K, device="cuda")
+        t_loop = triton.testing.do_bench(lambda: chain_scan(h0, T, S, backend="torch"), warmup=3, rep=20)
+        t_full = triton.testing.do_bench(lambda: chain_scan(h0, T, S, backend="fla"), warmup=3, rep=20)
+        t_chk = triton.testing.do_bench(lambda: chain_scan(h0, T, S, backend="fla", chunked=True), warmup=3, rep=20)
+        print(
+            f"chain n={n} HV={HV} K=V={K}: torch loop {t_loop:.3f} ms, triton tf32x3 {t_full:.3f} ms, "
+            f"triton chunked ieee {t_chk:.3f} ms"
+        )
