@@ -20,8 +20,9 @@ def chain_scan_torch(h0: torch.Tensor, T: torch.Tensor, S: torch.Tensor) -> torc
     """Reference: h0 ``[HV, K, V]``, T ``[n, HV, K, K]``, S ``[n, HV, K, V]`` -> ``[n+1, HV, K, V]`` fp32."""
     out = h0.new_empty(T.shape[0] + 1, *h0.shape, dtype=torch.float32)
     out[0] = h0.float()
-    for i in range(T.shape[0]):
-        torch.baddbmm(S[i].float(), T[i].float(), out[i], out=out[i + 1])
+    ts, ss, outs = T.float().unbind(0), S.float().unbind(0), out.unbind(0)
+    for i in range(len(ts)):
+        torch.baddbmm(ss[i], ts[i], outs[i], out=outs[i + 1])
     return out
 
 
