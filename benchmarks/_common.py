@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import sys
@@ -21,6 +22,15 @@ from hypic_agent.runtime.models.hybrid import HybridForCausalLM  # noqa: E402
 from hypic_agent.runtime.models.registry import build_model  # noqa: E402
 
 
+def model_args(ap: argparse.ArgumentParser, layers: int | None = None) -> argparse.ArgumentParser:
+    """The arguments every real-shape benchmark takes: --shape --layers --device --dtype."""
+    ap.add_argument("--shape", default="qwen3_5_35b_a3b", help="shared config name, a path, or tiny:<arch>")
+    ap.add_argument("--layers", type=int, default=layers, help="cut the model to this many layers")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--dtype", default="bfloat16")
+    return ap
+
+
 def load_shape(name_or_path: str, layers: int | None = None) -> dict[str, Any]:
     """A real config from shared/configs (or a path / tiny:<arch>), optionally cut to ``layers`` layers."""
     if name_or_path.startswith("tiny:"):
@@ -29,8 +39,10 @@ def load_shape(name_or_path: str, layers: int | None = None) -> dict[str, Any]:
         raw = tiny_config(name_or_path[5:])
     else:
         p = Path(name_or_path)
-        for cand in (ROOT / "benchmarks" / "configs" / f"{name_or_path}.json",
-                     SHARED / "configs" / f"{name_or_path}.json"):
+        for cand in (
+            ROOT / "benchmarks" / "configs" / f"{name_or_path}.json",
+            SHARED / "configs" / f"{name_or_path}.json",
+        ):
             if not p.exists():
                 p = cand
         raw = json.loads(p.read_text())

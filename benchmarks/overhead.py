@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 
 import torch
-from _common import load_shape, print_table, random_model, timed, write_json
+from _common import load_shape, model_args, print_table, random_model, timed, write_json
 
 from hypic_agent.kernels import chain as chain_ops
 from hypic_agent.runtime.forward import prefill
@@ -26,11 +26,7 @@ from hypic_agent.runtime.hypic.modes import mode_spec
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--shape", default="qwen3_5_35b_a3b")
-    ap.add_argument("--layers", type=int, default=None)
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--dtype", default="bfloat16")
+    ap = model_args(argparse.ArgumentParser(description=__doc__))
     ap.add_argument("--segments", type=int, default=16)
     ap.add_argument("--seg-len", type=int, default=1024)
     ap.add_argument("--compose-n", type=int, default=64)
@@ -40,8 +36,9 @@ def main() -> None:
     model = random_model(load_shape(args.shape, args.layers), args.device, getattr(torch, args.dtype))
     cfg = model.config
     g = torch.Generator().manual_seed(0)
-    segs = [tuple(torch.randint(0, cfg.vocab_size, (args.seg_len,), generator=g).tolist())
-            for _ in range(args.segments)]
+    segs = [
+        tuple(torch.randint(0, cfg.vocab_size, (args.seg_len,), generator=g).tolist()) for _ in range(args.segments)
+    ]
     seams = [args.seam] * len(segs)
     t_plain, _ = timed(lambda: prefill(model, [list(s) for s in segs]))
     t_build, _ = timed(lambda: build_entries(model, segs, seams))
@@ -64,17 +61,32 @@ def main() -> None:
     rows_b = []
     for pdt in (torch.float32, torch.bfloat16):
         entries = build_entries(model, segs[:4], seams[:4], pair_dtype=pdt)
-        st = combine(model, plan_layout(list(segs[:4]), list(entries), seams[:4], suffix, dev), list(entries),
-                     mode_spec("hypic"))
+        st = combine(
+            model, plan_layout(list(segs[:4]), list(entries), seams[:4], suffix, dev), list(entries), mode_spec("hypic")
+        )
         ref = full.layers[cfg.linear_layers[0]].recurrent
         err = ((st.layers[cfg.linear_layers[0]].recurrent - ref).norm() / ref.norm()).item()
         per = entries[0].bytes_per_layer()
-        rows_b.append({"pair_dtype": str(pdt).split(".")[-1], "linear_layer_bytes": per.get("linear", 0),
-                       "attention_layer_bytes": per.get("attention", 0), "entry_bytes": entries[0].nbytes(),
-                       "layer0_state_rel_err": err})
-    rows = [{"segments": len(segs), "seg_len": args.seg_len, "plain_prefill_ms": t_plain * 1e3,
-             "build_entries_ms": t_build * 1e3, "pair_overhead_pct": (t_build / t_plain - 1) * 100,
-             "compose_n": n, "compose_all_linear_layers_ms": t_comp * 1e3}]
+        rows_b.append(
+            {
+                "pair_dtype": str(pdt).split(".")[-1],
+                "linear_layer_bytes": per.get("linear", 0),
+                "attention_layer_bytes": per.get("attention", 0),
+                "entry_bytes": entries[0].nbytes(),
+                "layer0_state_rel_err": err,
+            }
+        )
+    rows = [
+        {
+            "segments": len(segs),
+            "seg_len": args.seg_len,
+            "plain_prefill_ms": t_plain * 1e3,
+            "build_entries_ms": t_build * 1e3,
+            "pair_overhead_pct": (t_build / t_plain - 1) * 100,
+            "compose_n": n,
+            "compose_all_linear_layers_ms": t_comp * 1e3,
+        }
+    ]
     print_table(rows, list(rows[0]))
     print_table(rows_b, list(rows_b[0]))
     write_json(args.out, {"args": vars(args), "timing": rows, "bytes": rows_b})

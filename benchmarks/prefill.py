@@ -15,7 +15,16 @@ import argparse
 from typing import Any
 
 import torch
-from _common import load_shape, matmul_peak_tflops, prefill_flops, print_table, random_model, timed, write_json
+from _common import (
+    load_shape,
+    matmul_peak_tflops,
+    model_args,
+    prefill_flops,
+    print_table,
+    random_model,
+    timed,
+    write_json,
+)
 
 from hypic_agent.runtime.forward import prefill
 
@@ -49,12 +58,8 @@ def hf_twin(model: Any, raw: dict[str, Any], device: str) -> Any:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--shape", default="qwen3_5_35b_a3b")
-    ap.add_argument("--layers", type=int, default=None)
+    ap = model_args(argparse.ArgumentParser(description=__doc__))
     ap.add_argument("--lengths", type=int, nargs="+", default=[4096, 16384, 32768])
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--no-transformers", action="store_true")
     ap.add_argument("--out", default="bench_out/prefill.json")
@@ -72,10 +77,16 @@ def main() -> None:
         ids = torch.randint(0, cfg.vocab_size, (L,), generator=g).tolist()
         fl = prefill_flops(cfg, L)
         t_ours, all_ours = timed(lambda ids=ids: prefill(model, [ids]), reps=args.reps)
-        row: dict[str, Any] = {"shape": args.shape, "layers": cfg.num_layers, "tokens": L,
-                               "ours_s": t_ours, "ours_tok_s": L / t_ours,
-                               "ours_tflops": fl["total"] / t_ours / 1e12,
-                               "ours_frac_peak": fl["total"] / t_ours / 1e12 / peak, "all_ours": all_ours}
+        row: dict[str, Any] = {
+            "shape": args.shape,
+            "layers": cfg.num_layers,
+            "tokens": L,
+            "ours_s": t_ours,
+            "ours_tok_s": L / t_ours,
+            "ours_tflops": fl["total"] / t_ours / 1e12,
+            "ours_frac_peak": fl["total"] / t_ours / 1e12 / peak,
+            "all_ours": all_ours,
+        }
         if hf is not None:
             x = torch.tensor([ids], device=args.device)
 
@@ -84,17 +95,33 @@ def main() -> None:
                     hf(input_ids=x, logits_to_keep=1, use_cache=False)
 
             t_hf, all_hf = timed(run_hf, reps=args.reps)
-            row.update({"hf_s": t_hf, "hf_tok_s": L / t_hf, "speedup": t_hf / t_ours,
-                        "hf_frac_peak": fl["total"] / t_hf / 1e12 / peak, "all_hf": all_hf})
+            row.update(
+                {
+                    "hf_s": t_hf,
+                    "hf_tok_s": L / t_hf,
+                    "speedup": t_hf / t_ours,
+                    "hf_frac_peak": fl["total"] / t_hf / 1e12 / peak,
+                    "all_hf": all_hf,
+                }
+            )
         row.update({f"flops_{k}": v for k, v in fl.items()})
         rows.append(row)
-        print(f"L={L}: ours {t_ours:.3f}s" + (f", transformers {row['hf_s']:.3f}s" if hf is not None else ""),
-              flush=True)
+        print(
+            f"L={L}: ours {t_ours:.3f}s" + (f", transformers {row['hf_s']:.3f}s" if hf is not None else ""), flush=True
+        )
     cols = ["shape", "layers", "tokens", "ours_s", "ours_tok_s", "ours_frac_peak", "hf_s", "hf_tok_s", "speedup"]
     print_table(rows, cols)
-    write_json(args.out, {"device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
-                          "peak_tflops": peak, "params": nparams, "dtype": args.dtype, "rows": rows,
-                          "torch": torch.__version__})
+    write_json(
+        args.out,
+        {
+            "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
+            "peak_tflops": peak,
+            "params": nparams,
+            "dtype": args.dtype,
+            "rows": rows,
+            "torch": torch.__version__,
+        },
+    )
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Where prefill time goes: torch.profiler top CUDA kernels for ours vs transformers, and chain-scan variants.
 
-    python benchmarks/prefill_profile.py --shape qwen3_5_35b_a3b --layers 4 --length 8192
+python benchmarks/prefill_profile.py --shape qwen3_5_35b_a3b --layers 4 --length 8192
 """
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 
 import torch
-from _common import load_shape, random_model, timed, write_json
+from _common import load_shape, model_args, random_model, timed, write_json
 from prefill import hf_twin
 
 from hypic_agent.kernels import chain as chain_ops
@@ -32,9 +32,7 @@ def top_kernels(fn, n: int = 18) -> list[dict]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--shape", default="qwen3_5_35b_a3b")
-    ap.add_argument("--layers", type=int, default=4)
+    ap = model_args(argparse.ArgumentParser(description=__doc__), layers=4)
     ap.add_argument("--length", type=int, default=8192)
     ap.add_argument("--out", default="bench_out/profile.json")
     args = ap.parse_args()
@@ -56,8 +54,10 @@ def main() -> None:
     h0 = torch.zeros(hv, k, v, device="cuda")
     ref = chain_ops.chain_scan_torch(h0, T, S)
     chain = {}
-    for name, fn in {"torch_loop": lambda: chain_ops.chain_scan_torch(h0, T, S),
-                     "triton": lambda: chain_ops.chain_scan(h0, T, S, backend="fla")}.items():
+    for name, fn in {
+        "torch_loop": lambda: chain_ops.chain_scan_torch(h0, T, S),
+        "triton": lambda: chain_ops.chain_scan(h0, T, S, backend="fla"),
+    }.items():
         t, _ = timed(fn, reps=10, warmup=3)
         err = ((fn() - ref).norm() / ref.norm()).item()
         chain[name] = {"ms": t * 1e3, "rel_err_vs_torch": err}

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from _common import load_shape, print_table, random_model, sync, write_json
+from _common import load_shape, model_args, print_table, random_model, sync, write_json
 
 from hypic_agent.config import MODES, Settings
 from hypic_agent.runtime.engine import Engine
@@ -57,11 +57,7 @@ def pct(xs: list[float], q: float) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--shape", default="qwen3_5_35b_a3b")
-    ap.add_argument("--layers", type=int, default=None)
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--dtype", default="bfloat16")
+    ap = model_args(argparse.ArgumentParser(description=__doc__))
     ap.add_argument("--pool", type=int, default=200)
     ap.add_argument("--segments", type=int, default=20)
     ap.add_argument("--seg-len", type=int, default=1024)
@@ -99,9 +95,18 @@ def main() -> None:
                 if j >= args.warmup:
                     times.append(ms)
                     cached = prep.cached_tokens
-            rows.append({"hit_rate": hit, "mode": mode, "p50_ms": pct(times, 0.5), "p90_ms": pct(times, 0.9),
-                         "mean_ms": sum(times) / len(times), "cached_tokens": cached,
-                         "prompt_tokens": prep.prompt_tokens, "timings": prep.timings_ms})
+            rows.append(
+                {
+                    "hit_rate": hit,
+                    "mode": mode,
+                    "p50_ms": pct(times, 0.5),
+                    "p90_ms": pct(times, 0.9),
+                    "mean_ms": sum(times) / len(times),
+                    "cached_tokens": cached,
+                    "prompt_tokens": prep.prompt_tokens,
+                    "timings": prep.timings_ms,
+                }
+            )
             print(f"hit={hit} {mode}: p50 {rows[-1]['p50_ms']:.1f} ms", flush=True)
             write_json(args.out, {"args": vars(args), "rows": rows, "partial": True})
             del engine
@@ -111,10 +116,17 @@ def main() -> None:
         for r in rows:
             if base and r["hit_rate"] == hit:
                 r["speedup_vs_prefix_cache_p50"] = base["p50_ms"] / r["p50_ms"]
-    print_table(rows, ["hit_rate", "mode", "p50_ms", "p90_ms", "cached_tokens", "prompt_tokens",
-                       "speedup_vs_prefix_cache_p50"])
-    write_json(args.out, {"args": vars(args), "rows": rows,
-                          "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"})
+    print_table(
+        rows, ["hit_rate", "mode", "p50_ms", "p90_ms", "cached_tokens", "prompt_tokens", "speedup_vs_prefix_cache_p50"]
+    )
+    write_json(
+        args.out,
+        {
+            "args": vars(args),
+            "rows": rows,
+            "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
+        },
+    )
 
 
 if __name__ == "__main__":
