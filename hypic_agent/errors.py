@@ -68,3 +68,17 @@ class RateLimitError(HypicError):
 class AuthError(HypicError):
     type = "unauthorized"
     status = 401
+
+
+class TooManySegmentsError(InvalidRequestError):
+    type = "too_many_segments"
+
+
+class PayloadTooLargeError(HypicError):
+    type = "payload_too_large"
+    status = 413
+
+
+class ServiceUnavailableError(HypicError):
+    type = "unavailable"
+    status = 503

@@ -23,23 +23,15 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from hypic_agent.errors import HypicError, InvalidRequestError
+from hypic_agent.errors import (  # noqa: F401 (re-exported for the routes)
+    HypicError,
+    InvalidRequestError,
+    PayloadTooLargeError,
+    ServiceUnavailableError,
+    TooManySegmentsError,
+)
 
 log = logging.getLogger("hypic.api")
-
-
-class TooManySegmentsError(InvalidRequestError):
-    type = "too_many_segments"
-
-
-class PayloadTooLargeError(HypicError):
-    type = "payload_too_large"
-    status = 413
-
-
-class ServiceUnavailableError(HypicError):
-    type = "unavailable"
-    status = 503
 
 
 _HTTP_TYPES = {
