@@ -1,0 +1,178 @@
+"""Does cached prefill keep the answers? Every mode and seam width on identical prompt tokens.
+
+    python benchmarks/quality.py --model smollm2-135m-instruct --datasets hotpotqa --limit 100 --gen-tokens 0
+    python benchmarks/quality.py --model smollm2-135m-instruct --datasets hotpotqa nq kv multinews --limit 30
+    python benchmarks/quality.py --model tiny:qwen3_5_text --smoke          # CI plumbing check
+
+Each prompt is ``[system][doc 1]..[doc n][question]`` with documents shuffled per example.
+Against ``full_recompute`` on the same tokens: first-token KL(full || mode), top-1 agreement
+of the first token, and the task score (F1 / EM / ROUGE-L x 100) of a greedy answer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from _common import print_table, write_json
+from quality_data import DATA, DATASETS, Example, score
+
+from hypic_agent.config import Settings
+from hypic_agent.runtime.decode import decode_loop
+from hypic_agent.runtime.engine import Engine
+from hypic_agent.runtime.loader import load_engine
+from hypic_agent.runtime.results import FinishEvent
+from hypic_agent.runtime.sampling import SamplingParams
+from hypic_agent.segments.keys import KeyContext
+from hypic_agent.segments.kinds import Segment
+from hypic_agent.segments.plan import PromptPlan, build_plan
+
+MODE_CONFIGS = [("prefix_cache", 8.0), ("addition", 0.0), ("transition", 0.0), ("transition_rope", 0.0), ("hypic", 8.0)]
+SEAM_ABLATION = [0.0, 4.0, 16.0, 32.0]
+
+
+def configs(seams: list[float]) -> list[tuple[str, str, float]]:
+    out = [(m if m != "hypic" else f"hypic w={w:g}", m, w) for m, w in MODE_CONFIGS]
+    out += [(f"hypic w={w:g}", "hypic", w) for w in seams if w != 8.0]
+    return out
+
+
+def make_plan(engine: Engine, ex: Example) -> PromptPlan:
+    segs = [Segment(kind="system", text=ex.system)]
+    segs += [Segment(kind="document", text=text, title=title) for title, text in ex.docs]
+    return build_plan(segs, ex.question, engine.tokenizer, KeyContext(engine.fingerprint))
+
+
+def kl_top1(ref: torch.Tensor, got: torch.Tensor) -> tuple[float, float]:
+    p, q = torch.log_softmax(ref.float(), -1), torch.log_softmax(got.float(), -1)
+    return float((p.exp() * (p - q)).sum()), float(ref.argmax() == got.argmax())
+
+
+def answer(engine: Engine, prep: Any, tokens: int) -> str:
+    params = SamplingParams(max_tokens=tokens, temperature=0.0, stop=("\n\n",))
+    text = ""
+    for ev in decode_loop(engine, prep, params, time.perf_counter()):
+        if isinstance(ev, FinishEvent):
+            text = ev.text
+    return text.strip()
+
+
+def run_dataset(
+    engine: Engine, name: str, examples: list[Example], cfgs: list[tuple[str, str, float]], gen_tokens: int
+) -> list[dict[str, Any]]:
+    acc: dict[str, dict[str, list[float]]] = {
+        lab: {"kl": [], "top1": [], "score": []} for lab in ["full_recompute", *(c[0] for c in cfgs)]
+    }
+    for i, ex in enumerate(examples):
+        plan = make_plan(engine, ex)
+        full = engine.prepare(plan, mode="full_recompute")
+        assert full.state.last_logits is not None
+        ref = full.state.last_logits.clone()
+        if gen_tokens:
+            acc["full_recompute"]["score"].append(score(ex, answer(engine, full, gen_tokens)))
+        for label, mode, w in cfgs:
+            prep = engine.prepare(plan, mode=mode, seam=w)
+            assert prep.state.last_logits is not None
+            kl, top1 = kl_top1(ref, prep.state.last_logits)
+            acc[label]["kl"].append(kl)
+            acc[label]["top1"].append(top1)
+            if gen_tokens:
+                acc[label]["score"].append(score(ex, answer(engine, prep, gen_tokens)))
+        print(f"{name} {i + 1}/{len(examples)} ({full.prompt_tokens} tokens)", flush=True)
+    base = sum(acc["full_recompute"]["score"]) / max(1, len(acc["full_recompute"]["score"]))
+    rows = []
+    for label, vals in acc.items():
+        mean = {k: (sum(v) / len(v) if v else float("nan")) for k, v in vals.items()}
+        rows.append(
+            {
+                "dataset": name,
+                "config": label,
+                "n": len(examples),
+                "score": mean["score"],
+                "delta_vs_full": mean["score"] - base if gen_tokens else float("nan"),
+                "kl_first_token": 0.0 if label == "full_recompute" else mean["kl"],
+                "top1_agreement": 1.0 if label == "full_recompute" else mean["top1"],
+            }
+        )
+    return rows
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib not installed: no plot")
+        return
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for ds in sorted({r["dataset"] for r in rows}):
+        seam = sorted(
+            (float(r["config"].split("=")[1]), r["kl_first_token"])
+            for r in rows
+            if r["dataset"] == ds and r["config"].startswith("hypic w=")
+        )
+        axes[0].plot([s for s, _ in seam], [k for _, k in seam], marker="o", label=ds)
+        keep = [r for r in rows if r["dataset"] == ds]
+        modes = [r for r in keep if not r["config"].startswith("hypic w=") or r["config"] == "hypic w=8"]
+        axes[1].bar([f"{ds}\n{r['config']}" for r in modes], [r["kl_first_token"] for r in modes])
+    axes[0].set_xlabel("seam width w (tokens)")
+    axes[0].set_ylabel("first-token KL(full || hypic)")
+    axes[0].legend()
+    axes[1].set_ylabel("first-token KL vs full_recompute")
+    axes[1].tick_params(axis="x", labelrotation=70, labelsize=6)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    print(f"wrote {path}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--model", default="smollm2-135m-instruct")
+    ap.add_argument("--datasets", nargs="+", default=list(DATASETS), choices=list(DATASETS))
+    ap.add_argument("--data", type=Path, default=DATA)
+    ap.add_argument("--limit", type=int, default=30)
+    ap.add_argument("--gen-tokens", type=int, default=24, help="0 = fidelity only (no task score)")
+    ap.add_argument("--seams", type=float, nargs="+", default=SEAM_ABLATION)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--smoke", action="store_true", help="2 examples, 4 tokens: plumbing only")
+    ap.add_argument("--out", default="bench_out/quality.json")
+    ap.add_argument("--plot", default=None, help="PNG path (default: next to --out)")
+    args = ap.parse_args()
+    if not args.data.is_dir():
+        raise SystemExit(f"no evaluation data at {args.data}: pass --data ../shared/data")
+    if args.smoke:
+        args.limit, args.gen_tokens = 2, 4
+    engine = load_engine(
+        Settings(device="cpu" if not torch.cuda.is_available() else "auto", min_cached_tokens=16), model=args.model
+    )
+    cfgs = configs(args.seams)
+    rows: list[dict[str, Any]] = []
+    t0 = time.perf_counter()
+    for ds in args.datasets:
+        examples = DATASETS[ds](args.data, args.limit, args.seed)
+        if args.smoke:  # byte-level tiny tokenizers: keep prompts inside the tiny context
+            for ex in examples:
+                ex.docs = [(t, x[:200]) for t, x in ex.docs[:4]]
+        rows += run_dataset(engine, ds, examples, cfgs, args.gen_tokens)
+    print_table(rows, ["dataset", "config", "n", "score", "delta_vs_full", "kl_first_token", "top1_agreement"])
+    write_json(
+        args.out,
+        {
+            "model": engine.name,
+            "fingerprint": engine.fingerprint,
+            "args": vars(args),
+            "rows": rows,
+            "seconds": time.perf_counter() - t0,
+        },
+    )
+    plot(rows, Path(args.plot) if args.plot else Path(args.out).with_suffix(".png"))
+
+
+if __name__ == "__main__":
+    main()
