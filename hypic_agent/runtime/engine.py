@@ -134,9 +134,9 @@ class Engine:
         keys = [self.entry_key(s, tenant, 0) for s in segs]
         depth, state = self.prefix_cache.lookup(keys)
         reused = state.length if state is not None else 0
-        for i in range(depth, len(segs)):
-            state = prefill(self.model, [list(segs[i])], [state])[0]
-            self.prefix_cache.insert(keys[: i + 1], state, segs[i])
+        if depth < len(segs):  # one pass over the missed segments, then keep the boundary state
+            state = prefill(self.model, [[t for s in segs[depth:] for t in s]], [state])[0]
+            self.prefix_cache.insert(keys, segs, state)
         state = prefill(self.model, [suffix], [state])[0]
         usage = [
             SegmentUsage(keys[i], kinds[i], len(s), i < depth, "memory" if i < depth else None)

@@ -1,9 +1,10 @@
 """A real prefix cache of hybrid states at segment boundaries: the baseline engines offer today.
 
-A trie keyed by the sequence of segment keys. Each node holds the KV rows of its own segment (at
-the positions it had behind that exact prefix) and the linear layers' recurrent + conv states at
-its end boundary, like SGLang's MambaRadixCache / vLLM's hybrid prefix caching. A lookup reuses
-the longest matching prefix of segments; anything after the first differing segment is recomputed.
+A trie keyed by the sequence of segment keys. Every node holds the KV rows of its own segment (at
+the positions it had behind that exact prefix). Linear-layer states (recurrent + conv) exist only
+where a prefill ended, i.e. at the end of each request's segment list, the way SGLang's
+MambaRadixCache and vLLM's hybrid prefix caching keep them: a miss is prefilled in one pass, and
+a later request can resume only from a node that holds linear states.
 """
 
 from __future__ import annotations
@@ -16,19 +17,23 @@ import torch
 
 from hypic_agent.runtime.state import AttentionLayerState, LayerState, LinearLayerState, RequestState
 
+Pair = tuple[torch.Tensor, torch.Tensor]
+
 
 @dataclass
 class _Node:
     length: int = 0  # prompt tokens covered up to this node's end
     tokens: list[int] = field(default_factory=list)  # this node's segment tokens
-    layers: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)  # per layer (k|rec, v|conv)
+    kv: dict[int, Pair] = field(default_factory=dict)  # attention layer -> (k, v) rows of this segment
+    linear: dict[int, Pair] | None = None  # linear layer -> (recurrent, conv) at the node's end
     children: dict[str, _Node] = field(default_factory=dict)
     parent: _Node | None = None
     key: str = ""
     last_used: int = 0
 
     def nbytes(self) -> int:
-        return sum(a.nbytes + b.nbytes for a, b in self.layers)
+        pairs = list(self.kv.values()) + list((self.linear or {}).values())
+        return sum(a.nbytes + b.nbytes for a, b in pairs)
 
 
 class PrefixCache:
@@ -41,7 +46,7 @@ class PrefixCache:
         self._lock = threading.Lock()
 
     def lookup(self, keys: Sequence[str]) -> tuple[int, RequestState | None]:
-        """Longest cached prefix of ``keys`` -> (number of segments matched, state after them)."""
+        """Longest reusable prefix of ``keys`` -> (segments matched, state after them)."""
         with self._lock:
             path: list[_Node] = []
             node = self.root
@@ -51,43 +56,56 @@ class PrefixCache:
                     break
                 path.append(child)
                 node = child
+            while path and path[-1].linear is None:  # resume only where linear states were kept
+                path.pop()
             if not path:
                 return 0, None
             self._clock += 1
             for n in path:
                 n.last_used = self._clock
+            end = path[-1]
+            assert end.linear is not None
             layers: list[LayerState] = []
             for li, kind in enumerate(self.kinds):
                 if kind == "linear":
-                    rec, conv = path[-1].layers[li]
+                    rec, conv = end.linear[li]
                     layers.append(LinearLayerState(rec.clone(), conv.clone()))
                 else:
-                    keys_t = torch.cat([n.layers[li][0] for n in path])
-                    vals_t = torch.cat([n.layers[li][1] for n in path])
-                    layers.append(AttentionLayerState(keys_t, vals_t))
-            tokens = [t for n in path for t in n.tokens]
-            return len(path), RequestState(layers, path[-1].length, None, tokens)
+                    layers.append(
+                        AttentionLayerState(
+                            torch.cat([n.kv[li][0] for n in path]), torch.cat([n.kv[li][1] for n in path])
+                        )
+                    )
+            return len(path), RequestState(layers, end.length, None, [t for n in path for t in n.tokens])
 
-    def insert(self, keys: Sequence[str], state: RequestState, segment_tokens: Sequence[int]) -> None:
-        """Record the boundary after ``keys[-1]``; ``state`` covers exactly that prefix and the
-        parent node (``keys[:-1]``) must exist (or be the root)."""
+    def insert(self, keys: Sequence[str], segments: Sequence[Sequence[int]], state: RequestState) -> None:
+        """Record the segments ``keys`` (whose tokens are ``segments``) covered by ``state``, which
+        must end exactly after the last one; linear states are kept at that end only."""
         with self._lock:
-            node = self.root
-            for k in keys[:-1]:
-                node = node.children[k]
-            if keys[-1] in node.children:
-                return
-            start = state.length - len(segment_tokens)
-            layers: list[tuple[torch.Tensor, torch.Tensor]] = []
-            for s in state.layers:
-                if isinstance(s, LinearLayerState):
-                    layers.append((s.recurrent.clone(), s.conv.clone()))
-                else:
-                    layers.append((s.k[start:].clone(), s.v[start:].clone()))
             self._clock += 1
-            child = _Node(state.length, list(segment_tokens), layers, {}, node, keys[-1], self._clock)
-            node.children[keys[-1]] = child
-            self.bytes += child.nbytes()
+            start = state.length - sum(len(s) for s in segments)
+            node = self.root
+            for key, seg in zip(keys, segments, strict=True):
+                child = node.children.get(key)
+                if child is None:
+                    kv = {
+                        li: (s.k[start : start + len(seg)].clone(), s.v[start : start + len(seg)].clone())
+                        for li, s in enumerate(state.layers)
+                        if isinstance(s, AttentionLayerState)
+                    }
+                    child = _Node(start + len(seg), list(seg), kv, None, {}, node, key)
+                    node.children[key] = child
+                    self.bytes += child.nbytes()
+                child.last_used = self._clock
+                start += len(seg)
+                node = child
+            if node is not self.root and node.linear is None:
+                node.linear = {
+                    li: (s.recurrent.clone(), s.conv.clone())
+                    for li, s in enumerate(state.layers)
+                    if isinstance(s, LinearLayerState)
+                }
+                self.bytes += sum(a.nbytes + b.nbytes for a, b in node.linear.values())
             self._evict()
 
     def _evict(self) -> None:

@@ -1,0 +1,90 @@
+"""Engine pipeline on a tiny model: every mode builds a state, prefix_cache is exact, reuse is counted."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+import torch
+
+from hypic_agent.config import MODES, Settings
+from hypic_agent.errors import ContextLengthError, UnknownModeError
+from hypic_agent.runtime.engine import Engine
+from hypic_agent.runtime.models.tokenizer import tiny_tokenizer
+from hypic_agent.runtime.results import FinishEvent, TokenEvent
+from hypic_agent.runtime.sampling import SamplingParams
+
+from .conftest import make_model, rand_tokens
+
+
+@dataclass
+class Seg:
+    token_ids: tuple[int, ...]
+    kind: str = "document"
+
+
+@dataclass
+class Plan:
+    segments: list[Seg]
+    suffix_ids: list[int] = field(default_factory=lambda: rand_tokens(5, 77))
+    bos_id: int | None = None
+
+
+@pytest.fixture(scope="module")
+def engine() -> Engine:
+    model, _, _ = make_model("qwen3_5_text")
+    return Engine(model, tiny_tokenizer(), "tiny-test", Settings(min_cached_tokens=4))
+
+
+def docs(n: int = 4, length: int = 24, seed: int = 300) -> list[Seg]:
+    return [Seg(tuple(rand_tokens(length, seed + i))) for i in range(n)]
+
+
+def test_every_mode_builds_a_state(engine):
+    plan = Plan(docs())
+    full = engine.prepare(plan, mode="full_recompute")
+    for mode in MODES:
+        prep = engine.prepare(plan, mode=mode)
+        assert prep.state.length == full.state.length == prep.prompt_tokens
+        assert prep.cached_tokens + prep.recomputed_tokens == prep.prompt_tokens
+
+
+def test_prefix_cache_is_exact_and_reuses_only_the_prefix(engine):
+    d = docs(5, seed=500)
+    first = engine.prepare(Plan(d[:4]), mode="prefix_cache")
+    assert first.exact_prefix_tokens == 0
+    same = engine.prepare(Plan(d[:4]), mode="prefix_cache")
+    assert same.exact_prefix_tokens == 96
+    longer = Plan(d[:4] + [d[4]])
+    ext = engine.prepare(longer, mode="prefix_cache")
+    assert ext.exact_prefix_tokens == 96  # resumes from the stored boundary state
+    full = engine.prepare(longer, mode="full_recompute")
+    assert torch.allclose(ext.state.last_logits, full.state.last_logits, atol=1e-4)
+    reordered = engine.prepare(Plan([d[1], d[0], d[2], d[3]]), mode="prefix_cache")
+    assert reordered.exact_prefix_tokens == 0  # a new order misses
+
+
+def test_hypic_reuses_segments_in_any_order(engine):
+    d = docs(4, seed=700)
+    engine.prepare(Plan(d), mode="hypic")
+    again = engine.prepare(Plan(list(reversed(d))), mode="hypic")
+    assert all(s.hit for s in again.segments)
+    assert again.cached_tokens == 4 * (24 - 8)
+    assert again.exact_prefix_tokens == 0  # composed, never reported as an exact prefix hit
+
+
+def test_generate_streams_and_finishes(engine):
+    events = list(engine.generate(Plan(docs(2)), SamplingParams(max_tokens=5), mode="hypic"))
+    assert isinstance(events[-1], FinishEvent)
+    assert all(isinstance(e, TokenEvent) for e in events[:-1])
+    assert events[-1].completion_tokens <= 5
+
+
+def test_bad_requests(engine):
+    with pytest.raises(UnknownModeError):
+        engine.prepare(Plan(docs(1)), mode="nope")
+    with pytest.raises(ContextLengthError):
+        engine.prepare(Plan([Seg(tuple(rand_tokens(5000, 1)))]), mode="hypic")
+    # no query: the last segment becomes the (uncached) suffix
+    prep = engine.prepare(Plan(docs(2), suffix_ids=[]), mode="hypic")
+    assert prep.state.length == 48
