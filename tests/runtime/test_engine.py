@@ -55,7 +55,7 @@ def test_prefix_cache_is_exact_and_reuses_only_the_prefix(engine):
     assert first.exact_prefix_tokens == 0
     same = engine.prepare(Plan(d[:4]), mode="prefix_cache")
     assert same.exact_prefix_tokens == 96
-    longer = Plan(d[:4] + [d[4]])
+    longer = Plan([*d[:4], d[4]])
     ext = engine.prepare(longer, mode="prefix_cache")
     assert ext.exact_prefix_tokens == 96  # resumes from the stored boundary state
     full = engine.prepare(longer, mode="full_recompute")
