@@ -34,13 +34,14 @@ def top_kernels(fn, n: int = 18) -> list[dict]:
 def main() -> None:
     ap = model_args(argparse.ArgumentParser(description=__doc__), layers=4)
     ap.add_argument("--length", type=int, default=8192)
+    ap.add_argument("--seg-len", type=int, default=1024, help="segment length for the combine profile")
     ap.add_argument("--out", default="bench_out/profile.json")
     args = ap.parse_args()
     raw = load_shape(args.shape, args.layers)
     model = random_model(raw, args.device, getattr(torch, args.dtype))
     hf = hf_twin(model, raw, args.device)
     ids = torch.randint(0, model.config.vocab_size, (args.length,)).tolist()
-    x = torch.tensor([ids], device="cuda")
+    x = torch.tensor([ids], device=args.device)
     print("== ours")
     ours = top_kernels(lambda: prefill(model, [ids]))
     print("== transformers")
@@ -62,7 +63,42 @@ def main() -> None:
         err = ((fn() - ref).norm() / ref.norm()).item()
         chain[name] = {"ms": t * 1e3, "rel_err_vs_torch": err}
         print(f"chain {name}: {t * 1e3:.3f} ms, rel err {err:.2e}")
-    write_json(args.out, {"ours": ours, "transformers": theirs, "chain": chain})
+    print("== hypic combine (warm, 20 x 1k segments + 50-token query)")
+    combine_rows = profile_combine(model, args.seg_len)
+    write_json(args.out, {"ours": ours, "transformers": theirs, "chain": chain, "combine": combine_rows})
+
+
+def profile_combine(model, seg_len: int, n_segments: int = 20) -> dict:
+    """Warm HYPIC TTFT split into engine stages, plus its top CUDA kernels and Python hot spots."""
+    import cProfile
+    import io
+    import pstats
+
+    from ttft import Plan, Seg
+
+    from hypic_agent.config import Settings
+    from hypic_agent.runtime.engine import Engine
+
+    g = torch.Generator().manual_seed(0)
+    segs = [
+        Seg(tuple(torch.randint(0, model.config.vocab_size, (seg_len,), generator=g).tolist()))
+        for _ in range(n_segments)
+    ]
+    plan = Plan(segs, torch.randint(0, model.config.vocab_size, (50,), generator=g).tolist())
+    engine = Engine(model, None, "profile", Settings(min_cached_tokens=16, cpu_budget_bytes=1 << 40))
+    engine.prepare(plan, mode="hypic")  # builds entries and compiles
+    prep = engine.prepare(plan, mode="hypic")
+    print("stage ms:", {k: round(v, 1) for k, v in prep.timings_ms.items()})
+    kernels = top_kernels(lambda: engine.prepare(plan, mode="hypic"))
+    prof = cProfile.Profile()
+    prof.enable()
+    engine.prepare(plan, mode="hypic")
+    torch.cuda.synchronize()
+    prof.disable()
+    buf = io.StringIO()
+    pstats.Stats(prof, stream=buf).sort_stats("cumulative").print_stats(25)
+    print(buf.getvalue())
+    return {"stages_ms": prep.timings_ms, "kernels": kernels, "python": buf.getvalue()}
 
 
 if __name__ == "__main__":
