@@ -48,6 +48,10 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         "HYPIC_DEVICE": "cpu",
         "HYPIC_API_KEYS": json.dumps({KEY: "examples"}),
         "PYTHONPATH": str(ROOT),
+        # one math thread: on a busy shared box, OpenMP threads spin-waiting for a descheduled
+        # sibling turned ~0.2 s of server CPU per example into 10-20 s
+        "OMP_NUM_THREADS": "1",
+        "MKL_NUM_THREADS": "1",
     }
     log_path = home / "server.log"
     cmd = [sys.executable, "-m", "hypic_agent.cli", "serve", "--model", TINY, "--port", str(port)]
@@ -106,7 +110,7 @@ def test_quickstart(server: str) -> None:
     assert "ttft_ms" in out and "cached" in out
     table_rows = [line for line in out.splitlines() if line.strip()[:1] in "123" and ">" in line]
     assert len(table_rows) == 3, out
-    assert "OK quickstart: 3 calls" in out
+    assert "OK quickstart: 3 calls, ttft" in out
 
 
 def test_rag_hotpotqa(server: str) -> None:
