@@ -108,6 +108,75 @@ def serve(
         raise typer.Exit(2) from e
 
 
+@app.command()
+def distill(
+    out: str = typer.Option(..., "--out", help="run folder: corpus/, ckpt/ (resumable), model/ (the result)"),
+    steps: int | None = typer.Option(
+        None, help="total optimizer steps (default 300; 30 with --tiny); 0 = as many as --time-budget allows"
+    ),
+    batch: int = typer.Option(16, help="sequences per step"),
+    seq: int = typer.Option(2048, help="tokens per sequence"),
+    resume: bool = typer.Option(False, help="continue from <out>/ckpt"),
+    device: str = typer.Option("auto", help="auto | cpu | cuda | cuda:N"),
+    tiny: bool = typer.Option(False, help="tiny random Llama teacher on CPU: the whole pipeline in seconds"),
+    teacher: str = typer.Option("smollm2-135m-instruct", help="catalog name, Llama .gguf file or HF folder"),
+    data: str | None = typer.Option(None, help="token corpus folder (built there if missing; default <out>/corpus)"),
+    shared_data: str | None = typer.Option(None, help="benchmark data folder whose passages join the corpus"),
+    lr: float = typer.Option(1e-3),
+    warmup: int = typer.Option(30),
+    hidden_weight: float = typer.Option(0.0, help="weight of the per-layer hidden-state MSE"),
+    local_steps: int = typer.Option(0, help="first steps train each layer alone on teacher inputs"),
+    train: str = typer.Option("mixers", help="gdn | mixers | mixers+norms | all"),
+    gdn: str = typer.Option("auto", help="training GDN kernel: auto | torch | fla (fla needs triton>=3.7.1 on Hopper)"),
+    compile: bool = typer.Option(False, "--compile", help="torch.compile the torch GDN kernel"),
+    grad_checkpoint: bool = typer.Option(False, help="recompute layers in backward (less memory)"),
+    time_budget: float | None = typer.Option(None, help="seconds of training in total (all resumed runs)"),
+    process_budget: float | None = typer.Option(None, help="seconds of training in this process"),
+    init_from: str | None = typer.Option(None, help="start from an exported model folder instead of converting"),
+    stop_at: int | None = typer.Option(None, help="stop this run at this step (resume later; schedule spans --steps)"),
+    ckpt_every: int = typer.Option(50),
+    eval_tokens: int = typer.Option(262144, help="held-out tokens for perplexity / KL / top-1"),
+    conv_tap: float | None = typer.Option(1.0, help="GDN conv current-token tap at init (<=0: per-head calibrated)"),
+    export_dtype: str = typer.Option("bfloat16", help="stored tensors: bfloat16 | float32 | int8 (per-row, half size)"),
+    shard_mb: float = typer.Option(15.0, help="model shard size in MiB (0 = one file)"),
+    seed: int = typer.Option(0),
+) -> None:
+    """Distill the all-attention teacher into a Qwen3.5-style hybrid (GDN + 1-in-4 attention)."""
+    from dataclasses import replace
+    from pathlib import Path
+
+    from hypic_agent.training.convert import ConvertOptions
+    from hypic_agent.training.data import default_shared_data
+    from hypic_agent.training.distill import DistillConfig, run_distill, tiny_config
+
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    opts: dict = dict(resume=resume, seed=seed, time_budget_s=time_budget, stop_at=stop_at, hidden_weight=hidden_weight)
+    if steps is not None:
+        opts["steps"] = steps
+    opts.update(local_steps=local_steps, train=train, compile=compile, grad_checkpoint=grad_checkpoint)
+    opts.update(export_dtype=export_dtype, shard_mb=shard_mb)
+    opts.update(convert=ConvertOptions(conv_tap=conv_tap if conv_tap and conv_tap > 0 else None, seed=seed))
+    if process_budget is not None:
+        opts["process_budget_s"] = process_budget
+    if init_from:
+        opts["init_from"] = Path(init_from)
+    if data:
+        opts["data"] = Path(data)
+    if shared_data or not tiny:
+        opts["shared_data"] = Path(shared_data) if shared_data else default_shared_data()
+    try:
+        if tiny:
+            cfg = tiny_config(Path(out), **opts)
+        else:
+            cfg = DistillConfig(Path(out), teacher=teacher, batch=batch, seq=seq, device=device, lr=lr, warmup=warmup,
+                                gdn=gdn, ckpt_every=ckpt_every, eval_tokens=eval_tokens)  # fmt: skip
+            cfg = replace(cfg, **opts)
+        run_distill(cfg, log=lambda s: err.print(s, markup=False, highlight=False))
+    except HypicError as e:
+        err.print(f"[red]error ({e.type}):[/red] {e.message}")
+        raise typer.Exit(2) from e
+
+
 def main() -> None:
     app()
 
