@@ -129,6 +129,7 @@ def distill(
     train: str = typer.Option("mixers", help="gdn | mixers | mixers+norms | all"),
     gdn: str = typer.Option("auto", help="training GDN kernel: auto | torch | fla (fla needs triton>=3.7.1 on Hopper)"),
     compile: bool = typer.Option(False, "--compile", help="torch.compile the torch GDN kernel"),
+    gdn_chunk: int = typer.Option(64, help="chunk length of the torch GDN kernel"),
     grad_checkpoint: bool = typer.Option(False, help="recompute layers in backward (less memory)"),
     time_budget: float | None = typer.Option(None, help="seconds of training in total (all resumed runs)"),
     process_budget: float | None = typer.Option(None, help="seconds of training in this process"),
@@ -154,7 +155,7 @@ def distill(
     if steps is not None:
         opts["steps"] = steps
     opts.update(local_steps=local_steps, train=train, compile=compile, grad_checkpoint=grad_checkpoint)
-    opts.update(export_dtype=export_dtype, shard_mb=shard_mb)
+    opts.update(export_dtype=export_dtype, shard_mb=shard_mb, gdn_chunk=gdn_chunk)
     opts.update(convert=ConvertOptions(conv_tap=conv_tap if conv_tap and conv_tap > 0 else None, seed=seed))
     if process_budget is not None:
         opts["process_budget_s"] = process_budget
@@ -171,7 +172,7 @@ def distill(
             cfg = DistillConfig(Path(out), teacher=teacher, batch=batch, seq=seq, device=device, lr=lr, warmup=warmup,
                                 gdn=gdn, ckpt_every=ckpt_every, eval_tokens=eval_tokens)  # fmt: skip
             cfg = replace(cfg, **opts)
-        run_distill(cfg, log=lambda s: err.print(s, markup=False, highlight=False))
+        run_distill(cfg, log=lambda s: err.print(s, markup=False, highlight=False, soft_wrap=True))
     except HypicError as e:
         err.print(f"[red]error ({e.type}):[/red] {e.message}")
         raise typer.Exit(2) from e

@@ -144,7 +144,13 @@ def corpus(cfg: DistillConfig, teacher: Teacher, log: Callable[[str], None]) -> 
         log(f"building the token corpus in {folder} ...")
         meta = build_corpus(spec, teacher.tokenizer, folder, docs=docs, log=lambda s: None)
         log(f"corpus: {meta.train_tokens:,} train / {meta.eval_tokens:,} held-out tokens, {meta.docs}")
-    return TokenData(folder)
+    data = TokenData(folder)
+    if data.meta.vocab_size != int(teacher.hf_config["vocab_size"]):
+        raise InvalidRequestError(
+            f"corpus {folder} was tokenized for a {data.meta.vocab_size}-token vocabulary, the teacher has "
+            f"{teacher.hf_config['vocab_size']}: point --data at a corpus built with this teacher's tokenizer"
+        )
+    return data
 
 
 def build_student(

@@ -34,14 +34,14 @@ def test_lr_schedule() -> None:
 
 
 def test_resume_round_trip(tmp_path: Path, tiny_corpus: Path) -> None:
-    """4 steps in two processes (stop at 2, resume) == 4 steps in one."""
+    """3 steps in two processes (stop at 1, resume) == 3 steps in one."""
     logs: list[str] = []
-    one = tiny_run_config(tmp_path / "one", data=tiny_corpus, steps=4, hidden_weight=0.5)
+    one = tiny_run_config(tmp_path / "one", data=tiny_corpus, steps=3, hidden_weight=0.5)
     run_distill(one, log=lambda s: None)
-    two = replace(one, out=tmp_path / "two", stop_at=2)
+    two = replace(one, out=tmp_path / "two", stop_at=1)
     run_distill(two, log=lambda s: None)
     state = json.loads((two.out / "ckpt" / "state.json").read_text())
-    assert state["step"] == 2
+    assert state["step"] == 1
     run_distill(replace(two, stop_at=None, resume=True), log=logs.append)
     assert not any("fresh" in line for line in logs)
     a = load_file(str(one.out / "ckpt" / "weights.safetensors"))
@@ -50,11 +50,11 @@ def test_resume_round_trip(tmp_path: Path, tiny_corpus: Path) -> None:
     for name in a:
         assert torch.allclose(a[name], b[name], atol=1e-6), name
     final = json.loads((two.out / "ckpt" / "state.json").read_text())
-    assert final["step"] == 4 and [h["step"] for h in final["history"]][-1] == 4
+    assert final["step"] == 3 and [h["step"] for h in final["history"]][-1] == 3
 
 
 def test_layer_local_steps_run(tmp_path: Path, tiny_corpus: Path) -> None:
-    cfg = tiny_run_config(tmp_path, data=tiny_corpus, steps=3, local_steps=2, log_every=1, train="gdn")
+    cfg = tiny_run_config(tmp_path, data=tiny_corpus, steps=2, local_steps=1, log_every=1, train="gdn")
     summary = run_distill(cfg, log=lambda s: None)
     hist = summary["history"]
     assert hist[0]["kl"] == 0.0 and hist[0]["hidden"] > 0  # layer-local phase: hidden loss only
