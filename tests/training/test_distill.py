@@ -59,3 +59,19 @@ def test_layer_local_steps_run(tmp_path: Path, tiny_corpus: Path) -> None:
     hist = summary["history"]
     assert hist[0]["kl"] == 0.0 and hist[0]["hidden"] > 0  # layer-local phase: hidden loss only
     assert hist[-1]["kl"] > 0
+
+
+def test_time_schedule_and_init_from(tiny_run, tmp_path: Path, tiny_corpus: Path) -> None:
+    """--steps 0 --time-budget: cosine over time, stops on time; --init-from: starts from a model folder."""
+    cfg0, _ = tiny_run
+    timed = DistillConfig(out=Path("."), steps=0, time_budget_s=100.0, warmup=2, lr=1.0, min_lr_ratio=0.1)
+    assert math.isclose(lr_at(timed, 5, 50.0), 0.55) and math.isclose(lr_at(timed, 5, 200.0), 0.1)
+    cfg = tiny_run_config(tmp_path, data=tiny_corpus, steps=0, time_budget_s=1.0, init_from=cfg0.out / "model")
+    summary = run_distill(cfg, log=lambda s: None)
+    assert summary["steps_done"] >= 1 and summary["train_seconds"] < 30
+    # starting from the trained model: its init metrics are the trained run's final ones
+    assert math.isclose(summary["evals"][0]["kl"], run_eval_kl(cfg0), rel_tol=1e-3)
+
+
+def run_eval_kl(cfg: DistillConfig) -> float:
+    return json.loads((cfg.out / "model" / "distill.json").read_text())["evals"][-1]["kl"]
