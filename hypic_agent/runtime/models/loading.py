@@ -233,6 +233,10 @@ def load_checkpoint(
 
     folder = Path(folder).expanduser()
     raw_cfg = read_hf_config(folder)
+    if "hypic_delta" in raw_cfg:  # a distilled model: base weights + stored tensors (training/delta.py)
+        from hypic_agent.training.delta import load_delta
+
+        return load_delta(folder, raw_cfg, dtype=dtype, device=device)
     cfg = HybridConfig.from_hf(raw_cfg)
     raw: dict[str, torch.Tensor] = {}
     for f in weight_files(folder):
