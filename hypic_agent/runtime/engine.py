@@ -27,7 +27,7 @@ from hypic_agent.runtime.hypic.modes import mode_spec, seam_tokens, validate_sea
 from hypic_agent.runtime.hypic.prefix_cache import PrefixCache
 from hypic_agent.runtime.models.hybrid import HybridForCausalLM
 from hypic_agent.runtime.results import FinishEvent, Prepared, SegmentUsage, TokenEvent
-from hypic_agent.runtime.router import route
+from hypic_agent.runtime.router import Route, route
 from hypic_agent.runtime.sampling import SamplingParams
 from hypic_agent.runtime.scatter import scatter_prefill
 from hypic_agent.segments.keys import segment_key
@@ -167,17 +167,8 @@ class Engine:
         r = route(keys, self.cache)  # lookup
         t_lookup = _ms(t0)
         t1 = time.perf_counter()
-        built: list[SegmentEntry] = scatter_prefill(
-            [self.model], [segs[i] for i in r.cold], [seams[i] for i in r.cold], pair_dtype=self.pair_dtype
-        )
-        fresh: dict[str, SegmentEntry] = {}
-        for i, e in zip(r.cold, built, strict=True):
-            key = keys[i]
-            assert key is not None
-            self.cache.insert(key, e, kind=kinds[i], tenant=tenant)  # store
-            fresh[key] = e
+        entries = self._fill_cold(r, segs, kinds, seams, tenant)  # scatter prefill + store
         hits = [r.entries[i] is not None for i in range(len(segs))]
-        entries = [r.entries[i] if r.entries[i] is not None else fresh.get(keys[i] or "") for i in range(len(segs))]
         entries = [e.to(self.device) if e is not None else None for e in entries]
         t_scatter = _ms(t1)
         t2 = time.perf_counter()
@@ -197,6 +188,22 @@ class Engine:
             state.length - cached,
             timings_ms={"lookup_ms": t_lookup, "scatter_ms": t_scatter, "combine_ms": _ms(t2)},
         )
+
+    def _fill_cold(
+        self, r: Route, segs: Sequence[Sequence[int]], kinds: Sequence[str], seams: Sequence[int], tenant: str
+    ) -> list[SegmentEntry | None]:
+        """Prefill the routed cold segments into entries, store them, and return every segment's
+        entry (hits and freshly built; None where the segment is not cached)."""
+        built = scatter_prefill(
+            [self.model], [segs[i] for i in r.cold], [seams[i] for i in r.cold], pair_dtype=self.pair_dtype
+        )
+        fresh: dict[str, SegmentEntry] = {}
+        for i, e in zip(r.cold, built, strict=True):
+            key = r.keys[i]
+            assert key is not None
+            self.cache.insert(key, e, kind=kinds[i], tenant=tenant)
+            fresh[key] = e
+        return [r.entries[i] if r.entries[i] is not None else fresh.get(r.keys[i] or "") for i in range(len(segs))]
 
     # ------------------------------------------------------------------ generate
     def generate(
@@ -232,11 +239,7 @@ class Engine:
         keys = [self.entry_key(s, tenant, eff) for s in segments]
         with self.lock:
             r = route(keys, self.cache)
-            built = scatter_prefill(
-                [self.model], [segments[i] for i in r.cold], [seams[i] for i in r.cold], pair_dtype=self.pair_dtype
-            )
-            for i, e in zip(r.cold, built, strict=True):
-                self.cache.insert(keys[i], e, kind=kinds[i], tenant=tenant)
+            self._fill_cold(r, segments, kinds, seams, tenant)
         return [
             SegmentUsage(keys[i], kinds[i], len(segments[i]), r.entries[i] is not None, r.tiers[i])
             for i in range(len(segments))
