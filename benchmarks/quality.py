@@ -160,6 +160,7 @@ def main() -> None:
             for ex in examples:
                 ex.docs = [(t, x[:200]) for t, x in ex.docs[:4]]
         rows += run_dataset(engine, ds, examples, cfgs, args.gen_tokens)
+        write_json(args.out, {"model": engine.name, "args": vars(args), "rows": rows, "partial": True})
     print_table(rows, ["dataset", "config", "n", "score", "delta_vs_full", "kl_first_token", "top1_agreement"])
     write_json(
         args.out,
