@@ -46,7 +46,7 @@ def decode_loop(
     tail = stops.flush()
     if tail:
         text_parts.append(tail)
-        yield TokenEvent(tail, -1, None)
+        yield TokenEvent(tail, None, None)
     yield FinishEvent(
         "".join(text_parts),
         finish,

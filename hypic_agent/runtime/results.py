@@ -33,7 +33,7 @@ class Prepared:
 @dataclass
 class TokenEvent:
     text: str
-    token_id: int
+    token_id: int | None  # None: text released at the end (held back for stop strings), no new token
     logprob: float | None = None
 
 

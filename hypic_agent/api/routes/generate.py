@@ -54,7 +54,6 @@ async def stream_generate(st: ServerState, job: service.GenerateJob) -> Streamin
                     "timings": service.timings_of(t, ttft).model_dump(),
                 }
             ]
-        tid = ev.token_id if ev.token_id >= 0 else None
-        return [{"id": job.id, "text": ev.text, "token_id": tid, "logprob": ev.logprob}]
+        return [{"id": job.id, "text": ev.text, "token_id": ev.token_id, "logprob": ev.logprob}]
 
     return StreamingResponse(sse_body(first, pump, render), media_type="text/event-stream", headers=SSE_HEADERS)
