@@ -61,7 +61,7 @@ def _linear(
                 le: LinearEntry = entries[item.index].layers[li]  # type: ignore[union-attr,assignment]
                 Ts.append(le.T.float() if spec.transition else eye)
                 Ss.append(le.S.float())
-        states = chain_ops.chain_scan(h0, torch.stack(Ts), torch.stack(Ss))  # [n+1, HV, K, V]
+        states = chain_ops.chain_scan(h0, torch.stack(Ts), torch.stack(Ss), backend=mixer.backend)  # [n+1, HV, K, V]
         enter = states[torch.tensor(piece_slot, device=dev)]
     o, finals = mixer.mix(ops, lay.cu_pieces, enter.contiguous())
     return mixer.output(o, ops.z), LinearLayerState(finals[-1], conv_final[-1])
