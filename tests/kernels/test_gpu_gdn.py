@@ -97,3 +97,19 @@ def test_chain_timing():
             f"chain n={n} HV={HV} K=V={K}: torch loop {t_loop:.3f} ms, triton tf32x3 {t_full:.3f} ms, "
             f"triton chunked ieee {t_chk:.3f} ms"
         )
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 5e-3), (torch.bfloat16, 3e-2)])
+def test_gdn_with_pairs_fla_matches_reference(dtype, tol):
+    from hypic_agent.kernels.gdn_pairs import SeamSplit, gated_delta_rule_with_pairs
+
+    lens, seams = [300, 1, 777, 64, 129, 8], [8, 1, 8, 0, 16, 8]
+    x = gdn_inputs(sum(lens), 2, 4, K=128, V=128, seed=4, device="cuda", dtype=dtype)
+    cu = _cu(lens)
+    sp = SeamSplit.build(lens, seams, torch.device("cuda"))
+    got = gated_delta_rule_with_pairs(**x, cu_seqlens=cu, split=sp, backend="fla")
+    ref = gated_delta_rule_with_pairs(**{n: t.float() for n, t in x.items()}, cu_seqlens=cu, split=sp, backend="torch")
+    errs = [rel_err(a.float(), b.float()) for a, b in zip(got, ref, strict=True)]
+    print(f"gdn+pairs {dtype}: rel err o {errs[0]:.2e} final {errs[1]:.2e} T {errs[2]:.2e} S {errs[3]:.2e}")
+    assert got[0].dtype == dtype and all(t.dtype == torch.float32 for t in got[1:])
+    assert max(errs) < tol

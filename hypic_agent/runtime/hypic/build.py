@@ -1,18 +1,19 @@
 """Entry building: isolated prefill of cold segments, packed as one varlen batch.
 
 Every segment runs from a zero state at local positions 0..n-1 (that is what makes the entry
-position-independent). Each linear layer's body pair comes out of the same pass: the per-token
-operands (k, v, g, beta) of the body tokens are handed to ``transition_pairs``.
+position-independent). Each linear layer's body pair comes out of the same pass
+(``GatedDeltaNet.mix_with_pairs``: on CUDA the pair shares the forward's WY factors).
 """
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Sequence
 
 import torch
 
-from hypic_agent.kernels import pairs as pair_ops
+from hypic_agent.kernels.gdn_pairs import SeamSplit
 from hypic_agent.runtime.forward import cu_seqlens_of
 from hypic_agent.runtime.hypic.entry import AttentionEntry, LinearEntry, SegmentEntry
 from hypic_agent.runtime.models.hybrid import HybridForCausalLM
@@ -45,14 +46,8 @@ def build_entries(
     ids = torch.tensor([t for s in segments for t in s], dtype=torch.long, device=dev)
     cu = cu_seqlens_of(lengths, dev)
     pos = torch.cat([torch.arange(n, device=dev) for n in lengths])
-    # body token indices (packed), per segment with a non-empty body
-    bodies = [j for j, n in enumerate(lengths) if n - seams[j] > 0]
-    body_idx = (
-        torch.cat([torch.arange(int(cu[j]) + seams[j], int(cu[j + 1]), device=dev) for j in bodies])
-        if bodies
-        else torch.zeros(0, dtype=torch.long, device=dev)
-    )
-    cu_body = cu_seqlens_of([lengths[j] - seams[j] for j in bodies], dev)
+    split = SeamSplit.build(lengths, seams, dev)  # seam windows / bodies, shared by every linear layer
+    cu_list = [0, *itertools.accumulate(lengths)]
 
     per_seg: list[list[LinearEntry | AttentionEntry]] = [[] for _ in segments]
     h = model.embed(ids)
@@ -61,22 +56,8 @@ def build_entries(
         if layer.linear_attn is not None:
             mixer = layer.linear_attn
             ops, conv_final = mixer.operands(x, cu, None)
-            o, _ = mixer.mix(ops, cu, None)
+            o, _, T, S = mixer.mix_with_pairs(ops, cu, split)
             y = mixer.output(o, ops.z)
-            hv, kd, vd = mixer.hv, mixer.dk, mixer.dv
-            T = torch.eye(kd, device=dev, dtype=torch.float32).expand(len(segments), hv, kd, kd).clone()
-            S = torch.zeros(len(segments), hv, kd, vd, device=dev, dtype=torch.float32)
-            if bodies:
-                Tb, Sb = pair_ops.transition_pairs(
-                    ops.k[body_idx],
-                    ops.v[body_idx],
-                    ops.g[body_idx],
-                    ops.beta[body_idx],
-                    cu_seqlens=cu_body,
-                    use_qk_l2norm=True,
-                    backend=mixer.backend,
-                )
-                T[bodies], S[bodies] = Tb.float(), Sb.float()
             for j in range(len(segments)):
                 per_seg[j].append(LinearEntry(T[j].to(pair_dtype), S[j].to(pair_dtype), conv_final[j].clone()))
         else:
@@ -86,7 +67,7 @@ def build_entries(
             o = attn.attend(attn.rotate(q, pos), attn.rotate(k, pos), v, cu, cu)
             y = attn.output(o, gate)
             for j in range(len(segments)):
-                a, b = int(cu[j]), int(cu[j + 1])
+                a, b = cu_list[j], cu_list[j + 1]
                 per_seg[j].append(AttentionEntry(k[a:b].clone(), v[a:b].clone()))
         h = layer.feed_forward(h + y)
     _sync(dev)

@@ -1,0 +1,147 @@
+"""Gated delta rule over packed segments that also returns each segment's body transition pair.
+
+Entry building (HYPIC §3) needs, per segment, the layer output of the whole segment and the pair
+``(T_body, S_body)`` of its body: the tokens after the seam window, from a zero state. The
+reference runs the two separately (``gated_delta_rule`` over whole segments, then
+``transition_pairs`` over the bodies), recomputing the per-chunk WY factors of the bodies.
+
+On CUDA the fla path shares them: pass 1 runs the seam windows from zero states; pass 2 runs the
+bodies from the seam windows' final states, and the WY factors (``w, u``) and chunked decays it
+computes feed fla's summary kernel ``chunk_cp_fwd_h`` as well, so a pair costs one extra state
+sweep instead of a second forward (``gdn_pairs_fla``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from . import gdn as gdn_ops
+from . import pairs as pair_ops
+from .backend import resolve_backend
+
+log = logging.getLogger(__name__)
+_SHARED_FAILED: list[str] = []  # set once the shared-WY fla path raised in this process
+
+
+@dataclass(frozen=True)
+class SeamSplit:
+    """Packed segments split into seam windows and bodies; built once per batch, shared by all layers.
+
+    ``seam_idx [Ts]`` / ``body_idx [Tb]``: packed token indices; ``cu_seam [Ns+1]`` / ``cu_body [Nb+1]``
+    int64; ``seam_segs`` / ``body_segs``: the segments that have a non-empty window / body.
+    """
+
+    n: int
+    total: int
+    seam_segs: list[int]
+    body_segs: list[int]
+    seam_idx: torch.Tensor
+    body_idx: torch.Tensor
+    cu_seam: torch.Tensor
+    cu_body: torch.Tensor
+
+    @classmethod
+    def build(cls, lengths: Sequence[int], seams: Sequence[int], device: torch.device) -> SeamSplit:
+        """lengths, seams: per segment (``0 <= seams[i] <= lengths[i]``)."""
+        if len(lengths) != len(seams) or any(not 0 <= s <= n for n, s in zip(lengths, seams, strict=True)):
+            raise ValueError(f"need 0 <= seams[i] <= lengths[i] per segment; got {list(seams)} for {list(lengths)}")
+        starts = [0]
+        for n in lengths:
+            starts.append(starts[-1] + n)
+        seam_segs = [j for j, s in enumerate(seams) if s > 0]
+        body_segs = [j for j, (n, s) in enumerate(zip(lengths, seams, strict=True)) if n - s > 0]
+        seam_list = [t for j in seam_segs for t in range(starts[j], starts[j] + seams[j])]
+        body_list = [t for j in body_segs for t in range(starts[j] + seams[j], starts[j + 1])]
+
+        def cu(lens: list[int]) -> torch.Tensor:
+            out = [0]
+            for n in lens:
+                out.append(out[-1] + n)
+            return torch.tensor(out, dtype=torch.int64, device=device)
+
+        return cls(
+            n=len(lengths),
+            total=starts[-1],
+            seam_segs=seam_segs,
+            body_segs=body_segs,
+            seam_idx=torch.tensor(seam_list, dtype=torch.long, device=device),
+            body_idx=torch.tensor(body_list, dtype=torch.long, device=device),
+            cu_seam=cu([seams[j] for j in seam_segs]),
+            cu_body=cu([lengths[j] - seams[j] for j in body_segs]),
+        )
+
+
+def gated_delta_rule_with_pairs(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    *,
+    cu_seqlens: torch.Tensor,
+    split: SeamSplit,
+    use_qk_l2norm: bool = True,
+    scale: float | None = None,
+    backend: str = "auto",
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Whole-segment outputs plus body pairs, every segment from a zero state.
+
+    Args:
+        q, k: ``[T, H, K]``; v: ``[T, HV, V]``; g, beta: ``[T, HV]``; cu_seqlens ``[N+1]`` (the segments).
+        split: seam windows / bodies of the same N segments.
+    Returns:
+        o ``[T, HV, V]`` (q's dtype), final states ``[N, HV, K, V]``, T_body ``[N, HV, K, K]`` and
+        S_body ``[N, HV, K, V]`` fp32 (``(I, 0)`` for a segment without a body).
+    """
+    if split.total != k.shape[0]:
+        raise ValueError(f"split covers {split.total} tokens, the batch has {k.shape[0]}")
+    be = resolve_backend(backend, q.device)
+    if be == "fla" and not _SHARED_FAILED:
+        try:
+            from .gdn_pairs_fla import gdn_with_pairs_fla
+
+            return gdn_with_pairs_fla(q, k, v, g, beta, split, use_qk_l2norm, scale)
+        except Exception as exc:  # fla internals moved: keep serving through the public fla ops
+            _SHARED_FAILED.append(repr(exc))
+            log.warning("shared-WY pair building failed (%r); using separate fla passes from now on", exc)
+    return gdn_with_pairs_separate(q, k, v, g, beta, cu_seqlens, split, use_qk_l2norm, scale, be)
+
+
+def identity_pairs(
+    n: int, hv: int, kd: int, vd: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """``(I [n, HV, K, K], 0 [n, HV, K, V])`` fp32: the pair of an empty span."""
+    T = torch.eye(kd, device=device, dtype=torch.float32).expand(n, hv, kd, kd).clone()
+    return T, torch.zeros(n, hv, kd, vd, device=device, dtype=torch.float32)
+
+
+def gdn_with_pairs_separate(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    split: SeamSplit,
+    use_qk_l2norm: bool,
+    scale: float | None,
+    backend: str = "torch",
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Reference (``backend="torch"``): one ``gated_delta_rule`` over whole segments, then
+    ``transition_pairs`` over the bodies, which recomputes their WY factors."""
+    o, final = gdn_ops.gated_delta_rule(
+        q, k, v, g, beta, cu_seqlens=cu_seqlens, use_qk_l2norm=use_qk_l2norm, scale=scale, backend=backend
+    )
+    assert final is not None
+    T, S = identity_pairs(split.n, v.shape[1], k.shape[2], v.shape[2], q.device)
+    if split.body_segs:
+        b = split.body_idx
+        Tb, Sb = pair_ops.transition_pairs(
+            k[b], v[b], g[b], beta[b], cu_seqlens=split.cu_body, use_qk_l2norm=use_qk_l2norm, backend=backend
+        )
+        T[split.body_segs], S[split.body_segs] = Tb.float(), Sb.float()
+    return o, final, T, S

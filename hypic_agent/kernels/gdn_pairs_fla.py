@@ -1,0 +1,84 @@
+"""fla-core implementation of ``gdn_pairs.gated_delta_rule_with_pairs`` (CUDA only; imported lazily).
+
+Pass 1: seam windows from zero states (``chunk_gated_delta_rule``, a few tokens per segment).
+Pass 2: bodies from the windows' final states, through fla's forward stages called one by one
+(as ``chunk_gated_delta_rule_fwd`` composes them): chunk-local cumsum of g (log2 space) -> WY
+factors ``w, u`` -> chunk states ``h`` -> outputs. The same ``w, u, g`` then feed
+``chunk_cp_fwd_h(..., multi_seqs=True)``, which writes ``hm [Nb, HV, K, V+K] = [S_body | T_body]``
+(from a zero state; the incoming state does not enter). q and k are L2-normalised once, up front.
+"""
+
+from __future__ import annotations
+
+import torch
+from fla.modules.norm.l2norm import l2norm_fwd
+from fla.ops.common.chunk_delta_h import chunk_gated_delta_rule_fwd_h
+from fla.ops.common.chunk_o import chunk_fwd_o
+from fla.ops.cp.chunk_fwd import chunk_cp_fwd_h
+from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+from fla.ops.gated_delta_rule.chunk_fwd import chunk_gated_delta_rule_fwd_intra
+from fla.ops.utils import chunk_local_cumsum
+from fla.ops.utils.constant import RCP_LN2
+from fla.ops.utils.index import prepare_chunk_indices
+
+from .gdn_pairs import SeamSplit, identity_pairs
+
+CHUNK = 64
+
+
+def gdn_with_pairs_fla(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    split: SeamSplit,
+    use_qk_l2norm: bool,
+    scale: float | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q, k ``[T, H, K]``; v ``[T, HV, V]``; g, beta ``[T, HV]`` -> (o ``[T, HV, V]``, finals
+    ``[N, HV, K, V]``, T_body ``[N, HV, K, K]``, S_body ``[N, HV, K, V]``), states fp32."""
+    K = k.shape[-1]
+    HV, V = v.shape[-2:]
+    scale = K**-0.5 if scale is None else scale
+    if use_qk_l2norm:
+        q = l2norm_fwd(q.contiguous())[0]
+        k = l2norm_fwd(k.contiguous())[0]
+    g = g.float()
+    beta = beta.to(q.dtype)
+    o = torch.empty(q.shape[0], HV, V, dtype=q.dtype, device=q.device)
+    enter = torch.zeros(split.n, HV, K, V, dtype=torch.float32, device=q.device)
+    finals = enter.clone()
+    T, S = identity_pairs(split.n, HV, K, V, q.device)
+    if split.seam_segs:  # pass 1: seam windows from zero
+        s = split.seam_idx
+        o_s, fin_s = chunk_gated_delta_rule(
+            q[s][None], k[s][None], v[s][None], g[s][None], beta[s][None],
+            scale=scale, output_final_state=True, cu_seqlens=split.cu_seam,
+        )  # fmt: skip
+        o[s] = o_s[0]
+        enter[split.seam_segs] = fin_s.float()
+        finals[split.seam_segs] = fin_s.float()  # segments that are all window
+    if split.body_segs:  # pass 2: bodies from the windows' states, WY factors shared with the pairs
+        b, cu = split.body_idx, split.cu_body
+        qb, kb, vb = q[b][None].contiguous(), k[b][None].contiguous(), v[b][None].contiguous()
+        idx = prepare_chunk_indices(cu, CHUNK)
+        gc = chunk_local_cumsum(g[b][None].contiguous(), chunk_size=CHUNK, scale=RCP_LN2, cu_seqlens=cu,
+                                chunk_indices=idx)  # fmt: skip
+        w, u, _ = chunk_gated_delta_rule_fwd_intra(
+            k=kb, v=vb, g=gc, beta=beta[b][None].contiguous(), cu_seqlens=cu, chunk_size=CHUNK, chunk_indices=idx
+        )
+        h, v_new, fin_b = chunk_gated_delta_rule_fwd_h(
+            k=kb, w=w, u=u, g=gc, initial_state=enter[split.body_segs].contiguous(), output_final_state=True,
+            chunk_size=CHUNK, cu_seqlens=cu, chunk_indices=idx,
+        )  # fmt: skip
+        o_b = chunk_fwd_o(q=qb, k=kb, v=v_new, h=h, g=gc, scale=scale, cu_seqlens=cu, chunk_size=CHUNK,
+                          chunk_indices=idx)  # fmt: skip
+        o[b] = o_b[0]
+        assert fin_b is not None
+        finals[split.body_segs] = fin_b.float()
+        hm = torch.empty(len(split.body_segs), HV, K, V + K, dtype=torch.float32, device=q.device)
+        chunk_cp_fwd_h(k=kb, w=w, u=u, hm=hm, g=gc, cu_seqlens=cu, chunk_size=CHUNK, multi_seqs=True)
+        T[split.body_segs] = hm[..., V:]
+        S[split.body_segs] = hm[..., :V]
+    return o, finals, T, S

@@ -1,0 +1,55 @@
+"""gated_delta_rule_with_pairs (CPU reference) and SeamSplit: outputs, finals and body pairs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hypic_agent.kernels.gdn import gated_delta_rule
+from hypic_agent.kernels.gdn_pairs import SeamSplit, gated_delta_rule_with_pairs
+from hypic_agent.kernels.pairs import apply_pair
+from tests.kernels.helpers import gdn_inputs, rel_err
+
+LENS = [40, 3, 70, 9]
+SEAMS = [8, 3, 0, 4]  # window + body, all window, all body, window + body
+
+
+def _cu(lens: list[int]) -> torch.Tensor:
+    return torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+
+
+def test_seam_split_indices():
+    sp = SeamSplit.build(LENS, SEAMS, torch.device("cpu"))
+    assert sp.seam_segs == [0, 1, 3] and sp.body_segs == [0, 2, 3]
+    assert sp.cu_seam.tolist() == [0, 8, 11, 15] and sp.cu_body.tolist() == [0, 32, 102, 107]
+    assert sp.seam_idx[:8].tolist() == list(range(8)) and sp.seam_idx[8:11].tolist() == [40, 41, 42]
+    assert sp.body_idx[:32].tolist() == list(range(8, 40)) and sp.body_idx[-5:].tolist() == list(range(117, 122))
+    with pytest.raises(ValueError, match="seams"):
+        SeamSplit.build([4], [5], torch.device("cpu"))
+
+
+def test_outputs_finals_and_pairs_compose():
+    x = {n: t.double() for n, t in gdn_inputs(sum(LENS), 2, 4, K=16, V=8, seed=3).items()}
+    cu = _cu(LENS)
+    sp = SeamSplit.build(LENS, SEAMS, torch.device("cpu"))
+    o, fin, T, S = gated_delta_rule_with_pairs(**x, cu_seqlens=cu, split=sp, backend="torch")
+    o_ref, fin_ref = gated_delta_rule(**x, cu_seqlens=cu, backend="torch")
+    assert torch.equal(o, o_ref.to(o.dtype)) and torch.equal(fin, fin_ref)
+    # body pair applied to the state after the window == whole-segment final state
+    starts = cu.tolist()
+    for j, (n, w) in enumerate(zip(LENS, SEAMS, strict=True)):
+        a = starts[j]
+        win = {k: v[a : a + w] for k, v in x.items()}
+        h_win = gated_delta_rule(**win, backend="torch")[1] if w else torch.zeros(1, 4, 16, 8, dtype=torch.float64)
+        assert h_win is not None
+        got = apply_pair(T[j].double(), S[j].double(), h_win[0].double())
+        assert rel_err(got, fin[j].double()) < 1e-5, j
+    eye = torch.eye(16).expand(4, 16, 16)
+    assert torch.equal(T[1], eye) and torch.equal(S[1], torch.zeros_like(S[1]))  # no body: (I, 0)
+
+
+def test_split_must_cover_the_batch():
+    x = gdn_inputs(sum(LENS), 2, 4, K=16, V=8)
+    sp = SeamSplit.build(LENS[:2], SEAMS[:2], torch.device("cpu"))
+    with pytest.raises(ValueError, match="covers"):
+        gated_delta_rule_with_pairs(**x, cu_seqlens=_cu(LENS), split=sp, backend="torch")
