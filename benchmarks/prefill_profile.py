@@ -1,6 +1,7 @@
 """Where prefill time goes: torch.profiler top CUDA kernels for ours vs transformers, and chain-scan variants.
 
 python benchmarks/prefill_profile.py --shape qwen3_5_35b_a3b --layers 4 --length 8192
+python benchmarks/prefill_profile.py --shape qwen3_5_35b_a3b --layers 8 --combine-only
 """
 
 from __future__ import annotations
@@ -15,12 +16,24 @@ from hypic_agent.kernels import chain as chain_ops
 from hypic_agent.runtime.forward import prefill
 
 
-def top_kernels(fn, n: int = 18) -> list[dict]:
+def top_kernels(fn, n: int = 18, host: bool = False) -> list[dict]:
+    """Top CUDA kernels of one warm call; ``host=True`` also lists the CUDA runtime calls (launches,
+    synchronisations, copies) with their host time, which shows a launch- or sync-bound call."""
     fn()
     torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+    acts = [torch.profiler.ProfilerActivity.CUDA] + ([torch.profiler.ProfilerActivity.CPU] if host else [])
+    with torch.profiler.profile(activities=acts) as prof:
         fn()
         torch.cuda.synchronize()
+    if host:
+        runtime = [e for e in prof.key_averages() if e.key.startswith("cuda") or e.key.startswith("cu")]
+        print("host side, CUDA runtime calls:")
+        for e in sorted(runtime, key=lambda e: -e.cpu_time_total)[:8]:
+            print(f"  {e.cpu_time_total / 1e3:8.2f} ms  {e.count:6d}x  {e.key[:70]}")
+        ops = [e for e in prof.key_averages() if e.key.startswith("aten::")]
+        print(f"aten ops: {sum(e.count for e in ops)} calls; top by host self time:")
+        for e in sorted(ops, key=lambda e: -e.self_cpu_time_total)[:10]:
+            print(f"  {e.self_cpu_time_total / 1e3:8.2f} ms  {e.count:6d}x  {e.key[:70]}")
     rows = []
     for e in sorted(prof.key_averages(), key=lambda e: -e.device_time_total)[:n]:
         rows.append({"name": e.key[:90], "cuda_ms": e.device_time_total / 1e3, "calls": e.count})
@@ -36,9 +49,14 @@ def main() -> None:
     ap.add_argument("--length", type=int, default=8192)
     ap.add_argument("--seg-len", type=int, default=1024, help="segment length for the combine profile")
     ap.add_argument("--out", default="bench_out/profile.json")
+    ap.add_argument("--combine-only", action="store_true", help="skip the prefill and chain profiles")
     args = ap.parse_args()
     raw = load_shape(args.shape, args.layers)
     model = random_model(raw, args.device, getattr(torch, args.dtype))
+    if args.combine_only:
+        print("== hypic combine (warm, 20 x 1k segments + 50-token query)")
+        write_json(args.out, {"combine": profile_combine(model, args.seg_len)})
+        return
     hf = hf_twin(model, raw, args.device)
     ids = torch.randint(0, model.config.vocab_size, (args.length,)).tolist()
     x = torch.tensor([ids], device=args.device)
@@ -89,7 +107,7 @@ def profile_combine(model, seg_len: int, n_segments: int = 20) -> dict:
     engine.prepare(plan, mode="hypic")  # builds entries and compiles
     prep = engine.prepare(plan, mode="hypic")
     print("stage ms:", {k: round(v, 1) for k, v in prep.timings_ms.items()})
-    kernels = top_kernels(lambda: engine.prepare(plan, mode="hypic"))
+    kernels = top_kernels(lambda: engine.prepare(plan, mode="hypic"), n=25, host=True)
     prof = cProfile.Profile()
     prof.enable()
     engine.prepare(plan, mode="hypic")
@@ -97,6 +115,7 @@ def profile_combine(model, seg_len: int, n_segments: int = 20) -> dict:
     prof.disable()
     buf = io.StringIO()
     pstats.Stats(prof, stream=buf).sort_stats("cumulative").print_stats(25)
+    pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(20)
     print(buf.getvalue())
     return {"stages_ms": prep.timings_ms, "kernels": kernels, "python": buf.getvalue()}
 
