@@ -1,10 +1,11 @@
-"""RMS norms used by the hybrid family."""
+"""RMS norms used by the hybrid family (the math lives in ``hypic_agent.kernels.norm``)."""
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
+
+from hypic_agent.kernels import norm as norm_ops
 
 
 class RMSNorm(nn.Module):
@@ -12,36 +13,33 @@ class RMSNorm(nn.Module):
 
     ``zero_centered=True`` (Qwen3.5 / Qwen3-Next): ``norm(x) * (1 + w)`` computed in fp32, weight init 0.
     ``zero_centered=False`` (Llama): ``w * norm(x).to(dtype)``, weight init 1.
+    ``backend`` (``auto`` | ``torch`` | ``fla``): ``auto`` is torch on CPU, the fused fla kernel on
+    CUDA when autograd is not needed.
     """
 
     def __init__(self, dim: int, eps: float, zero_centered: bool) -> None:
         super().__init__()
         self.eps = eps
         self.zero_centered = zero_centered
+        self.backend = "auto"
         self.weight = nn.Parameter(torch.zeros(dim) if zero_centered else torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        if self.zero_centered:
-            return (y * (1.0 + self.weight.float())).type_as(x)
-        return self.weight * y.to(x.dtype)
+        """``[..., dim]`` -> ``[..., dim]``."""
+        return norm_ops.rms_norm(x, self.weight, self.eps, zero_centered=self.zero_centered, backend=self.backend)
 
 
 class GatedRMSNorm(nn.Module):
     """Gated RMSNorm of the GDN output: ``w * norm(x) * silu(z)`` (norm before gate), per head.
 
-    x, z: ``[..., V]``.
+    x, z: ``[..., V]``. ``backend`` as in ``RMSNorm``.
     """
 
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
         self.eps = eps
+        self.backend = "auto"
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        xf = x.float()
-        y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        y = self.weight * y.to(dtype)
-        return (y * F.silu(z.float())).to(dtype)
+        return norm_ops.gated_rms_norm(x, z, self.weight, self.eps, backend=self.backend)

@@ -1,0 +1,118 @@
+"""RMSNorm and the GDN gated RMSNorm: torch references and the fused fla kernels (CUDA inference).
+
+Layouts: x, z ``[..., D]`` (any leading dims; the norm runs over the last dim), weight ``[D]``.
+
+* ``rms_norm(zero_centered=True)`` (Qwen3.5 / Qwen3-Next): ``norm(x) * (1 + w)`` in fp32, cast once.
+* ``rms_norm(zero_centered=False)`` (Llama): ``w * norm(x).to(dtype)``.
+* ``gated_rms_norm``: ``(w * norm(x).to(dtype)) * silu(z.float())`` cast to x's dtype (norm before gate).
+
+The torch functions are bit-for-bit the code of ``runtime.models.norms`` (CPU numerics stay
+identical). The fla path (one Triton kernel per call) computes the whole chain in fp32 and rounds
+once, so it differs from the torch path by bf16 rounding only. It runs only where autograd is not
+needed (``torch.no_grad`` / ``inference_mode``, or nothing requires grad); training keeps torch.
+If the fla call fails (import or signature drift) one warning is logged and that op uses torch for
+the rest of the process; the error is kept in ``FLA_ERRORS``.
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+
+import torch
+import torch.nn.functional as F
+
+from .backend import resolve_backend
+
+log = logging.getLogger(__name__)
+
+FLA_ERRORS: dict[str, str] = {}
+"""op name -> error of the fla call that failed (that op then stays on torch)."""
+
+# id(weight) -> (weakref to weight, data_ptr, version, fp32 ``1 + w``)
+_PLUS_ONE: dict[int, tuple[weakref.ref, int, int, torch.Tensor]] = {}
+
+
+def rms_norm_torch(x: torch.Tensor, weight: torch.Tensor, eps: float, zero_centered: bool) -> torch.Tensor:
+    """Reference: x ``[..., D]``, weight ``[D]`` -> ``[..., D]``."""
+    xf = x.float()
+    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    if zero_centered:
+        return (y * (1.0 + weight.float())).type_as(x)
+    return weight * y.to(x.dtype)
+
+
+def gated_rms_norm_torch(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Reference: x, z ``[..., D]``, weight ``[D]`` -> ``[..., D]`` in x's dtype."""
+    dtype = x.dtype
+    xf = x.float()
+    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    y = weight * y.to(dtype)
+    return (y * F.silu(z.float())).to(dtype)
+
+
+def _use_fla(op: str, backend: str, *ts: torch.Tensor) -> bool:
+    x = ts[0]
+    if op in FLA_ERRORS or x.numel() == 0 or resolve_backend(backend, x.device) != "fla":
+        return False
+    return not (torch.is_grad_enabled() and any(t.requires_grad for t in ts))
+
+
+def _fla_failed(op: str, err: Exception) -> None:
+    FLA_ERRORS[op] = f"{type(err).__name__}: {err}"
+    log.warning("fla %s failed (%s); using the torch implementation from now on", op, FLA_ERRORS[op])
+
+
+def _plus_one(weight: torch.Tensor) -> torch.Tensor:
+    """fp32 ``1 + weight``, cached per weight tensor while its storage and version are unchanged."""
+    try:
+        key = (weight.data_ptr(), weight._version)
+    except RuntimeError:  # inference tensors carry no version counter: no caching
+        return 1.0 + weight.float()
+    hit = _PLUS_ONE.get(id(weight))
+    if hit is not None and hit[0]() is weight and hit[1:3] == key:
+        return hit[3]
+    w1 = 1.0 + weight.float()
+    wid = id(weight)
+    _PLUS_ONE[wid] = (weakref.ref(weight, lambda _r: _PLUS_ONE.pop(wid, None)), *key, w1)
+    return w1
+
+
+def rms_norm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, *, zero_centered: bool, backend: str = "auto"
+) -> torch.Tensor:
+    """RMSNorm over the last dim: x ``[..., D]``, weight ``[D]`` -> ``[..., D]``.
+
+    Output dtype: x's (zero-centered), else ``promote(weight, x)`` as in the reference.
+    """
+    if _use_fla("rms_norm", backend, x, weight):
+        try:
+            from .norm_fla import rms_norm_fla
+
+            if zero_centered:
+                return rms_norm_fla(x, _plus_one(weight), eps)
+            return rms_norm_fla(x, weight, eps).to(torch.promote_types(weight.dtype, x.dtype))
+        except torch.cuda.OutOfMemoryError:
+            raise
+        except Exception as err:  # never crash the forward on an fla problem
+            _fla_failed("rms_norm", err)
+    return rms_norm_torch(x, weight, eps, zero_centered)
+
+
+def gated_rms_norm(
+    x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float, backend: str = "auto"
+) -> torch.Tensor:
+    """Gated RMSNorm ``w * norm(x) * silu(z)``: x, z ``[..., D]``, weight ``[D]`` -> ``[..., D]`` (x's dtype).
+
+    The fla path needs x and z of one shape (z broadcasting stays on torch).
+    """
+    if x.shape == z.shape and _use_fla("gated_rms_norm", backend, x, z, weight):
+        try:
+            from .norm_fla import gated_rms_norm_fla
+
+            return gated_rms_norm_fla(x, z, weight, eps)
+        except torch.cuda.OutOfMemoryError:
+            raise
+        except Exception as err:
+            _fla_failed("gated_rms_norm", err)
+    return gated_rms_norm_torch(x, z, weight, eps)
