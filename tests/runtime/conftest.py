@@ -12,8 +12,9 @@ from hypic_agent.runtime.models.registry import build_model
 from hypic_agent.runtime.models.tiny import TINY_ARCHS, build_hf_model, random_state_dict, tiny_config
 
 
-def make_model(arch: str = "qwen3_5_text", seed: int = 0, slow_decay: bool = False,
-               **overrides: Any) -> tuple[HybridForCausalLM, dict[str, torch.Tensor], dict[str, Any]]:
+def make_model(
+    arch: str = "qwen3_5_text", seed: int = 0, slow_decay: bool = False, **overrides: Any
+) -> tuple[HybridForCausalLM, dict[str, torch.Tensor], dict[str, Any]]:
     cfg = tiny_config(arch)
     cfg.update(overrides)
     sd = random_state_dict(cfg, seed=seed)

@@ -47,8 +47,15 @@ def test_decode_matches_transformers_cached_decode(model_and_oracle):
     ids = rand_tokens(21, seed=3)
     with torch.no_grad():
         x = torch.tensor([ids])
-        out = hf.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=6, do_sample=False,
-                          output_logits=True, return_dict_in_generate=True, pad_token_id=256)
+        out = hf.generate(
+            x,
+            attention_mask=torch.ones_like(x),
+            max_new_tokens=6,
+            do_sample=False,
+            output_logits=True,
+            return_dict_in_generate=True,
+            pad_token_id=256,
+        )
     st = prefill(model, [ids])[0]
     for t in range(6):
         assert (st.last_logits - out.logits[t][0]).abs().max().item() < TOL

@@ -13,7 +13,7 @@ from hypic_agent.runtime.models.attention import FullAttention
 from hypic_agent.runtime.models.config import HybridConfig
 from hypic_agent.runtime.models.gated_deltanet import GatedDeltaNet
 from hypic_agent.runtime.models.mlp import build_mlp
-from hypic_agent.runtime.models.norms import RMSNorm
+from hypic_agent.runtime.models.norms import GatedRMSNorm, RMSNorm
 
 
 class DecoderLayer(nn.Module):
@@ -67,11 +67,14 @@ class HybridForCausalLM(nn.Module):
         return self.lm_head(self.model.norm(h)).float()
 
     def set_backend(self, backend: str) -> None:
-        """Kernel backend for every mixer: ``auto`` | ``torch`` | ``fla``."""
+        """Kernel backend for every mixer and norm: ``auto`` | ``torch`` | ``fla``."""
         for layer in self.layers:
             mixer = layer.linear_attn if layer.linear_attn is not None else layer.self_attn
             assert mixer is not None
             mixer.backend = backend
+        for m in self.modules():
+            if isinstance(m, RMSNorm | GatedRMSNorm):
+                m.backend = backend
 
     def load_weights(self, tensors: dict[str, torch.Tensor], strict: bool = True) -> None:
         """Copy tensors named as in ``state_dict()``; tied lm_head may be absent."""
