@@ -52,6 +52,12 @@ def _sdpa(
     return out[0]
 
 
+def _bounds(cu_seqlens: torch.Tensor | None, total: int) -> list[int]:
+    """Sequence bounds as host ints. Pass cu_seqlens on the CPU where possible: reading them from
+    the GPU waits for every queued kernel (a host sync per attention layer)."""
+    return normalize_cu_seqlens(cu_seqlens, total, torch.device("cpu")).tolist()
+
+
 def attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -68,7 +74,7 @@ def attention(
 
     Args:
         q: ``[Tq, Hq, D]``; k: ``[Tk, Hkv, D]``; v: ``[Tk, Hkv, Dv]`` (Hq a multiple of Hkv).
-        cu_seqlens_q, cu_seqlens_k: ``[N+1]`` int32 (None = one sequence).
+        cu_seqlens_q, cu_seqlens_k: ``[N+1]`` int32 (None = one sequence); CPU tensors avoid a host sync.
         q_positions ``[Tq]``, k_positions ``[Tk]``: int positions (both or neither).
         scale: softmax scale, default ``D ** -0.5``.
     Returns:
@@ -84,8 +90,8 @@ def attention(
         )
     if (q_positions is None) != (k_positions is None):
         raise ValueError("pass both q_positions and k_positions, or neither")
-    cq = normalize_cu_seqlens(cu_seqlens_q, Tq, q.device).tolist()
-    ck = normalize_cu_seqlens(cu_seqlens_k, Tk, q.device).tolist()
+    cq = _bounds(cu_seqlens_q, Tq)
+    ck = _bounds(cu_seqlens_k, Tk)
     if len(cq) != len(ck):
         raise ValueError(f"cu_seqlens_q and cu_seqlens_k describe {len(cq) - 1} vs {len(ck) - 1} sequences")
     scale = D**-0.5 if scale is None else scale
@@ -107,8 +113,7 @@ def attention(
             qp, kp = q_positions[qa:qb].to(q.device), k_positions[ka:kb].to(q.device)
         mask = kp[None, :] <= qp[:, None]  # [Lq, Lk]
         seen = mask.any(-1)
-        if not bool(seen.all()):
-            mask = mask | ~seen[:, None]  # avoid NaN rows; zeroed below
+        mask = mask | ~seen[:, None]  # rows that see nothing would be NaN: unmask them, zeroed below (no host sync)
         o = _sdpa(qs, ks, vs, mask, False, scale)
         out[qa:qb] = (o * seen[None, :, None]).transpose(0, 1)
     return out

@@ -16,7 +16,11 @@ def _sorted(topk_idx: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, tor
     flat = topk_idx.reshape(-1)
     order = torch.argsort(flat, stable=True)
     token = order // topk_idx.shape[1]
-    counts = torch.bincount(flat, minlength=num_experts)
+    if flat.is_cuda:  # bincount reads max(flat) back to the host; a scatter-add does not
+        counts = torch.zeros(num_experts, dtype=torch.long, device=flat.device)
+        counts.scatter_add_(0, flat, torch.ones_like(flat))
+    else:
+        counts = torch.bincount(flat, minlength=num_experts)
     return order, token, counts
 
 

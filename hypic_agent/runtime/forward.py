@@ -7,6 +7,7 @@ from a prior ``RequestState`` (prefix-then-continue). Decode advances N sequence
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from typing import cast
 
@@ -77,6 +78,8 @@ def prefill(
     lengths = [len(s) for s in seqs]
     ids = torch.tensor([t for s in seqs for t in s], dtype=torch.long, device=dev)
     cu = cu_seqlens_of(lengths, dev)
+    bounds = [0, *itertools.accumulate(lengths)]  # host copy of cu: no device reads per layer
+    cu_host = torch.tensor(bounds, dtype=torch.int32)
     pos = torch.cat([torch.arange(st.length, st.length + n, device=dev) for st, n in zip(prior, lengths, strict=True)])
     h = model.embed(ids)
     new_layers: list[list[LayerState]] = [[] for _ in seqs]
@@ -96,14 +99,15 @@ def prefill(
             ks, vs, klens = [], [], []
             for j, st in enumerate(prior):
                 past: AttentionLayerState = st.layers[i]  # type: ignore[assignment]
-                a, b = int(cu[j]), int(cu[j + 1])
+                a, b = bounds[j], bounds[j + 1]
                 kj = torch.cat([past.k, k[a:b]]) if past.k.shape[0] else k[a:b]
                 vj = torch.cat([past.v, v[a:b]]) if past.v.shape[0] else v[a:b]
                 ks.append(kj)
                 vs.append(vj)
                 klens.append(kj.shape[0])
                 new_layers[j].append(AttentionLayerState(kj, vj))
-            o = attn.attend(q, torch.cat(ks), torch.cat(vs), cu, cu_seqlens_of(klens, dev))
+            k_host = torch.tensor([0, *itertools.accumulate(klens)], dtype=torch.int32)
+            o = attn.attend(q, torch.cat(ks), torch.cat(vs), cu_host, k_host)
             y = attn.output(o, gate)
         h = layer.feed_forward(h + y)
     last_idx = (cu[1:] - 1).long()
@@ -112,7 +116,7 @@ def prefill(
     for j, (st, s) in enumerate(zip(prior, seqs, strict=True)):
         ns = RequestState(new_layers[j], st.length + len(s), tokens=list(st.tokens) + list(s))
         if all_logits:
-            a, b = int(cu[j]), int(cu[j + 1])
+            a, b = bounds[j], bounds[j + 1]
             ns.last_logits = logits[b - 1]
             ns.all_logits = logits[a:b]  # type: ignore[attr-defined]
         else:
@@ -154,8 +158,8 @@ def decode_step(model: HybridForCausalLM, states: Sequence[RequestState], tokens
                 q,
                 torch.cat(ks),
                 torch.cat(vs),
-                cu_seqlens_of([1] * n, dev),
-                cu_seqlens_of([t.shape[0] for t in ks], dev),
+                cu_seqlens_of([1] * n, torch.device("cpu")),  # host bounds: no device sync
+                cu_seqlens_of([t.shape[0] for t in ks], torch.device("cpu")),
             )
             y = attn.output(o, gate)
         h = layer.feed_forward(h + y)

@@ -48,6 +48,7 @@ def build_entries(
     pos = torch.cat([torch.arange(n, device=dev) for n in lengths])
     split = SeamSplit.build(lengths, seams, dev)  # seam windows / bodies, shared by every linear layer
     cu_list = [0, *itertools.accumulate(lengths)]
+    cu_host = torch.tensor(cu_list, dtype=torch.int32)  # attention reads bounds on the host: no device sync
 
     per_seg: list[list[LinearEntry | AttentionEntry]] = [[] for _ in segments]
     h = model.embed(ids)
@@ -64,7 +65,7 @@ def build_entries(
             attn = layer.self_attn
             assert attn is not None
             q, k, v, gate = attn.qkv(x)
-            o = attn.attend(attn.rotate(q, pos), attn.rotate(k, pos), v, cu, cu)
+            o = attn.attend(attn.rotate(q, pos), attn.rotate(k, pos), v, cu_host, cu_host)
             y = attn.output(o, gate)
             for j in range(len(segments)):
                 a, b = cu_list[j], cu_list[j + 1]

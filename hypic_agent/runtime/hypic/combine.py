@@ -94,8 +94,8 @@ def _attention(
         rot_pos = lay.body_pos if spec.rerotate else lay.body_local_pos
         k_full[lay.body_pos] = attn.rotate(torch.cat(bk).to(k.dtype), rot_pos)
         v_full[lay.body_pos] = torch.cat(bv).to(v.dtype)
-    cu_q = torch.tensor([0, x.shape[0]], dtype=torch.int32, device=dev)
-    cu_k = torch.tensor([0, lay.total], dtype=torch.int32, device=dev)
+    cu_q = torch.tensor([0, x.shape[0]], dtype=torch.int32)  # host tensors: no device sync
+    cu_k = torch.tensor([0, lay.total], dtype=torch.int32)
     k_pos = torch.arange(lay.total, device=dev)
     o = attn.attend(q, k_full, v_full, cu_q, cu_k, q_positions=lay.active_pos, k_positions=k_pos)
     return attn.output(o, gate), AttentionLayerState(k_full, v_full)
