@@ -1,22 +1,40 @@
 #!/usr/bin/env bash
-# One H200 call that checks the GPU kernels and re-measures every GPU table of docs/benchmarks.md.
+# H200 calls that check the GPU kernels and re-measure every GPU table of docs/benchmarks.md.
+# Usage (repo root, device machine): bash benchmarks/h200_session.sh [tests] [ttft] [prefill] [overhead] [profile] [next]
 # Run from the repo root on the device machine, fla-core etc. on PYTHONPATH; results land in $OUT.
 # Each step has its own time limit so that a slow step cannot take the others' results with it.
+#
+# Compiling and autotuning the Triton kernels on a bare machine takes minutes (it used most of the
+# 2026-11-29 call). Triton keeps binaries and fla's autotune results in TRITON_CACHE_DIR: the
+# script restores it from .cache/triton/ (carry that folder) and packs it into $OUT/triton-cache.*
+# at the end; copy those parts back to .cache/triton/ here for the next call or session.
 set -u
 OUT=${OUT:-bench_out}; mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
+export PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/triton-cache}
+mkdir -p "$TRITON_CACHE_DIR"
+if ls .cache/triton/triton-cache.tgz.* >/dev/null 2>&1; then
+  cat .cache/triton/triton-cache.tgz.* | tar -xzf - -C "$TRITON_CACHE_DIR" && echo "restored Triton cache"
+fi
+pack_cache() { (cd "$TRITON_CACHE_DIR" && tar -czf - .) | split -b 15m -d - "$OUT/triton-cache.tgz."; ls -la "$OUT"/triton-cache.tgz.*; }
+trap pack_cache EXIT
 step() { local t=$1 name=$2; shift 2; echo "== $name (limit ${t}s)"; local s=$SECONDS
   timeout "$t" "$@" > "$OUT/$name.log" 2>&1; echo "rc=$? in $((SECONDS - s))s"; tail -n 25 "$OUT/$name.log"; }
 nvidia-smi -L
-step 100 gputests python3 -m pytest -q -p no:cacheprovider -m gpu tests/kernels/test_gpu_norm.py \
-  tests/kernels/test_gpu_gdn.py -k "norm or pairs or chain or gqa or Gqa or GQA"
+# Steps to run: arguments (default: all, in this order). A cold machine needs ~2 calls for all of them.
+STEPS=${*:-"tests ttft prefill overhead profile next"}
 cd benchmarks
-step 160 ttft python3 ttft.py --shape qwen3_5_35b_a3b --pool 120 --segments 20 --seg-len 1024 --requests 5 \
-  --warmup 1 --hit-rates 1.0 0.8 --out "$OUT/ttft.json"
-step 100 prefill python3 prefill.py --shape qwen3_5_35b_a3b --lengths 16384 32768 --reps 2 --out "$OUT/prefill.json"
-step 60 overhead python3 overhead.py --shape qwen3_5_35b_a3b --layers 8 --segments 16 --seg-len 1024 \
-  --out "$OUT/overhead.json"
-step 60 combine_profile python3 prefill_profile.py --shape qwen3_5_35b_a3b --layers 8 --combine-only \
-  --out "$OUT/combine_profile.json"
-step 70 prefill_next python3 prefill.py --shape qwen3_next_80b_a3b --layers 24 --lengths 32768 --reps 2 \
-  --out "$OUT/prefill_next.json"
+for st in $STEPS; do case $st in
+  tests) (cd .. && step 240 gputests python3 -m pytest -q -p no:cacheprovider -m gpu tests/kernels \
+           tests/runtime/test_gpu_model.py) ;;
+  ttft) step 300 ttft python3 ttft.py --shape qwen3_5_35b_a3b --pool 120 --segments 20 --seg-len 1024 \
+          --requests 5 --warmup 1 --hit-rates 1.0 0.8 --out "$OUT/ttft.json" ;;
+  prefill) step 150 prefill python3 prefill.py --shape qwen3_5_35b_a3b --lengths 4096 16384 32768 --reps 2 \
+             --out "$OUT/prefill.json" ;;
+  overhead) step 120 overhead python3 overhead.py --shape qwen3_5_35b_a3b --layers 8 --segments 16 \
+              --seg-len 1024 --out "$OUT/overhead.json" ;;
+  profile) step 120 combine_profile python3 prefill_profile.py --shape qwen3_5_35b_a3b --layers 8 \
+             --combine-only --out "$OUT/combine_profile.json" ;;
+  next) step 100 prefill_next python3 prefill.py --shape qwen3_next_80b_a3b --layers 12 --lengths 32768 \
+          --reps 2 --out "$OUT/prefill_next.json" ;;
+  *) echo "unknown step $st (tests ttft prefill overhead profile next)"; exit 2 ;;
+esac; done
