@@ -9,12 +9,16 @@ On CUDA the fla path shares them: pass 1 runs the seam windows from zero states;
 bodies from the seam windows' final states, and the WY factors (``w, u``) and chunked decays it
 computes feed fla's summary kernel ``chunk_cp_fwd_h`` as well, so a pair costs one extra state
 sweep instead of a second forward (``gdn_pairs_fla``).
+
+``gated_delta_rule_after_pairs`` is the combine-side twin: pieces (seam windows, the suffix) get
+their pairs, a caller-supplied chain turns them into incoming states, and the pieces then run
+from those states with the same WY factors.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -145,3 +149,49 @@ def gdn_with_pairs_separate(
         )
         T[split.body_segs], S[split.body_segs] = Tb.float(), Sb.float()
     return o, final, T, S
+
+
+EnterFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def gated_delta_rule_after_pairs(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    *,
+    cu_seqlens: torch.Tensor,
+    enter: EnterFn,
+    use_qk_l2norm: bool = True,
+    scale: float | None = None,
+    backend: str = "auto",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pieces whose incoming states depend on their own pairs (the HYPIC combine).
+
+    Computes every piece's pair from a zero state, asks ``enter(T [P, HV, K, K], S [P, HV, K, V])``
+    (fp32) for the states entering the pieces ``[P, HV, K, V]``, then runs the pieces from them.
+    On CUDA both steps use the same WY factors (one set of intra-chunk kernels instead of two).
+
+    Args:
+        q, k: ``[T, H, K]``; v: ``[T, HV, V]``; g, beta: ``[T, HV]``; cu_seqlens ``[P+1]``.
+    Returns:
+        o ``[T, HV, V]`` (q's dtype) and final states ``[P, HV, K, V]`` fp32.
+    """
+    be = resolve_backend(backend, q.device)
+    if be == "fla" and not _SHARED_FAILED:
+        try:
+            from .gdn_pairs_fla import gdn_after_pairs_fla
+
+            return gdn_after_pairs_fla(q, k, v, g, beta, cu_seqlens, enter, use_qk_l2norm, scale)
+        except Exception as exc:  # fla internals moved: keep serving through the public fla ops
+            _SHARED_FAILED.append(repr(exc))
+            log.warning("shared-WY combine failed (%r); using separate fla passes from now on", exc)
+    T, S = pair_ops.transition_pairs(k, v, g, beta, cu_seqlens=cu_seqlens, use_qk_l2norm=use_qk_l2norm, backend=be)
+    h0 = enter(T.float(), S.float())
+    o, final = gdn_ops.gated_delta_rule(
+        q, k, v, g, beta, cu_seqlens=cu_seqlens, initial_state=h0.contiguous(), use_qk_l2norm=use_qk_l2norm,
+        scale=scale, backend=be,
+    )  # fmt: skip
+    assert final is not None
+    return o, final

@@ -6,6 +6,9 @@ Pass 2: bodies from the windows' final states, through fla's forward stages call
 factors ``w, u`` -> chunk states ``h`` -> outputs. The same ``w, u, g`` then feed
 ``chunk_cp_fwd_h(..., multi_seqs=True)``, which writes ``hm [Nb, HV, K, V+K] = [S_body | T_body]``
 (from a zero state; the incoming state does not enter). q and k are L2-normalised once, up front.
+
+``gdn_after_pairs_fla`` (combine): WY factors once -> the pieces' pairs -> caller's chain gives the
+incoming states -> chunk states and outputs from those states, reusing the same factors.
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ from fla.ops.utils import chunk_local_cumsum
 from fla.ops.utils.constant import RCP_LN2
 from fla.ops.utils.index import prepare_chunk_indices
 
-from .gdn_pairs import SeamSplit, identity_pairs
+from ._varlen import as_int64
+from .gdn_pairs import EnterFn, SeamSplit, identity_pairs
 
 CHUNK = 64
 
@@ -82,3 +86,43 @@ def gdn_with_pairs_fla(
         T[split.body_segs] = hm[..., V:]
         S[split.body_segs] = hm[..., :V]
     return o, finals, T, S
+
+
+def gdn_after_pairs_fla(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    enter: EnterFn,
+    use_qk_l2norm: bool,
+    scale: float | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """q, k ``[T, H, K]``; v ``[T, HV, V]``; g, beta ``[T, HV]``; cu_seqlens ``[P+1]`` -> (o ``[T, HV, V]``,
+    finals ``[P, HV, K, V]`` fp32); ``enter(T, S)`` maps the pieces' pairs to their incoming states."""
+    K = k.shape[-1]
+    HV, V = v.shape[-2:]
+    P = cu_seqlens.numel() - 1
+    scale = K**-0.5 if scale is None else scale
+    if use_qk_l2norm:
+        q = l2norm_fwd(q.contiguous())[0]
+        k = l2norm_fwd(k.contiguous())[0]
+    cu = as_int64(cu_seqlens)
+    qb, kb, vb = q[None].contiguous(), k[None].contiguous(), v[None].contiguous()
+    idx = prepare_chunk_indices(cu, CHUNK)
+    gc = chunk_local_cumsum(g.float()[None].contiguous(), chunk_size=CHUNK, scale=RCP_LN2, cu_seqlens=cu,
+                            chunk_indices=idx)  # fmt: skip
+    w, u, _ = chunk_gated_delta_rule_fwd_intra(
+        k=kb, v=vb, g=gc, beta=beta.to(q.dtype)[None].contiguous(), cu_seqlens=cu, chunk_size=CHUNK, chunk_indices=idx
+    )
+    hm = torch.empty(P, HV, K, V + K, dtype=torch.float32, device=q.device)
+    chunk_cp_fwd_h(k=kb, w=w, u=u, hm=hm, g=gc, cu_seqlens=cu, chunk_size=CHUNK, multi_seqs=True)
+    h0 = enter(hm[..., V:], hm[..., :V]).float().contiguous()
+    h, v_new, fin = chunk_gated_delta_rule_fwd_h(
+        k=kb, w=w, u=u, g=gc, initial_state=h0, output_final_state=True, chunk_size=CHUNK, cu_seqlens=cu,
+        chunk_indices=idx,
+    )  # fmt: skip
+    o = chunk_fwd_o(q=qb, k=kb, v=v_new, h=h, g=gc, scale=scale, cu_seqlens=cu, chunk_size=CHUNK, chunk_indices=idx)
+    assert fin is not None
+    return o[0], fin.float()

@@ -53,3 +53,24 @@ def test_split_must_cover_the_batch():
     sp = SeamSplit.build(LENS[:2], SEAMS[:2], torch.device("cpu"))
     with pytest.raises(ValueError, match="covers"):
         gated_delta_rule_with_pairs(**x, cu_seqlens=_cu(LENS), split=sp, backend="torch")
+
+
+def test_after_pairs_hands_over_the_pieces_pairs_and_runs_from_the_states():
+    from hypic_agent.kernels.gdn_pairs import gated_delta_rule_after_pairs
+    from hypic_agent.kernels.pairs import transition_pairs
+
+    lens = [5, 17, 9]
+    x = {n: t.double() for n, t in gdn_inputs(sum(lens), 2, 4, K=16, V=8, seed=5).items()}
+    cu = _cu(lens)
+    h0 = torch.randn(3, 4, 16, 8, dtype=torch.float64)
+    seen = {}
+
+    def enter(T, S):
+        seen["T"], seen["S"] = T, S
+        return h0
+
+    o, fin = gated_delta_rule_after_pairs(**x, cu_seqlens=cu, enter=enter, backend="torch")
+    T_ref, S_ref = transition_pairs(x["k"], x["v"], x["g"], x["beta"], cu_seqlens=cu, backend="torch")
+    assert rel_err(seen["T"], T_ref) < 1e-12 and rel_err(seen["S"], S_ref) < 1e-12
+    o_ref, fin_ref = gated_delta_rule(**x, cu_seqlens=cu, initial_state=h0, backend="torch")
+    assert rel_err(o, o_ref) < 1e-12 and rel_err(fin, fin_ref) < 1e-12

@@ -1,9 +1,10 @@
 """Combine: one forward over the active tokens only (seam windows + suffix) on top of cached entries.
 
 Linear layers: the running state advances piece -> cached body pair -> next piece. Each piece's
-own pair (from a zero state) is computed in one varlen launch, one ``chain_scan`` gives the state
-entering every piece, and one varlen gated-delta-rule launch yields the pieces' outputs; each
-piece's conv state is preloaded with the tail of the body before it. Attention layers: active
+own pair (from a zero state) comes out of one varlen pass, one ``chain_scan`` gives the state
+entering every piece, and the pieces' outputs follow from those states with the same WY factors
+(``GatedDeltaNet.mix_after_pairs``); each piece's conv state is preloaded with the tail of the
+body before it. Attention layers: active
 tokens attend over spliced KV (cached bodies rotated to their global positions, or left at their
 local positions without ``rerotate``) and write fresh KV for the active rows.
 """
@@ -13,7 +14,6 @@ from __future__ import annotations
 import torch
 
 from hypic_agent.kernels import chain as chain_ops
-from hypic_agent.kernels import pairs as pair_ops
 from hypic_agent.runtime.hypic.entry import AttentionEntry, LinearEntry, SegmentEntry
 from hypic_agent.runtime.hypic.layout import CombineLayout
 from hypic_agent.runtime.hypic.modes import ModeSpec
@@ -42,12 +42,12 @@ def _linear(
     ops, conv_final = mixer.operands(x, lay.cu_pieces, conv0)
     hv, kd, vd = mixer.hv, mixer.dk, mixer.dv
     h0 = torch.zeros(hv, kd, vd, device=dev, dtype=torch.float32)
-    if n_pieces == 1 and lay.chain[0].kind == "piece":
-        enter = h0.unsqueeze(0)  # nothing cached before the only piece
-    else:
-        Tp, Sp = pair_ops.transition_pairs(
-            ops.k, ops.v, ops.g, ops.beta, cu_seqlens=lay.cu_pieces, use_qk_l2norm=True, backend=mixer.backend
-        )
+    if n_pieces == 1 and lay.chain[0].kind == "piece":  # nothing cached before the only piece
+        o, finals = mixer.mix(ops, lay.cu_pieces, h0.unsqueeze(0))
+        return mixer.output(o, ops.z), LinearLayerState(finals[-1], conv_final[-1])
+
+    def enter(Tp: torch.Tensor, Sp: torch.Tensor) -> torch.Tensor:
+        """Pieces' own pairs ``[P, HV, K, K]`` / ``[P, HV, K, V]`` -> states entering them ``[P, HV, K, V]``."""
         eye = torch.eye(kd, device=dev, dtype=torch.float32).expand(hv, kd, kd)
         Ts: list[torch.Tensor] = []
         Ss: list[torch.Tensor] = []
@@ -55,15 +55,16 @@ def _linear(
         for item in lay.chain:
             if item.kind == "piece":
                 piece_slot.append(len(Ts))
-                Ts.append(Tp[item.index].float())
-                Ss.append(Sp[item.index].float())
+                Ts.append(Tp[item.index])
+                Ss.append(Sp[item.index])
             else:
                 le: LinearEntry = entries[item.index].layers[li]  # type: ignore[union-attr,assignment]
                 Ts.append(le.T.float() if spec.transition else eye)
                 Ss.append(le.S.float())
         states = chain_ops.chain_scan(h0, torch.stack(Ts), torch.stack(Ss), backend=mixer.backend)  # [n+1, HV, K, V]
-        enter = states[torch.tensor(piece_slot, device=dev)]
-    o, finals = mixer.mix(ops, lay.cu_pieces, enter.contiguous())
+        return states[torch.tensor(piece_slot, device=dev)]
+
+    o, finals = mixer.mix_after_pairs(ops, lay.cu_pieces, enter)
     return mixer.output(o, ops.z), LinearLayerState(finals[-1], conv_final[-1])
 
 

@@ -146,6 +146,15 @@ class GatedDeltaNet(nn.Module):
             backend=self.backend,
         )  # fmt: skip
 
+    def mix_after_pairs(
+        self, ops: GDNOperands, cu_seqlens: torch.Tensor, enter: gdn_pairs.EnterFn
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Pieces run from ``enter(their pairs)`` -> (o ``[T, HV, V]``, finals ``[P, HV, K, V]`` fp32)."""
+        return gdn_pairs.gated_delta_rule_after_pairs(
+            ops.q, ops.k, ops.v, ops.g, ops.beta, cu_seqlens=cu_seqlens, enter=enter, use_qk_l2norm=True,
+            backend=self.backend,
+        )  # fmt: skip
+
     def output(self, o: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         """o, z ``[T, HV, V]`` -> ``[T, D]``."""
         y = self.norm(o, z)
