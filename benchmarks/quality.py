@@ -6,7 +6,9 @@
 
 Each prompt is ``[system][doc 1]..[doc n][question]`` with documents shuffled per example.
 Against ``full_recompute`` on the same tokens: first-token KL(full || mode), top-1 agreement
-of the first token, and the task score (F1 / EM / ROUGE-L x 100) of a greedy answer.
+of the first token, the task score (F1 / EM / ROUGE-L x 100) of a greedy answer, and the mean
+NLL of the reference answer teacher-forced after the prompt (``gold_nll``, nats/token): the
+low-noise answer signal where a small model's task scores sit at the floor.
 """
 
 from __future__ import annotations
@@ -17,12 +19,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from _common import print_table, write_json
 from quality_data import DATA, DATASETS, Example, score
 
 from hypic_agent.config import Settings
 from hypic_agent.runtime.decode import decode_loop
 from hypic_agent.runtime.engine import Engine
+from hypic_agent.runtime.forward import prefill
 from hypic_agent.runtime.loader import load_engine
 from hypic_agent.runtime.results import FinishEvent
 from hypic_agent.runtime.sampling import SamplingParams
@@ -60,17 +64,33 @@ def answer(engine: Engine, prep: Any, tokens: int) -> str:
     return text.strip()
 
 
+GOLD_TOKENS = 32  # teacher-forced tokens of the reference answer
+
+
+def gold_nll(engine: Engine, prep: Any, ex: Example) -> float:
+    """Mean NLL (nats/token) of the first reference answer, teacher-forced after the prompt state:
+    a low-noise answer-quality signal for models too small to score well on F1 / EM / ROUGE."""
+    ids = engine.tokenizer.encode(ex.answers[0], add_special_tokens=False)[:GOLD_TOKENS] if ex.answers else []
+    if not ids:
+        return float("nan")
+    st = prep.state
+    out = prefill(engine.model, [ids], [st], all_logits=True)[0]  # a new state: st stays usable
+    logits = torch.cat([st.last_logits[None].float(), out.all_logits[:-1].float()])  # type: ignore[attr-defined]
+    return float(F.cross_entropy(logits, torch.tensor(ids, device=logits.device)))
+
+
 def run_dataset(
     engine: Engine, name: str, examples: list[Example], cfgs: list[tuple[str, str, float]], gen_tokens: int
 ) -> list[dict[str, Any]]:
     acc: dict[str, dict[str, list[float]]] = {
-        lab: {"kl": [], "top1": [], "score": []} for lab in ["full_recompute", *(c[0] for c in cfgs)]
+        lab: {"kl": [], "top1": [], "score": [], "nll": []} for lab in ["full_recompute", *(c[0] for c in cfgs)]
     }
     for i, ex in enumerate(examples):
         plan = make_plan(engine, ex)
         full = engine.prepare(plan, mode="full_recompute")
         assert full.state.last_logits is not None
         ref = full.state.last_logits.clone()
+        acc["full_recompute"]["nll"].append(gold_nll(engine, full, ex))
         if gen_tokens:
             acc["full_recompute"]["score"].append(score(ex, answer(engine, full, gen_tokens)))
         for label, mode, w in cfgs:
@@ -79,10 +99,12 @@ def run_dataset(
             kl, top1 = kl_top1(ref, prep.state.last_logits)
             acc[label]["kl"].append(kl)
             acc[label]["top1"].append(top1)
+            acc[label]["nll"].append(gold_nll(engine, prep, ex))
             if gen_tokens:
                 acc[label]["score"].append(score(ex, answer(engine, prep, gen_tokens)))
         print(f"{name} {i + 1}/{len(examples)} ({full.prompt_tokens} tokens)", flush=True)
     base = sum(acc["full_recompute"]["score"]) / max(1, len(acc["full_recompute"]["score"]))
+    base_nll = sum(acc["full_recompute"]["nll"]) / max(1, len(acc["full_recompute"]["nll"]))
     rows = []
     for label, vals in acc.items():
         mean = {k: (sum(v) / len(v) if v else float("nan")) for k, v in vals.items()}
@@ -95,6 +117,8 @@ def run_dataset(
                 "delta_vs_full": mean["score"] - base if gen_tokens else float("nan"),
                 "kl_first_token": 0.0 if label == "full_recompute" else mean["kl"],
                 "top1_agreement": 1.0 if label == "full_recompute" else mean["top1"],
+                "gold_nll": mean["nll"],
+                "gold_nll_delta": mean["nll"] - base_nll,
             }
         )
     return rows
@@ -161,7 +185,8 @@ def main() -> None:
                 ex.docs = [(t, x[:200]) for t, x in ex.docs[:4]]
         rows += run_dataset(engine, ds, examples, cfgs, args.gen_tokens)
         write_json(args.out, {"model": engine.name, "args": vars(args), "rows": rows, "partial": True})
-    print_table(rows, ["dataset", "config", "n", "score", "delta_vs_full", "kl_first_token", "top1_agreement"])
+    cols = ["dataset", "config", "n", "score", "delta_vs_full", "kl_first_token", "top1_agreement"]
+    print_table(rows, [*cols, "gold_nll", "gold_nll_delta"])
     write_json(
         args.out,
         {

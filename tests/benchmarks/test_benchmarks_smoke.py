@@ -50,6 +50,10 @@ def test_quality_smoke(tmp_path):
         ):
             assert (ds, c) in configs
     assert all(r["top1_agreement"] >= 0 for r in res["rows"])
+    by = {(r["dataset"], r["config"]): r for r in res["rows"]}
+    for ds in ("hotpotqa", "kv"):  # the gold answer is scored after every mode; prefix_cache is exact
+        assert all(r["gold_nll"] > 0 for r in res["rows"] if r["dataset"] == ds)
+        assert abs(by[(ds, "prefix_cache")]["gold_nll"] - by[(ds, "full_recompute")]["gold_nll"]) < 1e-4
     assert (tmp_path / "q.png").exists()
 
 
