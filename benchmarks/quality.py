@@ -133,7 +133,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     except ImportError:
         print("matplotlib not installed: no plot")
         return
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
     for ds in sorted({r["dataset"] for r in rows}):
         seam = sorted(
             (float(r["config"].split("=")[1]), r["kl_first_token"])
@@ -144,11 +144,14 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
         keep = [r for r in rows if r["dataset"] == ds]
         modes = [r for r in keep if not r["config"].startswith("hypic w=") or r["config"] == "hypic w=8"]
         axes[1].bar([f"{ds}\n{r['config']}" for r in modes], [r["kl_first_token"] for r in modes])
+        axes[2].bar([f"{ds}\n{r['config']}" for r in modes], [r.get("gold_nll_delta", 0.0) for r in modes])
     axes[0].set_xlabel("seam width w (tokens)")
     axes[0].set_ylabel("first-token KL(full || hypic)")
     axes[0].legend()
     axes[1].set_ylabel("first-token KL vs full_recompute")
     axes[1].tick_params(axis="x", labelrotation=70, labelsize=6)
+    axes[2].set_ylabel("gold-answer NLL - full_recompute (nats/token)")
+    axes[2].tick_params(axis="x", labelrotation=70, labelsize=6)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
