@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import torch
 
@@ -29,6 +30,24 @@ from .backend import resolve_backend
 
 log = logging.getLogger(__name__)
 _SHARED_FAILED: list[str] = []  # set once the shared-WY fla path raised in this process
+R = TypeVar("R")
+
+
+def _shared_fla(call: Callable[[Any], R]) -> R | None:
+    """Run ``call(gdn_pairs_fla module)``; None once it has failed in this process (fla internals moved:
+    the callers then serve through the public fla ops). Out-of-memory errors propagate."""
+    if _SHARED_FAILED:
+        return None
+    try:
+        from . import gdn_pairs_fla
+
+        return call(gdn_pairs_fla)
+    except torch.cuda.OutOfMemoryError:
+        raise
+    except Exception as exc:
+        _SHARED_FAILED.append(repr(exc))
+        log.warning("shared-WY fla path failed (%r); using separate fla passes from now on", exc)
+        return None
 
 
 @dataclass(frozen=True)
@@ -104,14 +123,10 @@ def gated_delta_rule_with_pairs(
     if split.total != k.shape[0]:
         raise ValueError(f"split covers {split.total} tokens, the batch has {k.shape[0]}")
     be = resolve_backend(backend, q.device)
-    if be == "fla" and not _SHARED_FAILED:
-        try:
-            from .gdn_pairs_fla import gdn_with_pairs_fla
-
-            return gdn_with_pairs_fla(q, k, v, g, beta, split, use_qk_l2norm, scale)
-        except Exception as exc:  # fla internals moved: keep serving through the public fla ops
-            _SHARED_FAILED.append(repr(exc))
-            log.warning("shared-WY pair building failed (%r); using separate fla passes from now on", exc)
+    if be == "fla":
+        out = _shared_fla(lambda m: m.gdn_with_pairs_fla(q, k, v, g, beta, split, use_qk_l2norm, scale))
+        if out is not None:
+            return out
     return gdn_with_pairs_separate(q, k, v, g, beta, cu_seqlens, split, use_qk_l2norm, scale, be)
 
 
@@ -179,14 +194,10 @@ def gated_delta_rule_after_pairs(
         o ``[T, HV, V]`` (q's dtype) and final states ``[P, HV, K, V]`` fp32.
     """
     be = resolve_backend(backend, q.device)
-    if be == "fla" and not _SHARED_FAILED:
-        try:
-            from .gdn_pairs_fla import gdn_after_pairs_fla
-
-            return gdn_after_pairs_fla(q, k, v, g, beta, cu_seqlens, enter, use_qk_l2norm, scale)
-        except Exception as exc:  # fla internals moved: keep serving through the public fla ops
-            _SHARED_FAILED.append(repr(exc))
-            log.warning("shared-WY combine failed (%r); using separate fla passes from now on", exc)
+    if be == "fla":
+        out = _shared_fla(lambda m: m.gdn_after_pairs_fla(q, k, v, g, beta, cu_seqlens, enter, use_qk_l2norm, scale))
+        if out is not None:
+            return out
     T, S = pair_ops.transition_pairs(k, v, g, beta, cu_seqlens=cu_seqlens, use_qk_l2norm=use_qk_l2norm, backend=be)
     h0 = enter(T.float(), S.float())
     o, final = gdn_ops.gated_delta_rule(

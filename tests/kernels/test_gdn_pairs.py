@@ -74,3 +74,36 @@ def test_after_pairs_hands_over_the_pieces_pairs_and_runs_from_the_states():
     assert rel_err(seen["T"], T_ref) < 1e-12 and rel_err(seen["S"], S_ref) < 1e-12
     o_ref, fin_ref = gated_delta_rule(**x, cu_seqlens=cu, initial_state=h0, backend="torch")
     assert rel_err(o, o_ref) < 1e-12 and rel_err(fin, fin_ref) < 1e-12
+
+
+def test_shared_fla_failure_falls_back_once(monkeypatch, caplog):
+    import sys
+    import types
+
+    from hypic_agent.kernels import gdn_pairs
+
+    calls = []
+
+    def broken(*_a):
+        calls.append(1)
+        raise TypeError("signature drift")
+
+    fake = types.ModuleType("hypic_agent.kernels.gdn_pairs_fla")
+    fake.gdn_with_pairs_fla = broken  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "hypic_agent.kernels.gdn_pairs_fla", fake)
+    monkeypatch.setattr(gdn_pairs, "_SHARED_FAILED", [])
+    import hypic_agent.kernels as kpkg
+
+    monkeypatch.setattr(kpkg, "gdn_pairs_fla", fake, raising=False)
+    assert gdn_pairs._shared_fla(lambda m: m.gdn_with_pairs_fla()) is None
+    assert gdn_pairs._shared_fla(lambda m: m.gdn_with_pairs_fla()) is None
+    assert calls == [1] and "signature drift" in gdn_pairs._SHARED_FAILED[0]
+    assert "separate fla passes" in caplog.text
+    monkeypatch.setattr(gdn_pairs, "_SHARED_FAILED", [])
+
+    def oom(_m):
+        raise torch.cuda.OutOfMemoryError("out of memory")
+
+    with pytest.raises(torch.cuda.OutOfMemoryError):
+        gdn_pairs._shared_fla(oom)
+    assert gdn_pairs._SHARED_FAILED == []
