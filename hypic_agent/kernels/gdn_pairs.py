@@ -17,6 +17,7 @@ from those states with the same WY factors.
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -72,19 +73,14 @@ class SeamSplit:
         """lengths, seams: per segment (``0 <= seams[i] <= lengths[i]``)."""
         if len(lengths) != len(seams) or any(not 0 <= s <= n for n, s in zip(lengths, seams, strict=True)):
             raise ValueError(f"need 0 <= seams[i] <= lengths[i] per segment; got {list(seams)} for {list(lengths)}")
-        starts = [0]
-        for n in lengths:
-            starts.append(starts[-1] + n)
+        starts = [0, *itertools.accumulate(lengths)]
         seam_segs = [j for j, s in enumerate(seams) if s > 0]
         body_segs = [j for j, (n, s) in enumerate(zip(lengths, seams, strict=True)) if n - s > 0]
         seam_list = [t for j in seam_segs for t in range(starts[j], starts[j] + seams[j])]
         body_list = [t for j in body_segs for t in range(starts[j] + seams[j], starts[j + 1])]
 
         def cu(lens: list[int]) -> torch.Tensor:
-            out = [0]
-            for n in lens:
-                out.append(out[-1] + n)
-            return torch.tensor(out, dtype=torch.int64, device=device)
+            return torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int64, device=device)
 
         return cls(
             n=len(lengths),

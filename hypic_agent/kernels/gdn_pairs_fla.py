@@ -30,6 +30,50 @@ from .gdn_pairs import EnterFn, SeamSplit, identity_pairs
 CHUNK = 64
 
 
+def _l2norm_qk(q: torch.Tensor, k: torch.Tensor, use: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    if not use:
+        return q, k
+    return l2norm_fwd(q.contiguous())[0], l2norm_fwd(k.contiguous())[0]
+
+
+def _wy_pass(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    cu: torch.Tensor,
+    enter: EnterFn,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One set of WY factors for P packed sequences (q, k already L2-normalised): their pairs from a
+    zero state, then their outputs from ``enter(T, S)``.
+
+    q, k ``[T, H, K]``; v ``[T, HV, V]``; g, beta ``[T, HV]``; cu ``[P+1]`` int64 -> (o ``[T, HV, V]``,
+    finals ``[P, HV, K, V]``, T ``[P, HV, K, K]``, S ``[P, HV, K, V]``), states fp32.
+    """
+    K = k.shape[-1]
+    HV, V = v.shape[-2:]
+    qb, kb, vb = q[None].contiguous(), k[None].contiguous(), v[None].contiguous()
+    idx = prepare_chunk_indices(cu, CHUNK)
+    gc = chunk_local_cumsum(g.float()[None].contiguous(), chunk_size=CHUNK, scale=RCP_LN2, cu_seqlens=cu,
+                            chunk_indices=idx)  # fmt: skip
+    w, u, _ = chunk_gated_delta_rule_fwd_intra(
+        k=kb, v=vb, g=gc, beta=beta.to(q.dtype)[None].contiguous(), cu_seqlens=cu, chunk_size=CHUNK, chunk_indices=idx
+    )
+    hm = torch.empty(cu.numel() - 1, HV, K, V + K, dtype=torch.float32, device=q.device)
+    chunk_cp_fwd_h(k=kb, w=w, u=u, hm=hm, g=gc, cu_seqlens=cu, chunk_size=CHUNK, multi_seqs=True)
+    T, S = hm[..., V:], hm[..., :V]
+    h0 = enter(T, S).float().contiguous()
+    h, v_new, fin = chunk_gated_delta_rule_fwd_h(
+        k=kb, w=w, u=u, g=gc, initial_state=h0, output_final_state=True, chunk_size=CHUNK, cu_seqlens=cu,
+        chunk_indices=idx,
+    )  # fmt: skip
+    o = chunk_fwd_o(q=qb, k=kb, v=v_new, h=h, g=gc, scale=scale, cu_seqlens=cu, chunk_size=CHUNK, chunk_indices=idx)
+    assert fin is not None
+    return o[0], fin.float(), T, S
+
+
 def gdn_with_pairs_fla(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -45,46 +89,24 @@ def gdn_with_pairs_fla(
     K = k.shape[-1]
     HV, V = v.shape[-2:]
     scale = K**-0.5 if scale is None else scale
-    if use_qk_l2norm:
-        q = l2norm_fwd(q.contiguous())[0]
-        k = l2norm_fwd(k.contiguous())[0]
-    g = g.float()
-    beta = beta.to(q.dtype)
+    q, k = _l2norm_qk(q, k, use_qk_l2norm)
     o = torch.empty(q.shape[0], HV, V, dtype=q.dtype, device=q.device)
-    enter = torch.zeros(split.n, HV, K, V, dtype=torch.float32, device=q.device)
-    finals = enter.clone()
+    finals = torch.zeros(split.n, HV, K, V, dtype=torch.float32, device=q.device)
     T, S = identity_pairs(split.n, HV, K, V, q.device)
     if split.seam_segs:  # pass 1: seam windows from zero
         s = split.seam_idx
         o_s, fin_s = chunk_gated_delta_rule(
-            q[s][None], k[s][None], v[s][None], g[s][None], beta[s][None],
+            q[s][None], k[s][None], v[s][None], g.float()[s][None], beta.to(q.dtype)[s][None],
             scale=scale, output_final_state=True, cu_seqlens=split.cu_seam,
         )  # fmt: skip
         o[s] = o_s[0]
-        enter[split.seam_segs] = fin_s.float()
-        finals[split.seam_segs] = fin_s.float()  # segments that are all window
+        finals[split.seam_segs] = fin_s.float()  # the bodies start here; final for all-window segments
     if split.body_segs:  # pass 2: bodies from the windows' states, WY factors shared with the pairs
-        b, cu = split.body_idx, split.cu_body
-        qb, kb, vb = q[b][None].contiguous(), k[b][None].contiguous(), v[b][None].contiguous()
-        idx = prepare_chunk_indices(cu, CHUNK)
-        gc = chunk_local_cumsum(g[b][None].contiguous(), chunk_size=CHUNK, scale=RCP_LN2, cu_seqlens=cu,
-                                chunk_indices=idx)  # fmt: skip
-        w, u, _ = chunk_gated_delta_rule_fwd_intra(
-            k=kb, v=vb, g=gc, beta=beta[b][None].contiguous(), cu_seqlens=cu, chunk_size=CHUNK, chunk_indices=idx
+        b = split.body_idx
+        enter = finals[split.body_segs]
+        o[b], finals[split.body_segs], T[split.body_segs], S[split.body_segs] = _wy_pass(
+            q[b], k[b], v[b], g[b], beta[b], split.cu_body, lambda _T, _S: enter, scale
         )
-        h, v_new, fin_b = chunk_gated_delta_rule_fwd_h(
-            k=kb, w=w, u=u, g=gc, initial_state=enter[split.body_segs].contiguous(), output_final_state=True,
-            chunk_size=CHUNK, cu_seqlens=cu, chunk_indices=idx,
-        )  # fmt: skip
-        o_b = chunk_fwd_o(q=qb, k=kb, v=v_new, h=h, g=gc, scale=scale, cu_seqlens=cu, chunk_size=CHUNK,
-                          chunk_indices=idx)  # fmt: skip
-        o[b] = o_b[0]
-        assert fin_b is not None
-        finals[split.body_segs] = fin_b.float()
-        hm = torch.empty(len(split.body_segs), HV, K, V + K, dtype=torch.float32, device=q.device)
-        chunk_cp_fwd_h(k=kb, w=w, u=u, hm=hm, g=gc, cu_seqlens=cu, chunk_size=CHUNK, multi_seqs=True)
-        T[split.body_segs] = hm[..., V:]
-        S[split.body_segs] = hm[..., :V]
     return o, finals, T, S
 
 
@@ -101,28 +123,7 @@ def gdn_after_pairs_fla(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """q, k ``[T, H, K]``; v ``[T, HV, V]``; g, beta ``[T, HV]``; cu_seqlens ``[P+1]`` -> (o ``[T, HV, V]``,
     finals ``[P, HV, K, V]`` fp32); ``enter(T, S)`` maps the pieces' pairs to their incoming states."""
-    K = k.shape[-1]
-    HV, V = v.shape[-2:]
-    P = cu_seqlens.numel() - 1
-    scale = K**-0.5 if scale is None else scale
-    if use_qk_l2norm:
-        q = l2norm_fwd(q.contiguous())[0]
-        k = l2norm_fwd(k.contiguous())[0]
-    cu = as_int64(cu_seqlens)
-    qb, kb, vb = q[None].contiguous(), k[None].contiguous(), v[None].contiguous()
-    idx = prepare_chunk_indices(cu, CHUNK)
-    gc = chunk_local_cumsum(g.float()[None].contiguous(), chunk_size=CHUNK, scale=RCP_LN2, cu_seqlens=cu,
-                            chunk_indices=idx)  # fmt: skip
-    w, u, _ = chunk_gated_delta_rule_fwd_intra(
-        k=kb, v=vb, g=gc, beta=beta.to(q.dtype)[None].contiguous(), cu_seqlens=cu, chunk_size=CHUNK, chunk_indices=idx
-    )
-    hm = torch.empty(P, HV, K, V + K, dtype=torch.float32, device=q.device)
-    chunk_cp_fwd_h(k=kb, w=w, u=u, hm=hm, g=gc, cu_seqlens=cu, chunk_size=CHUNK, multi_seqs=True)
-    h0 = enter(hm[..., V:], hm[..., :V]).float().contiguous()
-    h, v_new, fin = chunk_gated_delta_rule_fwd_h(
-        k=kb, w=w, u=u, g=gc, initial_state=h0, output_final_state=True, chunk_size=CHUNK, cu_seqlens=cu,
-        chunk_indices=idx,
-    )  # fmt: skip
-    o = chunk_fwd_o(q=qb, k=kb, v=v_new, h=h, g=gc, scale=scale, cu_seqlens=cu, chunk_size=CHUNK, chunk_indices=idx)
-    assert fin is not None
-    return o[0], fin.float()
+    scale = k.shape[-1] ** -0.5 if scale is None else scale
+    q, k = _l2norm_qk(q, k, use_qk_l2norm)
+    o, fin, _, _ = _wy_pass(q, k, v, g, beta, as_int64(cu_seqlens), enter, scale)
+    return o, fin

@@ -7,7 +7,6 @@ from a prior ``RequestState`` (prefix-then-continue). Decode advances N sequence
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Sequence
 from typing import cast
 
@@ -77,9 +76,9 @@ def prefill(
     prior = [s if s is not None else new_state(model) for s in (states or [None] * len(seqs))]
     lengths = [len(s) for s in seqs]
     ids = torch.tensor([t for s in seqs for t in s], dtype=torch.long, device=dev)
-    cu = cu_seqlens_of(lengths, dev)
-    bounds = [0, *itertools.accumulate(lengths)]  # host copy of cu: no device reads per layer
-    cu_host = torch.tensor(bounds, dtype=torch.int32)
+    cu_host = cu_seqlens_of(lengths, torch.device("cpu"))  # attention reads bounds here: no device sync
+    cu = cu_host.to(dev)
+    bounds = cu_host.tolist()
     pos = torch.cat([torch.arange(st.length, st.length + n, device=dev) for st, n in zip(prior, lengths, strict=True)])
     h = model.embed(ids)
     new_layers: list[list[LayerState]] = [[] for _ in seqs]
@@ -106,8 +105,7 @@ def prefill(
                 vs.append(vj)
                 klens.append(kj.shape[0])
                 new_layers[j].append(AttentionLayerState(kj, vj))
-            k_host = torch.tensor([0, *itertools.accumulate(klens)], dtype=torch.int32)
-            o = attn.attend(q, torch.cat(ks), torch.cat(vs), cu_host, k_host)
+            o = attn.attend(q, torch.cat(ks), torch.cat(vs), cu_host, cu_seqlens_of(klens, torch.device("cpu")))
             y = attn.output(o, gate)
         h = layer.feed_forward(h + y)
     last_idx = (cu[1:] - 1).long()

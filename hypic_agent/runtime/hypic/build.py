@@ -7,7 +7,6 @@ position-independent). Each linear layer's body pair comes out of the same pass
 
 from __future__ import annotations
 
-import itertools
 import time
 from collections.abc import Sequence
 
@@ -44,11 +43,11 @@ def build_entries(
     t0 = time.perf_counter()
     lengths = [len(s) for s in segments]
     ids = torch.tensor([t for s in segments for t in s], dtype=torch.long, device=dev)
-    cu = cu_seqlens_of(lengths, dev)
+    cu_host = cu_seqlens_of(lengths, torch.device("cpu"))  # attention reads bounds here: no device sync
+    cu = cu_host.to(dev)
+    cu_list = cu_host.tolist()
     pos = torch.cat([torch.arange(n, device=dev) for n in lengths])
     split = SeamSplit.build(lengths, seams, dev)  # seam windows / bodies, shared by every linear layer
-    cu_list = [0, *itertools.accumulate(lengths)]
-    cu_host = torch.tensor(cu_list, dtype=torch.int32)  # attention reads bounds on the host: no device sync
 
     per_seg: list[list[LinearEntry | AttentionEntry]] = [[] for _ in segments]
     h = model.embed(ids)
