@@ -2,7 +2,8 @@
 # H200 calls that check the GPU kernels and re-measure every GPU table of docs/benchmarks.md.
 # Usage (repo root, device machine): bash benchmarks/h200_session.sh [tests] [ttft] [prefill] [overhead] [profile] [next]
 # Run from the repo root on the device machine, fla-core etc. on PYTHONPATH; results land in $OUT.
-# Each step has its own time limit so that a slow step cannot take the others' results with it.
+# Each step has its own time limit (TESTS_S, TTFT_S, PROFILE_S override three of them) so that a slow
+# step cannot take the others' results with it.
 #
 # Compiling and autotuning the Triton kernels on a bare machine takes minutes (it used most of the
 # 2026-11-29 call). Triton keeps binaries and fla's autotune results in TRITON_CACHE_DIR: the
@@ -24,16 +25,16 @@ nvidia-smi -L
 STEPS=${*:-"tests ttft prefill overhead profile next"}
 cd benchmarks
 for st in $STEPS; do case $st in
-  tests) (cd .. && step 240 gputests python3 -m pytest -q -p no:cacheprovider -m gpu tests/kernels \
-           tests/runtime/test_gpu_model.py) ;;
-  ttft) step 300 ttft python3 ttft.py --shape qwen3_5_35b_a3b --pool 120 --segments 20 --seg-len 1024 \
+  tests) (cd .. && step ${TESTS_S:-240} gputests python3 -m pytest -q -p no:cacheprovider -m gpu tests/runtime/test_gpu_model.py \
+           tests/kernels/test_gpu_gdn.py tests/kernels/test_gpu_norm.py tests/kernels/test_gpu_ops.py) ;;
+  ttft) step ${TTFT_S:-300} ttft python3 ttft.py --shape qwen3_5_35b_a3b --pool 120 --segments 20 --seg-len 1024 \
           --requests 5 --warmup 1 --hit-rates 1.0 0.8 --out "$OUT/ttft.json" ;;
   prefill) step 150 prefill python3 prefill.py --shape qwen3_5_35b_a3b --lengths 4096 16384 32768 --reps 2 \
              --out "$OUT/prefill.json" ;;
   overhead) step 120 overhead python3 overhead.py --shape qwen3_5_35b_a3b --layers 8 --segments 16 \
               --seg-len 1024 --out "$OUT/overhead.json" ;;
-  profile) step 120 combine_profile python3 prefill_profile.py --shape qwen3_5_35b_a3b --layers 8 \
-             --combine-only --out "$OUT/combine_profile.json" ;;
+  profile) step ${PROFILE_S:-120} combine_profile python3 prefill_profile.py --shape qwen3_5_35b_a3b --layers 8 \
+             --combine-only --scatter --out "$OUT/combine_profile.json" ;;
   next) step 100 prefill_next python3 prefill.py --shape qwen3_next_80b_a3b --layers 12 --lengths 32768 \
           --reps 2 --out "$OUT/prefill_next.json" ;;
   *) echo "unknown step $st (tests ttft prefill overhead profile next)"; exit 2 ;;

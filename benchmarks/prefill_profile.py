@@ -50,12 +50,16 @@ def main() -> None:
     ap.add_argument("--seg-len", type=int, default=1024, help="segment length for the combine profile")
     ap.add_argument("--out", default="bench_out/profile.json")
     ap.add_argument("--combine-only", action="store_true", help="skip the prefill and chain profiles")
+    ap.add_argument("--scatter", action="store_true", help="also profile entry building of 4 cold segments")
     args = ap.parse_args()
     raw = load_shape(args.shape, args.layers)
     model = random_model(raw, args.device, getattr(torch, args.dtype))
     if args.combine_only:
         print("== hypic combine (warm, 20 x 1k segments + 50-token query)")
-        write_json(args.out, {"combine": profile_combine(model, args.seg_len)})
+        out = {"combine": profile_combine(model, args.seg_len)}
+        if args.scatter:
+            out["scatter"] = profile_scatter(model, args.seg_len)
+        write_json(args.out, out)
         return
     hf = hf_twin(model, raw, args.device)
     ids = torch.randint(0, model.config.vocab_size, (args.length,)).tolist()
@@ -118,6 +122,38 @@ def profile_combine(model, seg_len: int, n_segments: int = 20) -> dict:
     pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(20)
     print(buf.getvalue())
     return {"stages_ms": prep.timings_ms, "kernels": kernels, "python": buf.getvalue()}
+
+
+def profile_scatter(model, seg_len: int, n_segments: int = 4) -> dict:
+    """Entry building of ``n_segments`` cold segments (the 80%-hit TTFT's scatter stage) against a plain
+    packed prefill of the same tokens: wall times, then top kernels and host calls of the build."""
+    import cProfile
+    import io
+    import pstats
+
+    from hypic_agent.runtime.hypic.build import build_entries
+
+    g = torch.Generator().manual_seed(1)
+    segs = [torch.randint(0, model.config.vocab_size, (seg_len,), generator=g).tolist() for _ in range(n_segments)]
+    times = {}
+    for name, fn in {
+        "prefill": lambda: prefill(model, segs),
+        "build_w0": lambda: build_entries(model, segs, [0] * n_segments),
+        "build_w8": lambda: build_entries(model, segs, [8] * n_segments),
+    }.items():
+        t, _ = timed(fn, reps=3, warmup=1)
+        times[name] = t * 1e3
+    print("scatter ms:", {k: round(v, 1) for k, v in times.items()})
+    kernels = top_kernels(lambda: build_entries(model, segs, [8] * n_segments), n=20, host=True)
+    prof = cProfile.Profile()
+    prof.enable()
+    build_entries(model, segs, [8] * n_segments)
+    torch.cuda.synchronize()
+    prof.disable()
+    buf = io.StringIO()
+    pstats.Stats(prof, stream=buf).sort_stats("cumulative").print_stats(30)
+    print(buf.getvalue())
+    return {"ms": times, "kernels": kernels, "python": buf.getvalue()}
 
 
 if __name__ == "__main__":

@@ -36,6 +36,9 @@ class Settings(BaseSettings):
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     kernel_backend: Literal["auto", "torch", "fla"] = "auto"
     max_context: int = Field(default=32768, ge=16, description="upper bound on prompt + completion tokens")
+    cuda_graphs: bool = Field(
+        default=True, description="replay short forwards' feed-forward blocks from CUDA graphs (CUDA only)"
+    )
     seed: int = 0
 
     # --- HYPIC -----------------------------------------------------------------------

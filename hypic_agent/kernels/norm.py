@@ -11,7 +11,8 @@ identical). The fla path (one Triton kernel per call) computes the whole chain i
 once, so it differs from the torch path by bf16 rounding only. It runs only where autograd is not
 needed (``torch.no_grad`` / ``inference_mode``, or nothing requires grad); training keeps torch.
 If the fla call fails (import or signature drift) one warning is logged and that op uses torch for
-the rest of the process; the error is kept in ``FLA_ERRORS``.
+the rest of the process; the error is kept in ``FLA_ERRORS``. Inputs of fewer than
+``FLA_MIN_ROWS`` rows stay on torch (host-bound short forwards).
 """
 
 from __future__ import annotations
@@ -25,6 +26,10 @@ import torch.nn.functional as F
 from .backend import resolve_backend
 
 log = logging.getLogger(__name__)
+
+FLA_MIN_ROWS = 512
+"""Below this many rows the torch ops win: a few native launches cost less host time than fla's
+Python launch path, and the GPU work is tiny either way (short forwards: decode, combine)."""
 
 FLA_ERRORS: dict[str, str] = {}
 """op name -> error of the fla call that failed (that op then stays on torch)."""
@@ -54,6 +59,8 @@ def gated_rms_norm_torch(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor,
 def _use_fla(op: str, backend: str, *ts: torch.Tensor) -> bool:
     x = ts[0]
     if op in FLA_ERRORS or x.numel() == 0 or resolve_backend(backend, x.device) != "fla":
+        return False
+    if x.numel() < FLA_MIN_ROWS * x.shape[-1]:
         return False
     return not (torch.is_grad_enabled() and any(t.requires_grad for t in ts))
 

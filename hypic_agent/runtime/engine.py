@@ -19,6 +19,7 @@ from hypic_agent.config import Settings
 from hypic_agent.errors import ContextLengthError, InvalidRequestError
 from hypic_agent.runtime.decode import decode_loop
 from hypic_agent.runtime.forward import prefill
+from hypic_agent.runtime.graphs import enable_cuda_graphs
 from hypic_agent.runtime.hypic.cache import EntryCache, MemoryEntryCache
 from hypic_agent.runtime.hypic.combine import combine
 from hypic_agent.runtime.hypic.entry import SegmentEntry
@@ -71,6 +72,8 @@ class Engine:
         self.lock = threading.RLock()
         self.pair_dtype = getattr(torch, self.settings.pair_dtype)
         self.max_context = min(self.settings.max_context, model.config.max_position_embeddings)
+        if self.settings.cuda_graphs and self.device.type == "cuda" and model.ffn_graphs is None:
+            enable_cuda_graphs(model)
 
     @property
     def eos_ids(self) -> tuple[int, ...]:
@@ -95,7 +98,7 @@ class Engine:
     ) -> Prepared:
         spec = mode_spec(mode or self.settings.default_mode)
         w = validate_seam(self.settings.default_seam if seam is None else seam)
-        segs = [tuple(int(t) for t in s.token_ids) for s in plan.segments]
+        segs = [tuple(map(int, s.token_ids)) for s in plan.segments]
         kinds = [str(getattr(s, "kind", "text")) for s in plan.segments]
         suffix = [int(t) for t in plan.suffix_ids]
         if plan.bos_id is not None:

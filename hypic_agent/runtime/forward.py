@@ -12,6 +12,7 @@ from typing import cast
 
 import torch
 
+from hypic_agent.runtime.graphs import feed_forward
 from hypic_agent.runtime.models.hybrid import HybridForCausalLM
 from hypic_agent.runtime.state import AttentionLayerState, LayerState, LinearLayerState, RequestState
 
@@ -107,7 +108,7 @@ def prefill(
                 new_layers[j].append(AttentionLayerState(kj, vj))
             o = attn.attend(q, torch.cat(ks), torch.cat(vs), cu_host, cu_seqlens_of(klens, torch.device("cpu")))
             y = attn.output(o, gate)
-        h = layer.feed_forward(h + y)
+        h = feed_forward(model, i, h + y)
     last_idx = (cu[1:] - 1).long()
     logits = model.logits(h if all_logits else h[last_idx])
     out = []
@@ -160,7 +161,7 @@ def decode_step(model: HybridForCausalLM, states: Sequence[RequestState], tokens
                 cu_seqlens_of([t.shape[0] for t in ks], torch.device("cpu")),
             )
             y = attn.output(o, gate)
-        h = layer.feed_forward(h + y)
+        h = feed_forward(model, i, h + y)
     logits = model.logits(h)
     for j, st in enumerate(states):
         st.length += 1

@@ -133,3 +133,45 @@ def test_gdn_after_pairs_fla_matches_reference(dtype, tol):
     eo, ef = rel_err(got[0].float(), ref[0].float()), rel_err(got[1], ref[1])
     print(f"gdn after pairs {dtype}: rel err o {eo:.2e} final {ef:.2e}")
     assert got[0].dtype == dtype and eo < tol and ef < tol
+
+
+@pytest.mark.parametrize("pair_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("transition", [True, False])
+def test_combine_scan_triton_matches_twin(pair_dtype, transition):
+    """Real Qwen3.5 shape: 21 pieces (8-token seams + a 50-token question) around 20 cached bodies."""
+    import triton
+
+    from hypic_agent.kernels.combine_scan import Body, Piece, chain_tables, gdn_combine_scan
+    from hypic_agent.kernels.combine_scan_triton import gdn_combine_scan_triton
+
+    HV, K, V = 32, 128, 128
+    x = gdn_inputs(20 * 8 + 50, 16, HV, K=K, V=V, seed=8, device="cuda", dtype=torch.bfloat16)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    chain = []
+    for i in range(20):
+        chain.append(Piece(8 * i, 8 * i + 8))
+        T = torch.eye(K, device="cuda") * 0.5 + 0.02 * torch.randn(HV, K, K, device="cuda", generator=g)
+        S = torch.randn(HV, K, V, device="cuda", generator=g)
+        chain.append(Body(T.to(pair_dtype).contiguous(), S.to(pair_dtype)))
+    chain.append(Piece(160, 210))
+    h0 = torch.zeros(HV, K, V, device="cuda")
+    got = gdn_combine_scan(**x, chain=chain, h0=h0, transition=transition, backend="fla")
+    ref = gdn_combine_scan(**{n: t.float() for n, t in x.items()}, chain=chain, h0=h0, transition=transition,
+                           backend="torch")  # fmt: skip
+    eo, eh = rel_err(got[0].float(), ref[0].float()), rel_err(got[1], ref[1])
+    from hypic_agent.kernels import combine_scan_triton as cst
+
+    print(f"combine scan {pair_dtype} transition={transition}: rel err o {eo:.2e} h {eh:.2e}; "
+          f"tuned {cst._tuned_kernel.best_config}")  # fmt: skip
+    assert got[0].dtype == torch.bfloat16 and eo < 2e-2 and eh < 1e-3
+    tab = chain_tables([chain], torch.device("cuda"))
+    for bv, nw, bc in ((32, 4, 0), (16, 2, 32), (16, 1, 16), (32, 2, 32), (16, 4, 0), (64, 4, 32)):
+
+        def run():
+            return gdn_combine_scan_triton(**x, meta=tab.meta, ptrs=tab.ptrs[0], h0=h0, pair_dtype=pair_dtype,
+                                           transition=transition, bv=bv, num_warps=nw, body_chunk=bc)  # fmt: skip
+
+        o, h = run()
+        ms = triton.testing.do_bench(run, warmup=3, rep=20)
+        e = max(rel_err(o.float(), ref[0].float()), rel_err(h, ref[1]))
+        print(f"  bv={bv} warps={nw} body_chunk={bc}: {ms:.3f} ms per layer, rel err {e:.2e}")

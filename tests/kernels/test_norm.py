@@ -117,6 +117,7 @@ def fake_fla(monkeypatch):
     monkeypatch.setitem(sys.modules, "hypic_agent.kernels.norm_fla", fake)
     monkeypatch.setattr(norm, "resolve_backend", lambda name, device: "fla")
     monkeypatch.setattr(norm, "FLA_ERRORS", {})
+    monkeypatch.setattr(norm, "FLA_MIN_ROWS", 0)
     return calls
 
 
@@ -158,6 +159,7 @@ def test_fla_failure_warns_once_and_falls_back(monkeypatch, caplog):
     monkeypatch.setitem(sys.modules, "hypic_agent.kernels.norm_fla", broken)
     monkeypatch.setattr(norm, "resolve_backend", lambda name, device: "fla")
     monkeypatch.setattr(norm, "FLA_ERRORS", {})
+    monkeypatch.setattr(norm, "FLA_MIN_ROWS", 0)
     x, z, w = _rand(4, 8), _rand(4, 8, seed=1), _rand(8, seed=2)
     with caplog.at_level(logging.WARNING, logger=norm.__name__), torch.no_grad():
         for _ in range(3):
@@ -165,3 +167,13 @@ def test_fla_failure_warns_once_and_falls_back(monkeypatch, caplog):
             assert torch.equal(norm.gated_rms_norm(x, z, w, 1e-6), _old_gated(x, z, w, 1e-6))
     assert set(norm.FLA_ERRORS) == {"rms_norm", "gated_rms_norm"}
     assert len([r for r in caplog.records if "fla" in r.getMessage()]) == 2  # one per op
+
+
+def test_short_inputs_stay_on_torch(fake_fla, monkeypatch):
+    monkeypatch.setattr(norm, "FLA_MIN_ROWS", 6)
+    w = _rand(16, seed=3)
+    with torch.no_grad():
+        norm.rms_norm(_rand(5, 16), w, 1e-6, zero_centered=False)  # 5 rows: torch
+        assert fake_fla == []
+        norm.rms_norm(_rand(2, 3, 16), w, 1e-6, zero_centered=False)  # 6 rows: fla
+    assert [c[0] for c in fake_fla] == ["rms"]

@@ -49,3 +49,35 @@ def test_fla_hypic_combine_matches_cpu_reference():
         lay = plan_layout(segs, entries, [8, 8, 8], suffix, torch.device(dev))
         outs.append(combine(model, lay, entries, mode_spec("hypic")).last_logits.cpu())
     assert (outs[0] - outs[1]).abs().max().item() < 2e-2
+
+
+@pytest.mark.parametrize("mode", ["hypic", "addition"])
+def test_fused_combine_scan_matches_chunked_on_gpu(mode):
+    _, gpu = _pair("qwen3_5_moe_text")
+    segs = [tuple(rand_tokens(n, 11 + n)) for n in (60, 90, 33, 70)]
+    seams = [8, 8, 8, 8] if mode == "hypic" else [0, 0, 0, 0]
+    entries = build_entries(gpu, segs, seams)
+    lay = plan_layout(segs, entries, seams, rand_tokens(9, 5), torch.device("cuda"))
+    fused = combine(gpu, lay, entries, mode_spec(mode), fused_scan=True).last_logits
+    chunked = combine(gpu, lay, entries, mode_spec(mode), fused_scan=False).last_logits
+    assert (fused - chunked).abs().max().item() < 2e-2
+
+
+def test_feed_forward_graphs_match_eager():
+    from hypic_agent.runtime.graphs import enable_cuda_graphs
+
+    model, _, _ = make_model("qwen3_5_moe_text")
+    model = model.to("cuda", torch.bfloat16)  # bf16: the grouped-GEMM MoE path (no host sync)
+    seqs = [rand_tokens(37, 1), rand_tokens(5, 2)]
+    eager = prefill(model, seqs)
+    decode_step(model, eager, [7, 8])
+    runner = enable_cuda_graphs(model)
+    for _ in range(2):  # capture, then replay
+        got = prefill(model, seqs)
+        decode_step(model, got, [7, 8])
+        assert runner.disabled is None, runner.disabled
+        for a, b in zip(eager, got):
+            scale = a.last_logits.abs().max().item()
+            assert (a.last_logits - b.last_logits).abs().max().item() < 2e-2 * scale
+    n_layers = len(model.layers)
+    assert {b for _, b in runner._graphs} == {64, 8} and len(runner._graphs) == 2 * n_layers

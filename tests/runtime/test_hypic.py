@@ -133,3 +133,21 @@ def test_bad_inputs():
     segs, suffix = [tuple(rand_tokens(4, 1)), tuple(rand_tokens(30, 2))], rand_tokens(3, 3)
     st, _ = compose(model, segs, suffix, "hypic", 8)
     assert st.length == 37
+
+
+@pytest.mark.parametrize("mode,w", [("hypic", 8), ("hypic", 0.5), ("transition", 0), ("addition", 0)])
+def test_fused_scan_equals_chunked_combine(mode, w):
+    """The fused combine scan (torch twin here; Triton on CUDA) and the chunked path agree."""
+    model, _, _ = make_model("qwen3_5_text")
+    spec = mode_spec(mode)
+    segs = segments((30, 5, 41, 26))  # the 5-token segment is below the seam: recomputed whole
+    seams = [seam_tokens(w if spec.seams else 0, len(s)) for s in segs]
+    entries = build_entries(model, segs, seams)
+    entries[1] = None
+    lay = plan_layout(segs, entries, seams, rand_tokens(6, 99), CPU)
+    fused = combine(model, lay, entries, spec, fused_scan=True)
+    chunked = combine(model, lay, entries, spec, fused_scan=False)
+    assert (fused.last_logits - chunked.last_logits).abs().max().item() < 1e-4
+    for a, b in zip(fused.layers, chunked.layers):
+        for ta, tb in zip(vars(a).values(), vars(b).values()):
+            assert torch.allclose(ta, tb, atol=1e-4)

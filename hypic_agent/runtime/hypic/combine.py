@@ -1,10 +1,16 @@
 """Combine: one forward over the active tokens only (seam windows + suffix) on top of cached entries.
 
-Linear layers: the running state advances piece -> cached body pair -> next piece. Each piece's
-own pair (from a zero state) comes out of one varlen pass, one ``chain_scan`` gives the state
-entering every piece, and the pieces' outputs follow from those states with the same WY factors
-(``GatedDeltaNet.mix_after_pairs``); each piece's conv state is preloaded with the tail of the
-body before it. Attention layers: active
+Linear layers: the running state advances piece -> cached body pair -> next piece; each piece's
+conv state is preloaded with the tail of the body before it. Two ways to run it, same result:
+
+* fused (``kernels.combine_scan``, default on CUDA when the active tokens are few): one launch per
+  layer walks the chain, token steps through pieces and ``T @ h + S`` over bodies, reading the
+  cached pairs through a pointer table built once per request;
+* chunked: each piece's own pair (from a zero state) comes out of one varlen pass, one
+  ``chain_scan`` gives the state entering every piece, and the pieces' outputs follow from those
+  states with the same WY factors (``GatedDeltaNet.mix_after_pairs``).
+
+Attention layers: active
 tokens attend over spliced KV (cached bodies rotated to their global positions, or left at their
 local positions without ``rerotate``) and write fresh KV for the active rows.
 """
@@ -14,6 +20,9 @@ from __future__ import annotations
 import torch
 
 from hypic_agent.kernels import chain as chain_ops
+from hypic_agent.kernels import combine_scan
+from hypic_agent.kernels.backend import resolve_triton
+from hypic_agent.runtime.graphs import feed_forward
 from hypic_agent.runtime.hypic.entry import AttentionEntry, LinearEntry, SegmentEntry
 from hypic_agent.runtime.hypic.layout import CombineLayout
 from hypic_agent.runtime.hypic.modes import ModeSpec
@@ -23,6 +32,30 @@ from hypic_agent.runtime.models.hybrid import HybridForCausalLM
 from hypic_agent.runtime.state import AttentionLayerState, LayerState, LinearLayerState, RequestState
 
 
+def _conv_init(
+    mixer: GatedDeltaNet, lay: CombineLayout, entries: list[SegmentEntry | None], li: int, x: torch.Tensor
+) -> torch.Tensor:
+    """Conv state entering each piece ``[P, C, W-1]``: the tail of the body before it, or zeros."""
+    zero = x.new_zeros(mixer.conv_dim, mixer.kernel - 1)
+    tails = [
+        zero if seg is None else entries[seg].layers[li].conv_tail  # type: ignore[union-attr]
+        for seg in lay.piece_conv_from
+    ]
+    return torch.stack(tails).to(x.dtype)
+
+
+def _chain(lay: CombineLayout, entries: list[SegmentEntry | None], li: int) -> list[combine_scan.ChainLink]:
+    """Layer ``li``'s chain in prompt order: pieces (active token ranges) and cached body pairs."""
+    out: list[combine_scan.ChainLink] = []
+    for item in lay.chain:
+        if item.kind == "piece":
+            out.append(combine_scan.Piece(lay.cu_host[item.index], lay.cu_host[item.index + 1]))
+        else:
+            le: LinearEntry = entries[item.index].layers[li]  # type: ignore[union-attr,assignment]
+            out.append(combine_scan.Body(le.T, le.S))
+    return out
+
+
 def _linear(
     mixer: GatedDeltaNet,
     x: torch.Tensor,
@@ -30,16 +63,18 @@ def _linear(
     entries: list[SegmentEntry | None],
     li: int,
     spec: ModeSpec,
+    scan: tuple[combine_scan.ChainTables, int] | bool,
 ) -> tuple[torch.Tensor, LinearLayerState]:
+    """``scan``: False = chunked path; True = fused scan (torch twin off CUDA); ``(tables, row)`` = the
+    fused Triton scan with prebuilt launch tables."""
     dev = x.device
     n_pieces = lay.cu_pieces.numel() - 1
-    conv0 = torch.zeros(n_pieces, mixer.conv_dim, mixer.kernel - 1, device=dev, dtype=x.dtype)
-    for p, seg in enumerate(lay.piece_conv_from):
-        if seg is not None:
-            e = entries[seg]
-            assert e is not None
-            conv0[p] = e.layers[li].conv_tail.to(x.dtype)  # type: ignore[union-attr]
-    ops, conv_final = mixer.operands(x, lay.cu_pieces, conv0)
+    ops, conv_final = mixer.operands(x, lay.cu_pieces, _conv_init(mixer, lay, entries, li, x))
+    if scan is not False:
+        o, final = mixer.mix_scan(
+            ops, _chain(lay, entries, li), transition=spec.transition, tables=None if scan is True else scan
+        )
+        return mixer.output(o, ops.z), LinearLayerState(final, conv_final[-1])
     hv, kd, vd = mixer.hv, mixer.dk, mixer.dv
     h0 = torch.zeros(hv, kd, vd, device=dev, dtype=torch.float32)
     if n_pieces == 1 and lay.chain[0].kind == "piece":  # nothing cached before the only piece
@@ -76,7 +111,6 @@ def _attention(
     li: int,
     spec: ModeSpec,
 ) -> tuple[torch.Tensor, AttentionLayerState]:
-    dev = x.device
     q, k, v, gate = attn.qkv(x)
     q = attn.rotate(q, lay.active_pos)
     k = attn.rotate(k, lay.active_pos)
@@ -97,27 +131,59 @@ def _attention(
         v_full[lay.body_pos] = torch.cat(bv).to(v.dtype)
     cu_q = torch.tensor([0, x.shape[0]], dtype=torch.int32)  # host tensors: no device sync
     cu_k = torch.tensor([0, lay.total], dtype=torch.int32)
-    k_pos = torch.arange(lay.total, device=dev)
+    k_pos = lay.all_pos
     o = attn.attend(q, k_full, v_full, cu_q, cu_k, q_positions=lay.active_pos, k_positions=k_pos)
     return attn.output(o, gate), AttentionLayerState(k_full, v_full)
 
 
+def _scan_plan(
+    model: HybridForCausalLM, lay: CombineLayout, entries: list[SegmentEntry | None], fused_scan: bool | None
+) -> dict[int, tuple[combine_scan.ChainTables, int] | bool]:
+    """Per linear layer: how to run it (see ``_linear``). ``fused_scan=None`` picks the fused
+    Triton scan on CUDA when the active tokens are at most ``combine_scan.MAX_TOKENS``."""
+    lin = [i for i, layer in enumerate(model.layers) if layer.linear_attn is not None]
+    if not lin or fused_scan is False:
+        return dict.fromkeys(lin, False)
+    dev = lay.active_ids.device
+    mixer = model.layers[lin[0]].linear_attn
+    assert mixer is not None
+    triton = resolve_triton(mixer.backend, dev)
+    if fused_scan is None and not (triton and lay.active_ids.numel() <= combine_scan.MAX_TOKENS):
+        return dict.fromkeys(lin, False)
+    if not triton:
+        return dict.fromkeys(lin, True)
+    try:
+        tables = combine_scan.chain_tables([_chain(lay, entries, i) for i in lin], dev)
+    except ValueError:  # mixed pair dtypes or devices: the chunked path converts as it goes
+        return dict.fromkeys(lin, False)
+    return {li: (tables, row) for row, li in enumerate(lin)}
+
+
 @torch.no_grad()
 def combine(
-    model: HybridForCausalLM, lay: CombineLayout, entries: list[SegmentEntry | None], spec: ModeSpec
+    model: HybridForCausalLM,
+    lay: CombineLayout,
+    entries: list[SegmentEntry | None],
+    spec: ModeSpec,
+    *,
+    fused_scan: bool | None = None,
 ) -> RequestState:
-    """Build the request's working state from entries + active tokens; sets ``last_logits``."""
+    """Build the request's working state from entries + active tokens; sets ``last_logits``.
+
+    ``fused_scan``: run linear layers through the fused combine scan (True), the chunked path
+    (False) or pick (None: fused on CUDA for few active tokens)."""
+    plan = _scan_plan(model, lay, entries, fused_scan)
     h = model.embed(lay.active_ids)
     layers: list[LayerState] = []
     for li, layer in enumerate(model.layers):
         x = layer.input_layernorm(h)
         st: LayerState
         if layer.linear_attn is not None:
-            y, st = _linear(layer.linear_attn, x, lay, entries, li, spec)
+            y, st = _linear(layer.linear_attn, x, lay, entries, li, spec, plan[li])
         else:
             assert layer.self_attn is not None
             y, st = _attention(layer.self_attn, x, lay, entries, li, spec)
         layers.append(st)
-        h = layer.feed_forward(h + y)
+        h = feed_forward(model, li, h + y)
     logits = model.logits(h[-1:])[0]
     return RequestState(layers, lay.total, logits, tokens=list(lay.tokens))

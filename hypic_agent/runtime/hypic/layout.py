@@ -28,13 +28,29 @@ class CombineLayout:
     active_ids: torch.Tensor  # [Ta] token ids of active tokens
     active_pos: torch.Tensor  # [Ta] global positions
     cu_pieces: torch.Tensor  # [P+1] int32 over active tokens
+    cu_host: list[int]  # the same bounds on the host
     body_pos: torch.Tensor  # [Tb] global positions of body tokens
     body_local_pos: torch.Tensor  # [Tb] positions inside their segment (canonical rotation)
     body_segments: list[int]  # segments with a non-empty body, in order
     body_lens: list[int]  # body length of each of those segments
     chain: list[ChainItem]  # pieces and bodies in prompt order
     piece_conv_from: list[int | None]  # per piece: segment whose body precedes it (conv tail), or None
+    all_pos: torch.Tensor  # [L] 0..L-1 (key positions of the spliced KV)
     tokens: list[int] = field(default_factory=list)  # all prompt tokens
+
+
+def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Host tensor -> device; pinned + non-blocking on CUDA so the copy does not wait for the stream."""
+    if device.type == "cuda":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
+
+
+def _ranges(spans: list[tuple[int, int]]) -> torch.Tensor:
+    """``[(a, b), ...]`` -> concatenated ``arange(a, b)`` (int64, host)."""
+    if not spans:
+        return torch.zeros(0, dtype=torch.long)
+    return torch.cat([torch.arange(a, b) for a, b in spans])
 
 
 def plan_layout(
@@ -46,10 +62,10 @@ def plan_layout(
 ) -> CombineLayout:
     """``seams[i]``: active head of segment i when it has an entry (ignored otherwise)."""
     active_ids: list[int] = []
-    active_pos: list[int] = []
+    active_spans: list[tuple[int, int]] = []
     piece_lens: list[int] = []
-    body_pos: list[int] = []
-    body_local: list[int] = []
+    body_spans: list[tuple[int, int]] = []
+    local_spans: list[tuple[int, int]] = []
     body_segments: list[int] = []
     body_lens: list[int] = []
     chain: list[ChainItem] = []
@@ -59,7 +75,7 @@ def plan_layout(
     prev_body: int | None = None
     in_piece = False
 
-    def add_active(ids: list[int], start: int) -> None:
+    def add_active(ids: tuple[int, ...] | list[int], start: int) -> None:
         nonlocal in_piece
         if not ids:
             return
@@ -69,19 +85,19 @@ def plan_layout(
             conv_from.append(prev_body)
             in_piece = True
         active_ids.extend(ids)
-        active_pos.extend(range(start, start + len(ids)))
+        active_spans.append((start, start + len(ids)))
         piece_lens[-1] += len(ids)
 
     for i, seg in enumerate(segments):
         n = len(seg)
         e = entries[i]
         w = n if e is None else min(seams[i], n)
-        add_active(list(seg[:w]), offset)
+        add_active(seg[:w], offset)
         if w < n:
             body_segments.append(i)
             body_lens.append(n - w)
-            body_pos.extend(range(offset + w, offset + n))
-            body_local.extend(range(w, n))
+            body_spans.append((offset + w, offset + n))
+            local_spans.append((w, n))
             chain.append(ChainItem("body", i))
             prev_body = i
             in_piece = False
@@ -90,19 +106,21 @@ def plan_layout(
     add_active(list(suffix), offset)
     tokens.extend(suffix)
     offset += len(suffix)
-    cu = torch.zeros(len(piece_lens) + 1, dtype=torch.int32)
-    cu[1:] = torch.cumsum(torch.tensor(piece_lens, dtype=torch.int32), 0)
-    lt = torch.long
+    cu_host = [0]
+    for n in piece_lens:
+        cu_host.append(cu_host[-1] + n)
     return CombineLayout(
         total=offset,
-        active_ids=torch.tensor(active_ids, dtype=lt, device=device),
-        active_pos=torch.tensor(active_pos, dtype=lt, device=device),
-        cu_pieces=cu.to(device),
-        body_pos=torch.tensor(body_pos, dtype=lt, device=device),
-        body_local_pos=torch.tensor(body_local, dtype=lt, device=device),
+        active_ids=_to_device(torch.tensor(active_ids, dtype=torch.long), device),
+        active_pos=_to_device(_ranges(active_spans), device),
+        cu_pieces=_to_device(torch.tensor(cu_host, dtype=torch.int32), device),
+        cu_host=cu_host,
+        body_pos=_to_device(_ranges(body_spans), device),
+        body_local_pos=_to_device(_ranges(local_spans), device),
         body_segments=body_segments,
         body_lens=body_lens,
         chain=chain,
         piece_conv_from=conv_from,
         tokens=tokens,
+        all_pos=torch.arange(offset, device=device),
     )

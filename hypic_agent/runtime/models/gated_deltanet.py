@@ -16,9 +16,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hypic_agent.kernels import combine_scan, gdn_pairs
 from hypic_agent.kernels import conv as conv_ops
 from hypic_agent.kernels import gdn as gdn_ops
-from hypic_agent.kernels import gdn_pairs
 from hypic_agent.kernels.gdn_pairs import SeamSplit
 from hypic_agent.runtime.models.config import HybridConfig
 from hypic_agent.runtime.models.norms import GatedRMSNorm
@@ -153,6 +153,22 @@ class GatedDeltaNet(nn.Module):
         return gdn_pairs.gated_delta_rule_after_pairs(
             ops.q, ops.k, ops.v, ops.g, ops.beta, cu_seqlens=cu_seqlens, enter=enter, use_qk_l2norm=True,
             backend=self.backend,
+        )  # fmt: skip
+
+    def mix_scan(
+        self,
+        ops: GDNOperands,
+        chain: list[combine_scan.ChainLink],
+        *,
+        transition: bool,
+        tables: tuple[combine_scan.ChainTables, int] | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Pieces and cached bodies in chain order from a zero state, fused (``kernels.combine_scan``)
+        -> (o ``[T, HV, V]``, final state ``[HV, K, V]`` fp32)."""
+        h0 = torch.zeros(self.hv, self.dk, self.dv, device=ops.v.device, dtype=torch.float32)
+        return combine_scan.gdn_combine_scan(
+            ops.q, ops.k, ops.v, ops.g, ops.beta, chain, h0, use_qk_l2norm=True, transition=transition,
+            backend=self.backend, tables=tables,
         )  # fmt: skip
 
     def output(self, o: torch.Tensor, z: torch.Tensor) -> torch.Tensor:

@@ -53,6 +53,7 @@ class HybridForCausalLM(nn.Module):
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
+        self.ffn_graphs: object | None = None  # runtime.graphs.FeedForwardGraphs when enabled
 
     @property
     def layers(self) -> list[DecoderLayer]:
