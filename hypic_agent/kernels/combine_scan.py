@@ -87,6 +87,10 @@ class ChainTables:
     pair_dtype: torch.dtype
 
 
+def _on(t: torch.Tensor, device: torch.device) -> bool:
+    return t.device.type == device.type and (device.index is None or t.device.index == device.index)
+
+
 def chain_tables(chains: list[list[ChainLink]], device: torch.device) -> ChainTables:
     """Tables for ``chains`` (one per layer, same piece/body pattern; the pairs must stay alive
     while the tables are in use)."""
@@ -105,7 +109,7 @@ def chain_tables(chains: list[list[ChainLink]], device: torch.device) -> ChainTa
             dtype = dtype or c.T.dtype
             if c.T.dtype != dtype or c.S.dtype != dtype or not (c.T.is_contiguous() and c.S.is_contiguous()):
                 raise ValueError("combine scan needs contiguous pairs of one dtype")
-            if c.T.device != device or c.S.device != device:
+            if not (_on(c.T, device) and _on(c.S, device)):
                 raise ValueError(f"pairs must be on {device}")
             ptrs.append((c.T.data_ptr(), c.S.data_ptr()))
     m = torch.tensor(meta, dtype=torch.int32).reshape(-1, 3)

@@ -56,7 +56,9 @@ class SeamSplit:
     """Packed segments split into seam windows and bodies; built once per batch, shared by all layers.
 
     ``seam_idx [Ts]`` / ``body_idx [Tb]``: packed token indices; ``cu_seam [Ns+1]`` / ``cu_body [Nb+1]``
-    int64; ``seam_segs`` / ``body_segs``: the segments that have a non-empty window / body.
+    int64; ``seam_segs`` / ``body_segs``: the segments that have a non-empty window / body, also as
+    device index tensors ``seam_seg_idx`` / ``body_seg_idx`` (indexing a CUDA tensor with a Python
+    list copies the list to the device with a blocking copy: a stream sync per layer).
     """
 
     n: int
@@ -67,6 +69,8 @@ class SeamSplit:
     body_idx: torch.Tensor
     cu_seam: torch.Tensor
     cu_body: torch.Tensor
+    seam_seg_idx: torch.Tensor
+    body_seg_idx: torch.Tensor
 
     @classmethod
     def build(cls, lengths: Sequence[int], seams: Sequence[int], device: torch.device) -> SeamSplit:
@@ -79,18 +83,24 @@ class SeamSplit:
         seam_list = [t for j in seam_segs for t in range(starts[j], starts[j] + seams[j])]
         body_list = [t for j in body_segs for t in range(starts[j] + seams[j], starts[j + 1])]
 
+        def dev(xs: list[int]) -> torch.Tensor:
+            t = torch.tensor(xs, dtype=torch.int64)
+            return t.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else t.to(device)
+
         def cu(lens: list[int]) -> torch.Tensor:
-            return torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int64, device=device)
+            return dev([0, *itertools.accumulate(lens)])
 
         return cls(
             n=len(lengths),
             total=starts[-1],
             seam_segs=seam_segs,
             body_segs=body_segs,
-            seam_idx=torch.tensor(seam_list, dtype=torch.long, device=device),
-            body_idx=torch.tensor(body_list, dtype=torch.long, device=device),
+            seam_idx=dev(seam_list),
+            body_idx=dev(body_list),
             cu_seam=cu([seams[j] for j in seam_segs]),
             cu_body=cu([lengths[j] - seams[j] for j in body_segs]),
+            seam_seg_idx=dev(seam_segs),
+            body_seg_idx=dev(body_segs),
         )
 
 
@@ -158,7 +168,7 @@ def gdn_with_pairs_separate(
         Tb, Sb = pair_ops.transition_pairs(
             k[b], v[b], g[b], beta[b], cu_seqlens=split.cu_body, use_qk_l2norm=use_qk_l2norm, backend=backend
         )
-        T[split.body_segs], S[split.body_segs] = Tb.float(), Sb.float()
+        T[split.body_seg_idx], S[split.body_seg_idx] = Tb.float(), Sb.float()
     return o, final, T, S
 
 

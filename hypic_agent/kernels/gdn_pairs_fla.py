@@ -100,11 +100,12 @@ def gdn_with_pairs_fla(
             scale=scale, output_final_state=True, cu_seqlens=split.cu_seam,
         )  # fmt: skip
         o[s] = o_s[0]
-        finals[split.seam_segs] = fin_s.float()  # the bodies start here; final for all-window segments
+        finals[split.seam_seg_idx] = fin_s.float()  # the bodies start here; final for all-window segments
     if split.body_segs:  # pass 2: bodies from the windows' states, WY factors shared with the pairs
         b = split.body_idx
-        enter = finals[split.body_segs]
-        o[b], finals[split.body_segs], T[split.body_segs], S[split.body_segs] = _wy_pass(
+        bs = split.body_seg_idx
+        enter = finals[bs]
+        o[b], finals[bs], T[bs], S[bs] = _wy_pass(
             q[b], k[b], v[b], g[b], beta[b], split.cu_body, lambda _T, _S: enter, scale
         )
     return o, finals, T, S
