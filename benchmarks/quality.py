@@ -38,8 +38,13 @@ MODE_CONFIGS = [("prefix_cache", 8.0), ("addition", 0.0), ("transition", 0.0), (
 SEAM_ABLATION = [0.0, 4.0, 16.0, 32.0]
 
 
-def configs(seams: list[float]) -> list[tuple[str, str, float]]:
-    out = [(m if m != "hypic" else f"hypic w={w:g}", m, w) for m, w in MODE_CONFIGS]
+def configs(seams: list[float], modes: list[str] | None = None) -> list[tuple[str, str, float]]:
+    """(label, mode, seam) per compared config; ``modes`` restricts the mode ladder (seam ablation
+    rows are hypic runs and come with ``hypic``)."""
+    keep = [(m, w) for m, w in MODE_CONFIGS if modes is None or m in modes]
+    out = [(m if m != "hypic" else f"hypic w={w:g}", m, w) for m, w in keep]
+    if modes is not None and "hypic" not in modes:
+        return out
     out += [(f"hypic w={w:g}", "hypic", w) for w in seams if w != 8.0]
     return out
 
@@ -165,7 +170,11 @@ def main() -> None:
     ap.add_argument("--data", type=Path, default=DATA)
     ap.add_argument("--limit", type=int, default=30)
     ap.add_argument("--gen-tokens", type=int, default=24, help="0 = fidelity only (no task score)")
-    ap.add_argument("--seams", type=float, nargs="+", default=SEAM_ABLATION)
+    ap.add_argument("--seams", type=float, nargs="*", default=SEAM_ABLATION)
+    ap.add_argument(
+        "--modes", nargs="+", default=None, choices=[m for m, _ in MODE_CONFIGS],
+        help="compare only these modes with full_recompute (default: all); large-n runs use --modes hypic --seams",
+    )  # fmt: skip
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--smoke", action="store_true", help="2 examples, 4 tokens: plumbing only")
     ap.add_argument("--out", default="bench_out/quality.json")
@@ -178,7 +187,7 @@ def main() -> None:
     engine = load_engine(
         Settings(device="cpu" if not torch.cuda.is_available() else "auto", min_cached_tokens=16), model=args.model
     )
-    cfgs = configs(args.seams)
+    cfgs = configs(args.seams, args.modes)
     rows: list[dict[str, Any]] = []
     t0 = time.perf_counter()
     for ds in args.datasets:

@@ -1,12 +1,7 @@
-"""Fused combine scan: the torch twin equals pieces-then-pairs composition; the Triton kernel equals
-the twin (under Triton's CPU interpreter when triton is installed; on CUDA in test_gpu_gdn.py)."""
+"""Fused combine scan: the torch twin equals one pass over the stream; tables and bad chains.
+The Triton kernel against the twin: test_triton_interpreter.py (CPU) and test_gpu_gdn.py (CUDA)."""
 
 from __future__ import annotations
-
-import os
-import subprocess
-import sys
-import textwrap
 
 import pytest
 import torch
@@ -64,41 +59,3 @@ def test_bad_chains_raise():
         gdn_combine_scan(**x, chain=[Body(torch.zeros(4, 16, 8), torch.zeros(4, 16, 8))], h0=h0, backend="torch")
     with pytest.raises(ValueError, match="one dtype"):
         chain_tables([[Body(torch.zeros(4, 16, 16), torch.zeros(4, 16, 8, dtype=torch.bfloat16))]], torch.device("cpu"))
-
-
-_INTERPRETED = textwrap.dedent(
-    """
-    import torch
-    from hypic_agent.kernels.combine_scan import Body, Piece, chain_tables, gdn_combine_scan_torch
-    from hypic_agent.kernels.combine_scan_triton import gdn_combine_scan_triton
-    from tests.kernels.helpers import gdn_inputs, rel_err
-    HV, K, V = 4, 32, 48
-    x = gdn_inputs(23, 2, HV, K, V, seed=5)
-    g = torch.Generator().manual_seed(0)
-    for dt in (torch.float32, torch.bfloat16):
-        pair = lambda: (torch.eye(K) * 0.9 + 0.01 * torch.randn(HV, K, K, generator=g)).to(dt).contiguous()
-        chain = [Piece(0, 5), Body(pair(), torch.randn(HV, K, V, generator=g).to(dt)), Piece(5, 12),
-                 Body(pair(), torch.randn(HV, K, V, generator=g).to(dt)), Piece(12, 23)]
-        h0 = torch.randn(HV, K, V, generator=g)
-        for tr in (True, False):
-            ro, rh = gdn_combine_scan_torch(**x, chain=chain, h0=h0, transition=tr)
-            tab = chain_tables([chain], torch.device("cpu"))
-            for bc, bv in ((0, 32), (16, 16)):  # whole-tile and column-block bodies
-                o, h = gdn_combine_scan_triton(**x, meta=tab.meta, ptrs=tab.ptrs[0], h0=h0, pair_dtype=tab.pair_dtype,
-                                               transition=tr, body_chunk=bc, bv=bv)
-                assert rel_err(o, ro) < 1e-5 and rel_err(h, rh) < 1e-5, (dt, tr, bc, rel_err(o, ro), rel_err(h, rh))
-    print("ok")
-    """
-)
-
-
-def test_triton_kernel_matches_twin_in_interpreter():
-    """The kernel's logic on CPU via TRITON_INTERPRET=1 (needs ``triton``; numpy < 2.4 for Triton 3.6's
-    interpreter). Runs in a subprocess because the interpreter is chosen when triton is imported."""
-    pytest.importorskip("triton")
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": root}
-    r = subprocess.run([sys.executable, "-c", _INTERPRETED], env=env, capture_output=True, text=True, timeout=300)
-    if r.returncode != 0 and "0-dimensional arrays" in r.stderr:
-        pytest.skip("Triton's interpreter needs numpy < 2.4")
-    assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-2000:]
