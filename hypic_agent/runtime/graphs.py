@@ -9,13 +9,16 @@ replayed: one launch per layer. The mixers (conv, delta-rule scan, attention ove
 depend on the request's layout and stay eager.
 
 Inputs are copied into a static ``[bucket, D]`` buffer; rows past the real tokens carry stale but
-finite hidden states, are routed like any token and never read back. Capture failures (an op
-that syncs with the host, a driver without graphs) log once and leave the runner eager.
+finite hidden states, are routed like any token and never read back. The real rows of the output
+are copied out under a lock, so callers never hold a view of a buffer that the next replay (or
+another thread sharing the model) overwrites. Capture failures (an op that syncs with the host, a
+driver without graphs) log once and leave the runner eager.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Any
 
 import torch
@@ -36,6 +39,7 @@ class FeedForwardGraphs:
         self.disabled: str | None = None  # why graphs are off (capture failed), or None
         self._inputs: dict[int, torch.Tensor] = {}  # bucket -> static input [b, D]
         self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self._lock = threading.Lock()
         self._pool: Any = None  # one memory pool shared by all graphs (torch.cuda.graph_pool_handle)
 
     def bucket(self, n_tokens: int) -> int | None:
@@ -48,13 +52,17 @@ class FeedForwardGraphs:
         b = self.bucket(h.shape[0])
         if b is None or self.disabled or not h.is_cuda or torch.is_grad_enabled():
             return layer.feed_forward(h)
-        entry = self._graphs.get((li, b)) or self._capture(li, b, h)
+        entry = self._graphs.get((li, b))
+        if entry is None:
+            with self._lock:
+                entry = self._graphs.get((li, b)) or self._capture(li, b, h)
         if entry is None:
             return layer.feed_forward(h)
         graph, out = entry
-        self._inputs[b][: h.shape[0]].copy_(h)
-        graph.replay()
-        return out[: h.shape[0]]
+        with self._lock:
+            self._inputs[b][: h.shape[0]].copy_(h)
+            graph.replay()
+            return out[: h.shape[0]].clone()
 
     def _capture(self, li: int, b: int, like: torch.Tensor) -> tuple[torch.cuda.CUDAGraph, torch.Tensor] | None:
         layer = self.model.layers[li]
