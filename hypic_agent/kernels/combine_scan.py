@@ -156,9 +156,14 @@ def gdn_combine_scan(
         from .combine_scan_triton import gdn_combine_scan_triton
 
         tab, row = tables if tables is not None else (chain_tables([chain], q.device), 0)
+        # q, k normalised (and q scaled) up front in fp32: two fewer cross-thread reductions per token
+        # step in the kernel, whose sequential token loop sets its time
+        qs = gdn_torch.l2norm(q.float()) if use_qk_l2norm else q.float()
+        ks = gdn_torch.l2norm(k.float()) if use_qk_l2norm else k.float()
+        qs = qs * (K**-0.5 if scale is None else scale)
         return gdn_combine_scan_triton(
-            q, k, v, g, beta, tab.meta, tab.ptrs[row], h0, pair_dtype=tab.pair_dtype, use_qk_l2norm=use_qk_l2norm,
-            scale=scale, transition=transition,
+            qs, ks, v, g, beta, tab.meta, tab.ptrs[row], h0, pair_dtype=tab.pair_dtype, use_qk_l2norm=False,
+            scale=1.0, transition=transition,
         )  # fmt: skip
     return gdn_combine_scan_torch(
         q, k, v, g, beta, chain, h0, use_qk_l2norm=use_qk_l2norm, scale=scale, transition=transition

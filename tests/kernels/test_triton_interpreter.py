@@ -54,6 +54,16 @@ for dt in (torch.float32, torch.bfloat16):
             o, h = gdn_combine_scan_triton(**x, meta=tab.meta, ptrs=tab.ptrs[0], h0=h0, pair_dtype=tab.pair_dtype,
                                            transition=tr, body_chunk=bc, bv=bv, num_warps=nw)
             assert rel_err(o, ro) < 1e-5 and rel_err(h, rh) < 1e-5, (dt, tr, bc, rel_err(o, ro), rel_err(h, rh))
+# the dispatcher's Triton branch (q/k normalised up front), at a fixed launch shape (no autotuning here)
+import functools
+from unittest import mock
+from hypic_agent.kernels import combine_scan, combine_scan_triton
+fixed = functools.partial(gdn_combine_scan_triton, bv=16, body_chunk=16, num_warps=2)
+with mock.patch.object(combine_scan, "resolve_triton", lambda b, d: True), \
+        mock.patch.object(combine_scan_triton, "gdn_combine_scan_triton", fixed):
+    o, h = combine_scan.gdn_combine_scan(**x, chain=chain, h0=h0)
+ro, rh = gdn_combine_scan_torch(**x, chain=chain, h0=h0)
+assert rel_err(o, ro) < 1e-5 and rel_err(h, rh) < 1e-5, (rel_err(o, ro), rel_err(h, rh))
 """
 
 
