@@ -10,9 +10,9 @@ conv state is preloaded with the tail of the body before it. Two ways to run it,
   ``chain_scan`` gives the state entering every piece, and the pieces' outputs follow from those
   states with the same WY factors (``GatedDeltaNet.mix_after_pairs``).
 
-Attention layers: active
-tokens attend over spliced KV (cached bodies rotated to their global positions, or left at their
-local positions without ``rerotate``) and write fresh KV for the active rows.
+Attention layers: active tokens attend over spliced KV (cached bodies rotated to their global
+positions, or left at their local positions without ``rerotate``) and write fresh KV for the
+active rows. Feed-forward blocks replay from CUDA graphs where enabled (``runtime.graphs``).
 """
 
 from __future__ import annotations
