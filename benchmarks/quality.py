@@ -111,6 +111,7 @@ def run_dataset(
     base = sum(acc["full_recompute"]["score"]) / max(1, len(acc["full_recompute"]["score"]))
     base_nll = sum(acc["full_recompute"]["nll"]) / max(1, len(acc["full_recompute"]["nll"]))
     rows = []
+    full = acc["full_recompute"]
     for label, vals in acc.items():
         mean = {k: (sum(v) / len(v) if v else float("nan")) for k, v in vals.items()}
         rows.append(
@@ -124,9 +125,23 @@ def run_dataset(
                 "top1_agreement": 1.0 if label == "full_recompute" else mean["top1"],
                 "gold_nll": mean["nll"],
                 "gold_nll_delta": mean["nll"] - base_nll,
+                "delta_ci95": paired_ci(full["score"], vals["score"]),
+                "gold_nll_delta_ci95": paired_ci(full["nll"], vals["nll"]),
+                "per_example": vals,
             }
         )
     return rows
+
+
+def paired_ci(base: list[float], other: list[float], iters: int = 2000, seed: int = 0) -> list[float] | None:
+    """95% paired-bootstrap interval of ``mean(other - base)`` over examples (None without data)."""
+    pairs = [(a, b) for a, b in zip(base, other, strict=False) if a == a and b == b]  # drop NaNs
+    if not pairs:
+        return None
+    d = torch.tensor([b - a for a, b in pairs], dtype=torch.float64)
+    g = torch.Generator().manual_seed(seed)
+    means = d[torch.randint(0, len(d), (iters, len(d)), generator=g)].mean(1)
+    return [float(means.quantile(0.025)), float(means.quantile(0.975))]
 
 
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
