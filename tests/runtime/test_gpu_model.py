@@ -81,3 +81,30 @@ def test_feed_forward_graphs_match_eager():
             assert (a.last_logits - b.last_logits).abs().max().item() < 2e-2 * scale
     n_layers = len(model.layers)
     assert {b for _, b in runner._graphs} == {64, 8} and len(runner._graphs) == 2 * n_layers
+
+
+@pytest.mark.parametrize("arch", ["qwen3_5_moe_text", "qwen3_next"])
+def test_fla_linear_mixer_parts_match_cpu_reference(arch, monkeypatch):
+    """Localises a GPU/CPU gap to the conv or the delta rule: each runs on fla alone, the other on
+    torch (2026-11-29: qwen3_next differed by 0.169 with both on fla, qwen3_5_moe by 0.004)."""
+    from hypic_agent.kernels import conv as conv_ops
+    from hypic_agent.kernels import gdn as gdn_ops
+
+    cpu, _, _ = make_model(arch)
+    cpu.set_backend("torch")
+    seqs = [rand_tokens(n, 40 + n) for n in (70, 129, 5)]
+    ref = prefill(cpu, seqs, all_logits=True)
+    diffs = {}
+    # part on fla -> (module, function) of the other part, forced to torch
+    for part, (other, name) in {"conv": (gdn_ops, "gated_delta_rule"), "gdn": (conv_ops, "causal_conv1d")}.items():
+        orig = getattr(other, name)
+        with monkeypatch.context() as m:  # the other part stays on torch
+            m.setattr(other, name, lambda *a, _f=orig, **kw: _f(*a, **{**kw, "backend": "torch"}))
+            gpu = make_model(arch)[0].to("cuda")
+            for layer in gpu.layers:
+                if layer.linear_attn is not None:
+                    layer.linear_attn.backend = "fla"
+            got = prefill(gpu, seqs, all_logits=True)
+        diffs[part] = max((r.all_logits - g.all_logits.cpu()).abs().max().item() for r, g in zip(ref, got))
+    print(f"{arch}: max logit diff with only the {' / '.join(f'{k} on fla: {v:.4f}' for k, v in diffs.items())}")
+    assert max(diffs.values()) < 2e-2, diffs
