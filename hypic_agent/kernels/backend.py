@@ -48,6 +48,19 @@ def _device_type(device: torch.device | str | None) -> str:
     return torch.device(device).type
 
 
+def on_device(t: torch.Tensor, device: torch.device) -> bool:
+    """Whether ``t`` lives on ``device`` (``cuda`` without an index matches any CUDA device)."""
+    return t.device.type == device.type and (device.index is None or t.device.index == device.index)
+
+
+def to_device_async(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Host tensor -> ``device``; on CUDA through pinned memory and non-blocking, so the copy does not
+    wait for the stream (a pageable copy would)."""
+    if device.type == "cuda":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
+
+
 def resolve_backend(name: str, device: torch.device | str | None) -> Backend:
     """Map a requested backend name to the one that will run.
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from . import gdn_torch
-from .backend import resolve_triton
+from .backend import on_device, resolve_triton, to_device_async
 
 MAX_TOKENS = 2048  # above this many active tokens the chunked (WY) path is faster
 
@@ -87,10 +87,6 @@ class ChainTables:
     pair_dtype: torch.dtype
 
 
-def _on(t: torch.Tensor, device: torch.device) -> bool:
-    return t.device.type == device.type and (device.index is None or t.device.index == device.index)
-
-
 def chain_tables(chains: list[list[ChainLink]], device: torch.device) -> ChainTables:
     """Tables for ``chains`` (one per layer, same piece/body pattern; the pairs must stay alive
     while the tables are in use)."""
@@ -109,14 +105,12 @@ def chain_tables(chains: list[list[ChainLink]], device: torch.device) -> ChainTa
             dtype = dtype or c.T.dtype
             if c.T.dtype != dtype or c.S.dtype != dtype or not (c.T.is_contiguous() and c.S.is_contiguous()):
                 raise ValueError("combine scan needs contiguous pairs of one dtype")
-            if not (_on(c.T, device) and _on(c.S, device)):
+            if not (on_device(c.T, device) and on_device(c.S, device)):
                 raise ValueError(f"pairs must be on {device}")
             ptrs.append((c.T.data_ptr(), c.S.data_ptr()))
     m = torch.tensor(meta, dtype=torch.int32).reshape(-1, 3)
     p = torch.tensor(ptrs, dtype=torch.int64).reshape(len(chains), -1, 2)
-    if device.type == "cuda":  # pinned host memory: the copies do not wait for the stream
-        m, p = m.pin_memory(), p.pin_memory()
-    return ChainTables(m.to(device, non_blocking=True), p.to(device, non_blocking=True), dtype or torch.float32)
+    return ChainTables(to_device_async(m, device), to_device_async(p, device), dtype or torch.float32)
 
 
 def gdn_combine_scan(

@@ -27,7 +27,7 @@ import torch
 
 from . import gdn as gdn_ops
 from . import pairs as pair_ops
-from .backend import resolve_backend
+from .backend import resolve_backend, to_device_async
 
 log = logging.getLogger(__name__)
 _SHARED_FAILED: list[str] = []  # set once the shared-WY fla path raised in this process
@@ -84,8 +84,7 @@ class SeamSplit:
         body_list = [t for j in body_segs for t in range(starts[j] + seams[j], starts[j + 1])]
 
         def dev(xs: list[int]) -> torch.Tensor:
-            t = torch.tensor(xs, dtype=torch.int64)
-            return t.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else t.to(device)
+            return to_device_async(torch.tensor(xs, dtype=torch.int64), device)
 
         def cu(lens: list[int]) -> torch.Tensor:
             return dev([0, *itertools.accumulate(lens)])

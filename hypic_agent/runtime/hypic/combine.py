@@ -17,6 +17,8 @@ active rows. Feed-forward blocks replay from CUDA graphs where enabled (``runtim
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from hypic_agent.kernels import chain as chain_ops
@@ -56,6 +58,14 @@ def _chain(lay: CombineLayout, entries: list[SegmentEntry | None], li: int) -> l
     return out
 
 
+@dataclass
+class _LayerScan:
+    """A linear layer's chain for the fused scan, and its row of the Triton launch tables (None: twin)."""
+
+    chain: list[combine_scan.ChainLink]
+    tables: tuple[combine_scan.ChainTables, int] | None = None
+
+
 def _linear(
     mixer: GatedDeltaNet,
     x: torch.Tensor,
@@ -63,21 +73,17 @@ def _linear(
     entries: list[SegmentEntry | None],
     li: int,
     spec: ModeSpec,
-    scan: tuple[combine_scan.ChainTables, int] | bool,
+    scan: _LayerScan | None,
 ) -> tuple[torch.Tensor, LinearLayerState]:
-    """``scan``: False = chunked path; True = fused scan (torch twin off CUDA); ``(tables, row)`` = the
-    fused Triton scan with prebuilt launch tables."""
+    """``scan``: the layer's chain for the fused scan (None: the chunked path)."""
     dev = x.device
-    n_pieces = lay.cu_pieces.numel() - 1
     ops, conv_final = mixer.operands(x, lay.cu_pieces, _conv_init(mixer, lay, entries, li, x))
-    if scan is not False:
-        o, final = mixer.mix_scan(
-            ops, _chain(lay, entries, li), transition=spec.transition, tables=None if scan is True else scan
-        )
+    if scan is not None:
+        o, final = mixer.mix_scan(ops, scan.chain, transition=spec.transition, tables=scan.tables)
         return mixer.output(o, ops.z), LinearLayerState(final, conv_final[-1])
     hv, kd, vd = mixer.hv, mixer.dk, mixer.dv
     h0 = torch.zeros(hv, kd, vd, device=dev, dtype=torch.float32)
-    if n_pieces == 1 and lay.chain[0].kind == "piece":  # nothing cached before the only piece
+    if lay.cu_pieces.numel() == 2 and lay.chain[0].kind == "piece":  # nothing cached before the only piece
         o, finals = mixer.mix(ops, lay.cu_pieces, h0.unsqueeze(0))
         return mixer.output(o, ops.z), LinearLayerState(finals[-1], conv_final[-1])
 
@@ -138,25 +144,26 @@ def _attention(
 
 def _scan_plan(
     model: HybridForCausalLM, lay: CombineLayout, entries: list[SegmentEntry | None], fused_scan: bool | None
-) -> dict[int, tuple[combine_scan.ChainTables, int] | bool]:
-    """Per linear layer: how to run it (see ``_linear``). ``fused_scan=None`` picks the fused
-    Triton scan on CUDA when the active tokens are at most ``combine_scan.MAX_TOKENS``."""
+) -> dict[int, _LayerScan | None]:
+    """Per linear layer: its fused-scan chain, or None for the chunked path. ``fused_scan=None``
+    picks the fused Triton scan on CUDA when the active tokens are at most ``combine_scan.MAX_TOKENS``."""
     lin = [i for i, layer in enumerate(model.layers) if layer.linear_attn is not None]
     if not lin or fused_scan is False:
-        return dict.fromkeys(lin, False)
+        return dict.fromkeys(lin)
     dev = lay.active_ids.device
     mixer = model.layers[lin[0]].linear_attn
     assert mixer is not None
     triton = resolve_triton(mixer.backend, dev)
     if fused_scan is None and not (triton and lay.active_ids.numel() <= combine_scan.MAX_TOKENS):
-        return dict.fromkeys(lin, False)
-    if not triton:
-        return dict.fromkeys(lin, True)
+        return dict.fromkeys(lin)
+    chains = {li: _chain(lay, entries, li) for li in lin}
+    if not triton:  # the torch twin
+        return {li: _LayerScan(chain) for li, chain in chains.items()}
     try:
-        tables = combine_scan.chain_tables([_chain(lay, entries, i) for i in lin], dev)
+        tables = combine_scan.chain_tables(list(chains.values()), dev)
     except ValueError:  # mixed pair dtypes or devices: the chunked path converts as it goes
-        return dict.fromkeys(lin, False)
-    return {li: (tables, row) for row, li in enumerate(lin)}
+        return dict.fromkeys(lin)
+    return {li: _LayerScan(chain, (tables, row)) for row, (li, chain) in enumerate(chains.items())}
 
 
 @torch.no_grad()

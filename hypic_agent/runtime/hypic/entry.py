@@ -13,9 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-
-def _on(t: torch.Tensor, dev: torch.device) -> bool:
-    return t.device.type == dev.type and (dev.index is None or t.device.index == dev.index)
+from hypic_agent.kernels.backend import on_device
 
 
 @dataclass
@@ -93,7 +91,7 @@ class SegmentEntry:
 
     def to(self, device: torch.device | str) -> SegmentEntry:
         dev = torch.device(device)
-        if all(_on(t, dev) for e in self.layers for t in vars(e).values()):
+        if all(on_device(t, dev) for e in self.layers for t in vars(e).values()):
             return self  # already there (GPU-tier hits): no per-tensor calls
         layers: list[LinearEntry | AttentionEntry] = []
         for e in self.layers:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from hypic_agent.kernels.backend import to_device_async
 from hypic_agent.runtime.hypic.entry import SegmentEntry
 
 
@@ -37,13 +38,6 @@ class CombineLayout:
     piece_conv_from: list[int | None]  # per piece: segment whose body precedes it (conv tail), or None
     all_pos: torch.Tensor  # [L] 0..L-1 (key positions of the spliced KV)
     tokens: list[int] = field(default_factory=list)  # all prompt tokens
-
-
-def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """Host tensor -> device; pinned + non-blocking on CUDA so the copy does not wait for the stream."""
-    if device.type == "cuda":
-        return t.pin_memory().to(device, non_blocking=True)
-    return t.to(device)
 
 
 def _ranges(spans: list[tuple[int, int]]) -> torch.Tensor:
@@ -111,12 +105,12 @@ def plan_layout(
         cu_host.append(cu_host[-1] + n)
     return CombineLayout(
         total=offset,
-        active_ids=_to_device(torch.tensor(active_ids, dtype=torch.long), device),
-        active_pos=_to_device(_ranges(active_spans), device),
-        cu_pieces=_to_device(torch.tensor(cu_host, dtype=torch.int32), device),
+        active_ids=to_device_async(torch.tensor(active_ids, dtype=torch.long), device),
+        active_pos=to_device_async(_ranges(active_spans), device),
+        cu_pieces=to_device_async(torch.tensor(cu_host, dtype=torch.int32), device),
         cu_host=cu_host,
-        body_pos=_to_device(_ranges(body_spans), device),
-        body_local_pos=_to_device(_ranges(local_spans), device),
+        body_pos=to_device_async(_ranges(body_spans), device),
+        body_local_pos=to_device_async(_ranges(local_spans), device),
         body_segments=body_segments,
         body_lens=body_lens,
         chain=chain,
