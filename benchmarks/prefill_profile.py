@@ -44,6 +44,51 @@ def top_kernels(fn, n: int = 18, host: bool = False) -> list[dict]:
     return rows
 
 
+def host_audit(fn, n: int = 30) -> dict:
+    """Where a warm call's host work comes from: top-level aten ops counted per innermost
+    hypic_agent (or fla) function that issued them, and every host<->device synchronisation with the line
+    that caused it (``torch.cuda.set_sync_debug_mode``)."""
+    import collections
+    import warnings
+
+    fn()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], with_stack=True) as prof:
+        fn()
+        torch.cuda.synchronize()
+    per_line: collections.Counter[str] = collections.Counter()
+    for e in prof.events():  # python frames are the aten events' ancestors (with_stack)
+        if not e.name.startswith("aten::"):
+            continue
+        p, key, nested = e.cpu_parent, None, False
+        while p is not None:
+            if p.name.startswith("aten::"):
+                nested = True
+                break
+            if key is None and ("hypic_agent/" in p.name or "/fla/" in p.name):
+                key = p.name.split("/")[-1]
+            p = p.cpu_parent
+        if not nested:
+            per_line[key or "?"] += 1
+    print(f"top-level aten ops: {sum(per_line.values())}; by issuing line:")
+    for line, c in per_line.most_common(n):
+        print(f"  {c:5d}  {line}")
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            fn()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    syncs = collections.Counter(
+        f"{w.filename.split('/')[-1]}:{w.lineno}" for w in caught if "synchroniz" in str(w.message)
+    )
+    print(f"host syncs: {sum(syncs.values())}")
+    for line, c in syncs.most_common(n):
+        print(f"  {c:5d}  {line}")
+    return {"aten_by_line": per_line.most_common(n), "syncs_by_line": syncs.most_common(n)}
+
+
 def main() -> None:
     ap = model_args(argparse.ArgumentParser(description=__doc__), layers=4)
     ap.add_argument("--length", type=int, default=8192)
@@ -112,6 +157,7 @@ def profile_combine(model, seg_len: int, n_segments: int = 20) -> dict:
     prep = engine.prepare(plan, mode="hypic")
     print("stage ms:", {k: round(v, 1) for k, v in prep.timings_ms.items()})
     kernels = top_kernels(lambda: engine.prepare(plan, mode="hypic"), n=25, host=True)
+    audit = host_audit(lambda: engine.prepare(plan, mode="hypic"))
     prof = cProfile.Profile()
     prof.enable()
     engine.prepare(plan, mode="hypic")
@@ -121,7 +167,7 @@ def profile_combine(model, seg_len: int, n_segments: int = 20) -> dict:
     pstats.Stats(prof, stream=buf).sort_stats("cumulative").print_stats(25)
     pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(20)
     print(buf.getvalue())
-    return {"stages_ms": prep.timings_ms, "kernels": kernels, "python": buf.getvalue()}
+    return {"stages_ms": prep.timings_ms, "kernels": kernels, "audit": audit, "python": buf.getvalue()}
 
 
 def profile_scatter(model, seg_len: int, n_segments: int = 4) -> dict:
@@ -145,6 +191,7 @@ def profile_scatter(model, seg_len: int, n_segments: int = 4) -> dict:
         times[name] = t * 1e3
     print("scatter ms:", {k: round(v, 1) for k, v in times.items()})
     kernels = top_kernels(lambda: build_entries(model, segs, [8] * n_segments), n=20, host=True)
+    audit = host_audit(lambda: build_entries(model, segs, [8] * n_segments))
     prof = cProfile.Profile()
     prof.enable()
     build_entries(model, segs, [8] * n_segments)
@@ -153,7 +200,7 @@ def profile_scatter(model, seg_len: int, n_segments: int = 4) -> dict:
     buf = io.StringIO()
     pstats.Stats(prof, stream=buf).sort_stats("cumulative").print_stats(30)
     print(buf.getvalue())
-    return {"ms": times, "kernels": kernels, "python": buf.getvalue()}
+    return {"ms": times, "kernels": kernels, "audit": audit, "python": buf.getvalue()}
 
 
 if __name__ == "__main__":

@@ -4,6 +4,10 @@ Per sequence, query i sees key j iff ``k_pos[j] <= q_pos[i]``. Positions default
 "queries are the last tokens of their key sequence" (bottom-right causal): local key positions
 ``0..Lk-1`` and query positions ``Lk-Lq .. Lk-1``. A query that sees no key gets zeros.
 GQA: query head h reads kv head ``h // (Hq // Hkv)`` (transformers' ``repeat_kv``).
+
+On CUDA, a sequence with at most ``SPLITK_MAX_Q`` queries that are fewer than its keys (combine's
+active tokens over the spliced prompt, prefix continuation, decode) runs the split-K Triton kernel
+(``attention_splitk_triton``); everything else, and every CPU call, runs SDPA (the twin).
 """
 
 from __future__ import annotations
@@ -12,7 +16,9 @@ import torch
 import torch.nn.functional as F
 
 from ._varlen import normalize_cu_seqlens
+from .backend import resolve_triton
 
+SPLITK_MAX_Q = 4096  # queries per sequence up to which CUDA runs the split-K kernel
 _SDPA_GQA = tuple(int(p) for p in torch.__version__.split(".")[:2]) >= (2, 5)  # enable_gqa since torch 2.5
 
 
@@ -52,6 +58,17 @@ def _sdpa(
     return out[0]
 
 
+def _splitk_usable(q: torch.Tensor, v: torch.Tensor, backend: str) -> bool:
+    """The split-K kernel applies: CUDA with triton (``backend`` not ``"torch"``), fp16/bf16, head
+    dims <= 256."""
+    return (
+        q.is_cuda
+        and q.dtype in (torch.float16, torch.bfloat16)
+        and max(q.shape[-1], v.shape[-1]) <= 256
+        and resolve_triton(backend, q.device)
+    )
+
+
 def _bounds(cu_seqlens: torch.Tensor | None, total: int) -> list[int]:
     """Sequence bounds as host ints. Pass cu_seqlens on the CPU where possible: reading them from
     the GPU waits for every queued kernel (a host sync per attention layer)."""
@@ -80,7 +97,6 @@ def attention(
     Returns:
         ``[Tq, Hq, Dv]`` in q's dtype.
     """
-    del backend  # SDPA picks flash / efficient / math kernels itself
     Tq, Hq, D = q.shape
     Tk, Hkv, _ = k.shape
     if Hq % Hkv or k.shape[:2] != v.shape[:2]:
@@ -95,6 +111,7 @@ def attention(
     if len(cq) != len(ck):
         raise ValueError(f"cu_seqlens_q and cu_seqlens_k describe {len(cq) - 1} vs {len(ck) - 1} sequences")
     scale = D**-0.5 if scale is None else scale
+    splitk = _splitk_usable(q, v, backend)
     out = q.new_zeros(Tq, Hq, v.shape[-1])
     for i in range(len(cq) - 1):
         qa, qb, ka, kb = cq[i], cq[i + 1], ck[i], ck[i + 1]
@@ -111,6 +128,11 @@ def attention(
         else:
             assert k_positions is not None
             qp, kp = q_positions[qa:qb].to(q.device), k_positions[ka:kb].to(q.device)
+        if splitk and lq <= SPLITK_MAX_Q and lq < lk:
+            from .attention_splitk_triton import splitk_attention_triton
+
+            out[qa:qb] = splitk_attention_triton(q[qa:qb], k[ka:kb], v[ka:kb], qp, kp, scale)
+            continue
         mask = kp[None, :] <= qp[:, None]  # [Lq, Lk]
         seen = mask.any(-1)
         mask = mask | ~seen[:, None]  # rows that see nothing would be NaN: unmask them, zeroed below (no host sync)

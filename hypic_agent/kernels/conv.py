@@ -4,6 +4,9 @@ Layouts: x ``[T, C]`` packed tokens, weight ``[C, W]``, bias ``[C]`` or None, co
 ``[N, C, W-1]`` = the last W-1 *inputs* of each sequence (oldest first). Output token t of a
 sequence is ``act(bias + sum_j weight[:, j] * x_{t-W+1+j})`` where inputs before the sequence
 start come from its initial state (zeros when none).
+
+On CUDA: up to ``SHORT_TOKENS`` tokens the project's Triton kernel (``conv_triton``: two plain
+launches), longer inputs fla-core's conv.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from ._varlen import normalize_cu_seqlens, seq_ids
 from .backend import resolve_backend
 
 _ACTS = (None, "silu", "swish", "identity")
+SHORT_TOKENS = 2048
 
 
 def _act(y: torch.Tensor, activation: str | None) -> torch.Tensor:
@@ -51,6 +55,10 @@ def causal_conv1d(
         raise ValueError(f"initial_state must be [N, C, W-1] = {(n, C, W - 1)}, got {tuple(initial_state.shape)}")
     _act(x[:0], activation)  # validate the name early
     if resolve_backend(backend, x.device) == "fla":
+        if T <= SHORT_TOKENS:
+            from .conv_triton import causal_conv1d_triton
+
+            return causal_conv1d_triton(x, weight, bias, cu, initial_state, activation in ("silu", "swish"))
         from .conv_fla import causal_conv1d_fla
 
         return causal_conv1d_fla(x, weight, bias, cu, initial_state, activation)

@@ -8,7 +8,16 @@ cached (un-rotated) keys are placed at any global offset.
 
 from __future__ import annotations
 
+import collections
+
 import torch
+
+# cos / sin tables of recent position tensors, matched by identity: every attention layer of a
+# forward rotates at the same positions tensor, so the tables are built once per forward, not per
+# layer (9 small ops each). Position tensors are never modified in place.
+_TABLES: collections.deque[tuple[torch.Tensor, int, float, torch.device, tuple[torch.Tensor, torch.Tensor]]] = (
+    collections.deque(maxlen=8)
+)
 
 
 def rope_cos_sin(
@@ -22,6 +31,17 @@ def rope_cos_sin(
     freqs = positions.to(dev).float()[:, None] * inv_freq[None, :]
     emb = torch.cat([freqs, freqs], dim=-1)
     return emb.cos(), emb.sin()
+
+
+def _cached_cos_sin(
+    positions: torch.Tensor, rotary_dim: int, theta: float, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    for pos, rd, th, dev, tables in _TABLES:
+        if pos is positions and rd == rotary_dim and th == theta and dev == device:
+            return tables
+    tables = rope_cos_sin(positions, rotary_dim, theta, device)
+    _TABLES.append((positions, rotary_dim, theta, device, tables))
+    return tables
 
 
 def apply_rope(
@@ -43,7 +63,7 @@ def apply_rope(
         raise ValueError(f"positions must be [T] = [{T}], got {tuple(positions.shape)}")
     if not 0 < rotary_dim <= D:
         raise ValueError(f"rotary_dim must be in (0, D={D}], got {rotary_dim}")
-    cos, sin = rope_cos_sin(positions, rotary_dim, theta, x.device)
+    cos, sin = _cached_cos_sin(positions, rotary_dim, theta, x.device)
     cos, sin = cos[:, None, :], sin[:, None, :]
     xr = x[..., :rotary_dim].float()
     half = rotary_dim // 2

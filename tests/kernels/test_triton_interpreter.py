@@ -66,8 +66,45 @@ ro, rh = gdn_combine_scan_torch(**x, chain=chain, h0=h0)
 assert rel_err(o, ro) < 1e-5 and rel_err(h, rh) < 1e-5, (rel_err(o, ro), rel_err(h, rh))
 """
 
+SPLITK = """
+import torch
+from hypic_agent.kernels.attention import attention
+from hypic_agent.kernels.attention_splitk_triton import splitk_attention_triton
+from tests.kernels.helpers import rel_err
+g = torch.Generator().manual_seed(0)
+Tq, Hq, Hkv, D, Dv, Tk = 9, 4, 2, 32, 24, 300
+q, k = torch.randn(Tq, Hq, D, generator=g), torch.randn(Tk, Hkv, D, generator=g)
+v = torch.randn(Tk, Hkv, Dv, generator=g)
+kp = torch.arange(5, 5 + Tk)  # keys start at position 5: the query at 2 sees nothing (zeros)
+qp = torch.tensor([2, 7, 40, 41, 120, 200, 250, 298, 304])
+ref = attention(q, k, v, q_positions=qp, k_positions=kp, scale=0.2, backend="torch")
+assert ref[0].abs().max() == 0
+for ns, block in ((1, (16, 32, 4)), (3, (32, 16, 4)), (7, (16, 64, 2))):
+    o = splitk_attention_triton(q, k, v, qp, kp, 0.2, num_splits=ns, block=block)
+    assert rel_err(o, ref) < 1e-5 and o[0].abs().max() == 0, (ns, block, rel_err(o, ref))
+"""
 
-@pytest.mark.parametrize("name,script", [("chain_scan", CHAIN), ("combine_scan", COMBINE)])
+CONV = """
+import torch
+from hypic_agent.kernels.conv import causal_conv1d
+from hypic_agent.kernels.conv_triton import causal_conv1d_triton
+g = torch.Generator().manual_seed(0)
+lens = [5, 1, 0, 2, 40]
+cu = torch.tensor([0, 5, 6, 6, 8, 48])
+C, W = 200, 4
+x, w, b = torch.randn(48, C, generator=g), torch.randn(C, W, generator=g), torch.randn(C, generator=g)
+h0 = torch.randn(5, C, W - 1, generator=g)
+for init in (h0, None):
+    for bias, act in ((b, "silu"), (None, None)):
+        ry, rf = causal_conv1d(x, w, bias, cu_seqlens=cu, initial_state=init, activation=act, backend="torch")
+        y, f = causal_conv1d_triton(x, w, bias, cu, init, act == "silu")
+        assert torch.allclose(y, ry, atol=1e-5) and torch.equal(f, rf), ((y - ry).abs().max(), (f - rf).abs().max())
+"""
+
+
+@pytest.mark.parametrize(
+    "name,script", [("chain_scan", CHAIN), ("combine_scan", COMBINE), ("splitk_attention", SPLITK), ("conv", CONV)]
+)
 def test_triton_kernel_matches_torch_twin(name, script):
     pytest.importorskip("triton")
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
