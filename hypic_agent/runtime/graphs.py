@@ -1,24 +1,32 @@
-"""CUDA graphs for the feed-forward halves of short forwards (combine, prefix continuation, decode).
+"""CUDA graphs for the token-local stages of short forwards (combine, prefix continuation, decode).
 
-A forward over a few hundred tokens is bound by the host: every layer's MoE block (router, top-k,
-sort, grouped expert GEMMs, shared expert, residual) is some 35 small launches, each paying
-Python and dispatcher time while the GPU idles (measured: 4.3 ms per layer of a Qwen3.5-35B-A3B
-combine over 210 active tokens on an H200, against about 2 ms of GPU work). The feed-forward
-block has only token-local shapes, so it is captured once per (layer, padded token count) and
-replayed: one launch per layer. The mixers (conv, delta-rule scan, attention over spliced KV)
-depend on the request's layout and stay eager.
+A forward over a few hundred tokens is bound by the host: every op pays Python and dispatcher time
+while the GPU idles (measured: 4.3 ms per layer of a Qwen3.5-35B-A3B combine over 210 active
+tokens on an H200, against about 2 ms of GPU work; the MoE block alone is some 35 launches). The
+stages that only have token-local shapes are captured once per (stage, layer, padded token count)
+and replayed, one launch each:
 
-Inputs are copied into a static ``[bucket, D]`` buffer; rows past the real tokens carry stale but
-finite hidden states, are routed like any token and never read back. The real rows of the output
-are copied out under a lock, so callers never hold a view of a buffer that the next replay (or
-another thread sharing the model) overwrites. Capture failures (an op that syncs with the host, a
-driver without graphs) log once and leave the runner eager.
+* ``ffn``: the feed-forward half ``h + mlp(norm(h))`` (``DecoderLayer.feed_forward``);
+* ``mixer_in``: input norm and the mixer's projections (``DecoderLayer.mixer_in``: GDN
+  projections and gates, or attention q/k/v with their norms and the output gate);
+* ``mixer_out``: the mixer's output projection, the residual and the feed-forward half
+  (``DecoderLayer.mixer_out``).
+
+What depends on the request's layout (conv over pieces, delta-rule scan over cached pairs,
+attention over spliced KV) stays eager between ``mixer_in`` and ``mixer_out``.
+
+Inputs are copied into static ``[bucket, ...]`` buffers; rows past the real tokens carry stale but
+finite values, are computed like any token and never read back. The real rows of the outputs are
+copied out under a lock, so callers never hold a view of a buffer that the next replay (or another
+thread sharing the model) overwrites. Capture failures (an op that syncs with the host, a driver
+without graphs) log once and leave the runner eager.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -28,17 +36,19 @@ from hypic_agent.runtime.models.hybrid import HybridForCausalLM
 log = logging.getLogger(__name__)
 
 BUCKETS = (8, 16, 32, 64, 128, 256, 512)
+Stage = Callable[..., tuple[torch.Tensor, ...]]
+_Graph = tuple[torch.cuda.CUDAGraph, list[torch.Tensor], tuple[torch.Tensor, ...]]
 
 
-class FeedForwardGraphs:
-    """Per-layer graphs of ``layer.feed_forward`` (``h + mlp(norm(h))``), keyed by bucket size."""
+class LayerGraphs:
+    """Per (stage, layer, bucket) graphs of token-local layer stages."""
 
     def __init__(self, model: HybridForCausalLM, buckets: tuple[int, ...] = BUCKETS) -> None:
         self.model = model
         self.buckets = tuple(sorted(buckets))
         self.disabled: str | None = None  # why graphs are off (capture failed), or None
-        self._inputs: dict[int, torch.Tensor] = {}  # bucket -> static input [b, D]
-        self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self._inputs: dict[tuple[Any, ...], torch.Tensor] = {}  # (stage, bucket, slot, shape, dtype) -> buffer
+        self._graphs: dict[tuple[str, int, int], _Graph] = {}
         self._lock = threading.Lock()
         self._pool: Any = None  # one memory pool shared by all graphs (torch.cuda.graph_pool_handle)
 
@@ -46,59 +56,95 @@ class FeedForwardGraphs:
         """Smallest bucket holding ``n_tokens``, or None (too long: run eagerly)."""
         return next((b for b in self.buckets if b >= n_tokens), None)
 
-    def __call__(self, li: int, h: torch.Tensor) -> torch.Tensor:
-        """``model.layers[li].feed_forward(h)`` for h ``[T, D]``, replayed from a graph when it can be."""
-        layer = self.model.layers[li]
-        b = self.bucket(h.shape[0])
-        if b is None or self.disabled or not h.is_cuda or torch.is_grad_enabled():
-            return layer.feed_forward(h)
-        entry = self._graphs.get((li, b))
+    def run(self, stage: str, li: int, fn: Stage, *xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """``fn(*xs)`` (token-local: row i of every output depends on row i of the inputs only), replayed
+        from a graph when it can be. xs ``[T, ...]`` share T."""
+        n = xs[0].shape[0]
+        b = self.bucket(n)
+        if b is None or self.disabled or not xs[0].is_cuda or torch.is_grad_enabled():
+            return fn(*xs)
+        key = (stage, li, b)
+        entry = self._graphs.get(key)
         if entry is None:
             with self._lock:
-                entry = self._graphs.get((li, b)) or self._capture(li, b, h)
+                entry = self._graphs.get(key) or self._capture(key, fn, xs)
         if entry is None:
-            return layer.feed_forward(h)
-        graph, out = entry
+            return fn(*xs)
+        graph, inputs, outputs = entry
         with self._lock:
-            self._inputs[b][: h.shape[0]].copy_(h)
+            for buf, x in zip(inputs, xs, strict=True):
+                buf[:n].copy_(x)
             graph.replay()
-            return out[: h.shape[0]].clone()
+            return tuple(o[:n].clone() for o in outputs)
 
-    def _capture(self, li: int, b: int, like: torch.Tensor) -> tuple[torch.cuda.CUDAGraph, torch.Tensor] | None:
-        layer = self.model.layers[li]
-        inp = self._inputs.get(b)
-        if inp is None:
-            inp = self._inputs[b] = torch.zeros(b, like.shape[1], device=like.device, dtype=like.dtype)
+    def _buffers(self, stage: str, b: int, xs: tuple[torch.Tensor, ...]) -> list[torch.Tensor]:
+        bufs = []
+        for slot, x in enumerate(xs):
+            key = (stage, b, slot, tuple(x.shape[1:]), x.dtype)
+            if key not in self._inputs:
+                self._inputs[key] = torch.zeros(b, *x.shape[1:], device=x.device, dtype=x.dtype)
+            bufs.append(self._inputs[key])
+        return bufs
+
+    def _capture(self, key: tuple[str, int, int], fn: Stage, xs: tuple[torch.Tensor, ...]) -> _Graph | None:
+        inputs = self._buffers(key[0], key[2], xs)
+        dev = xs[0].device
         try:
-            side = torch.cuda.Stream(device=like.device)
-            side.wait_stream(torch.cuda.current_stream(like.device))
+            side = torch.cuda.Stream(device=dev)
+            side.wait_stream(torch.cuda.current_stream(dev))
             with torch.cuda.stream(side):  # warm-up outside the capture: lazy inits, workspaces
                 for _ in range(2):
-                    layer.feed_forward(inp)
-            torch.cuda.current_stream(like.device).wait_stream(side)
+                    fn(*inputs)
+            torch.cuda.current_stream(dev).wait_stream(side)
             if self._pool is None:
                 self._pool = torch.cuda.graph_pool_handle()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self._pool):
-                out = layer.feed_forward(inp)
+                outputs = fn(*inputs)
         except Exception as err:  # never fail a request over a graph
             self.disabled = f"{type(err).__name__}: {err}"
-            log.warning("CUDA graph capture of the feed-forward block failed (%s); running eagerly", self.disabled)
+            log.warning("CUDA graph capture of stage %r failed (%s); running eagerly", key[0], self.disabled)
             return None
-        self._graphs[(li, b)] = (graph, out)
-        return graph, out
+        self._graphs[key] = (graph, inputs, outputs)
+        return self._graphs[key]
 
 
-def enable_cuda_graphs(model: HybridForCausalLM, buckets: tuple[int, ...] = BUCKETS) -> FeedForwardGraphs:
-    """Attach a graph runner to ``model`` (used by ``feed_forward`` below); returns it."""
-    runner = FeedForwardGraphs(model, buckets)
+def enable_cuda_graphs(model: HybridForCausalLM, buckets: tuple[int, ...] = BUCKETS) -> LayerGraphs:
+    """Attach a graph runner to ``model`` (used by the stage functions below); returns it."""
+    runner = LayerGraphs(model, buckets)
     model.ffn_graphs = runner
     return runner
 
 
-def feed_forward(model: HybridForCausalLM, li: int, h: torch.Tensor) -> torch.Tensor:
-    """Layer ``li``'s feed-forward half: through the model's graph runner if it has one."""
+def _runner(model: HybridForCausalLM) -> LayerGraphs | None:
     runner = model.ffn_graphs
-    if isinstance(runner, FeedForwardGraphs):
-        return runner(li, h)
-    return model.layers[li].feed_forward(h)
+    return runner if isinstance(runner, LayerGraphs) else None
+
+
+def feed_forward(model: HybridForCausalLM, li: int, h: torch.Tensor) -> torch.Tensor:
+    """Layer ``li``'s feed-forward half ``[T, D] -> [T, D]``."""
+    layer = model.layers[li]
+    runner = _runner(model)
+    if runner is None:
+        return layer.feed_forward(h)
+    return runner.run("ffn", li, lambda x: (layer.feed_forward(x),), h)[0]
+
+
+def mixer_in(model: HybridForCausalLM, li: int, h: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Layer ``li``'s ``DecoderLayer.mixer_in(h)``."""
+    layer = model.layers[li]
+    runner = _runner(model)
+    if runner is None:
+        return layer.mixer_in(h)
+    return runner.run("mixer_in", li, layer.mixer_in, h)
+
+
+def mixer_out(
+    model: HybridForCausalLM, li: int, h: torch.Tensor, o: torch.Tensor, *extra: torch.Tensor
+) -> torch.Tensor:
+    """Layer ``li``'s ``DecoderLayer.mixer_out(h, o, *extra)`` -> the next hidden states ``[T, D]``."""
+    layer = model.layers[li]
+    runner = _runner(model)
+    if runner is None:
+        return layer.mixer_out(h, o, *extra)
+    return runner.run("mixer_out", li, lambda *xs: (layer.mixer_out(*xs),), h, o, *extra)[0]

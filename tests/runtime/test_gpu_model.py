@@ -80,7 +80,26 @@ def test_feed_forward_graphs_match_eager():
             scale = a.last_logits.abs().max().item()
             assert (a.last_logits - b.last_logits).abs().max().item() < 2e-2 * scale
     n_layers = len(model.layers)
-    assert {b for _, b in runner._graphs} == {64, 8} and len(runner._graphs) == 2 * n_layers
+    assert {b for _, _, b in runner._graphs} == {64, 8} and len(runner._graphs) == 2 * n_layers
+
+
+def test_combine_stage_graphs_match_eager():
+    """combine with mixer_in / mixer_out replayed from graphs (the CUDA default) against eager."""
+    from hypic_agent.runtime.graphs import enable_cuda_graphs
+
+    model, _, _ = make_model("qwen3_5_moe_text")
+    model = model.to("cuda", torch.bfloat16)
+    segs = [tuple(rand_tokens(n, n)) for n in (30, 17, 40)]
+    seams = [6, 6, 6]
+    entries = build_entries(model, segs, seams)
+    lay = plan_layout(list(segs), list(entries), seams, rand_tokens(9, 5), torch.device("cuda"))
+    eager = combine(model, lay, list(entries), mode_spec("hypic")).last_logits
+    runner = enable_cuda_graphs(model)
+    for _ in range(2):  # capture, then replay
+        got = combine(model, lay, list(entries), mode_spec("hypic")).last_logits
+        assert runner.disabled is None, runner.disabled
+        assert (got - eager).abs().max().item() < 2e-2 * eager.abs().max().item()
+    assert {s for s, _, _ in runner._graphs} == {"mixer_in", "mixer_out"}
 
 
 @pytest.mark.parametrize("arch", ["qwen3_5_moe_text", "qwen3_next"])

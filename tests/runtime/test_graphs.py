@@ -1,4 +1,4 @@
-"""Feed-forward CUDA graphs: bucketing, eager fallbacks (CPU here; capture and replay on the H200
+"""Layer-stage CUDA graphs: bucketing, eager fallbacks (CPU here; capture and replay on the H200
 in test_gpu_model.py)."""
 
 from __future__ import annotations
@@ -6,14 +6,14 @@ from __future__ import annotations
 import torch
 
 from hypic_agent.runtime.forward import decode_step, prefill
-from hypic_agent.runtime.graphs import FeedForwardGraphs, enable_cuda_graphs
+from hypic_agent.runtime.graphs import LayerGraphs, enable_cuda_graphs
 
 from .conftest import make_model, rand_tokens
 
 
 def test_buckets():
     model, _, _ = make_model("qwen3_5_text")
-    r = FeedForwardGraphs(model, buckets=(64, 8, 16))
+    r = LayerGraphs(model, buckets=(64, 8, 16))
     assert [r.bucket(n) for n in (1, 8, 9, 64, 65)] == [8, 8, 16, 64, None]
 
 
@@ -27,3 +27,21 @@ def test_cpu_runs_eagerly_and_matches():
         assert torch.equal(a.last_logits, b.last_logits)
     decode_step(model, got, [3, 4])
     assert runner._graphs == {} and runner.disabled is None  # nothing captured off CUDA
+
+
+def test_combine_stages_split_like_the_layer():
+    """combine runs mixer_in / eager mixer core / mixer_out: same logits with a runner attached (it
+    stays eager off CUDA) and the stage functions compose to the whole layer."""
+    from hypic_agent.runtime.hypic.build import build_entries
+    from hypic_agent.runtime.hypic.combine import combine
+    from hypic_agent.runtime.hypic.layout import plan_layout
+    from hypic_agent.runtime.hypic.modes import mode_spec
+
+    model, _, _ = make_model("qwen3_5_moe_text")
+    segs = [tuple(rand_tokens(12, s)) for s in range(3)]
+    entries = build_entries(model, segs, [4, 4, 4])
+    lay = plan_layout(list(segs), list(entries), [4, 4, 4], rand_tokens(5, 9), torch.device("cpu"))
+    ref = combine(model, lay, list(entries), mode_spec("hypic"))
+    enable_cuda_graphs(model)
+    got = combine(model, lay, list(entries), mode_spec("hypic"))
+    assert torch.equal(ref.last_logits, got.last_logits)

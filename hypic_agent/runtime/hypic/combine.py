@@ -24,7 +24,7 @@ import torch
 from hypic_agent.kernels import chain as chain_ops
 from hypic_agent.kernels import combine_scan
 from hypic_agent.kernels.backend import resolve_triton
-from hypic_agent.runtime.graphs import feed_forward
+from hypic_agent.runtime.graphs import mixer_in, mixer_out
 from hypic_agent.runtime.hypic.entry import AttentionEntry, LinearEntry, SegmentEntry
 from hypic_agent.runtime.hypic.layout import CombineLayout
 from hypic_agent.runtime.hypic.modes import ModeSpec
@@ -35,15 +35,15 @@ from hypic_agent.runtime.state import AttentionLayerState, LayerState, LinearLay
 
 
 def _conv_init(
-    mixer: GatedDeltaNet, lay: CombineLayout, entries: list[SegmentEntry | None], li: int, x: torch.Tensor
+    mixer: GatedDeltaNet, lay: CombineLayout, entries: list[SegmentEntry | None], li: int, like: torch.Tensor
 ) -> torch.Tensor:
     """Conv state entering each piece ``[P, C, W-1]``: the tail of the body before it, or zeros."""
-    zero = x.new_zeros(mixer.conv_dim, mixer.kernel - 1)
+    zero = like.new_zeros(mixer.conv_dim, mixer.kernel - 1)
     tails = [
         zero if seg is None else entries[seg].layers[li].conv_tail  # type: ignore[union-attr]
         for seg in lay.piece_conv_from
     ]
-    return torch.stack(tails).to(x.dtype)
+    return torch.stack(tails).to(like.dtype)
 
 
 def _chain(lay: CombineLayout, entries: list[SegmentEntry | None], li: int) -> list[combine_scan.ChainLink]:
@@ -68,24 +68,26 @@ class _LayerScan:
 
 def _linear(
     mixer: GatedDeltaNet,
-    x: torch.Tensor,
+    inputs: tuple[torch.Tensor, ...],
     lay: CombineLayout,
     entries: list[SegmentEntry | None],
     li: int,
     spec: ModeSpec,
     scan: _LayerScan | None,
 ) -> tuple[torch.Tensor, LinearLayerState]:
-    """``scan``: the layer's chain for the fused scan (None: the chunked path)."""
-    dev = x.device
-    ops, conv_final = mixer.operands(x, lay.cu_pieces, _conv_init(mixer, lay, entries, li, x))
+    """``inputs``: ``GatedDeltaNet.inputs`` of the active tokens; ``scan``: the layer's chain for the
+    fused scan (None: the chunked path) -> (o ``[T, HV, V]`` before the output projection, state)."""
+    mixed, z, g, beta = inputs
+    dev = mixed.device
+    ops, conv_final = mixer.convolve(mixed, z, g, beta, lay.cu_pieces, _conv_init(mixer, lay, entries, li, mixed))
     if scan is not None:
         o, final = mixer.mix_scan(ops, scan.chain, transition=spec.transition, tables=scan.tables)
-        return mixer.output(o, ops.z), LinearLayerState(final, conv_final[-1])
+        return o, LinearLayerState(final, conv_final[-1])
     hv, kd, vd = mixer.hv, mixer.dk, mixer.dv
     h0 = torch.zeros(hv, kd, vd, device=dev, dtype=torch.float32)
     if lay.cu_pieces.numel() == 2 and lay.chain[0].kind == "piece":  # nothing cached before the only piece
         o, finals = mixer.mix(ops, lay.cu_pieces, h0.unsqueeze(0))
-        return mixer.output(o, ops.z), LinearLayerState(finals[-1], conv_final[-1])
+        return o, LinearLayerState(finals[-1], conv_final[-1])
 
     def enter(Tp: torch.Tensor, Sp: torch.Tensor) -> torch.Tensor:
         """Pieces' own pairs ``[P, HV, K, K]`` / ``[P, HV, K, V]`` -> states entering them ``[P, HV, K, V]``."""
@@ -106,18 +108,20 @@ def _linear(
         return states[torch.tensor(piece_slot, device=dev)]
 
     o, finals = mixer.mix_after_pairs(ops, lay.cu_pieces, enter)
-    return mixer.output(o, ops.z), LinearLayerState(finals[-1], conv_final[-1])
+    return o, LinearLayerState(finals[-1], conv_final[-1])
 
 
 def _attention(
     attn: FullAttention,
-    x: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
     lay: CombineLayout,
     entries: list[SegmentEntry | None],
     li: int,
     spec: ModeSpec,
 ) -> tuple[torch.Tensor, AttentionLayerState]:
-    q, k, v, gate = attn.qkv(x)
+    """Un-rotated q, k, v of the active tokens -> (o ``[T, Hq, D]`` before the output projection, state)."""
     q = attn.rotate(q, lay.active_pos)
     k = attn.rotate(k, lay.active_pos)
     k_full = k.new_empty(lay.total, attn.hkv, attn.d)
@@ -135,11 +139,11 @@ def _attention(
         rot_pos = lay.body_pos if spec.rerotate else lay.body_local_pos
         k_full[lay.body_pos] = attn.rotate(torch.cat(bk).to(k.dtype), rot_pos)
         v_full[lay.body_pos] = torch.cat(bv).to(v.dtype)
-    cu_q = torch.tensor([0, x.shape[0]], dtype=torch.int32)  # host tensors: no device sync
+    cu_q = torch.tensor([0, q.shape[0]], dtype=torch.int32)  # host tensors: no device sync
     cu_k = torch.tensor([0, lay.total], dtype=torch.int32)
     k_pos = lay.all_pos
     o = attn.attend(q, k_full, v_full, cu_q, cu_k, q_positions=lay.active_pos, k_positions=k_pos)
-    return attn.output(o, gate), AttentionLayerState(k_full, v_full)
+    return o, AttentionLayerState(k_full, v_full)
 
 
 def _scan_plan(
@@ -183,14 +187,17 @@ def combine(
     h = model.embed(lay.active_ids)
     layers: list[LayerState] = []
     for li, layer in enumerate(model.layers):
-        x = layer.input_layernorm(h)
+        inputs = mixer_in(model, li, h)  # token-local stages replay from CUDA graphs where enabled
         st: LayerState
         if layer.linear_attn is not None:
-            y, st = _linear(layer.linear_attn, x, lay, entries, li, spec, plan[li])
+            o, st = _linear(layer.linear_attn, inputs, lay, entries, li, spec, plan[li])
+            extra = inputs[1:2]  # z
         else:
             assert layer.self_attn is not None
-            y, st = _attention(layer.self_attn, x, lay, entries, li, spec)
+            q, k, v = inputs[:3]
+            o, st = _attention(layer.self_attn, q, k, v, lay, entries, li, spec)
+            extra = inputs[3:]  # the output gate, if any
         layers.append(st)
-        h = feed_forward(model, li, h + y)
+        h = mixer_out(model, li, h, o, *extra)
     logits = model.logits(h[-1:])[0]
     return RequestState(layers, lay.total, logits, tokens=list(lay.tokens))

@@ -99,11 +99,24 @@ class GatedDeltaNet(nn.Module):
         q, k, v = torch.split(qkv, [self.key_dim, self.key_dim, self.value_dim], dim=-1)
         return q.reshape(t, self.h, self.dk), k.reshape(t, self.h, self.dk), v.reshape(t, self.hv, self.dv)
 
-    def operands(
-        self, x: torch.Tensor, cu_seqlens: torch.Tensor | None, conv_state: torch.Tensor | None
-    ) -> tuple[GDNOperands, torch.Tensor]:
-        """x ``[T, D]`` -> (operands, final conv state ``[N, C, W-1]``)."""
+    def inputs(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Token-local half of ``operands``: x ``[T, D]`` -> (mixed ``[T, C]`` before the conv, z
+        ``[T, HV, V]``, g ``[T, HV]`` fp32, beta ``[T, HV]``)."""
         mixed, z, b, a = self.project(x)
+        g, beta = self.gates(a, b)
+        return mixed, z, g, beta
+
+    def convolve(
+        self,
+        mixed: torch.Tensor,
+        z: torch.Tensor,
+        g: torch.Tensor,
+        beta: torch.Tensor,
+        cu_seqlens: torch.Tensor | None,
+        conv_state: torch.Tensor | None,
+    ) -> tuple[GDNOperands, torch.Tensor]:
+        """The conv half of ``operands`` (depends on the sequence layout) -> (operands, final conv
+        state ``[N, C, W-1]``)."""
         qkv, conv_final = conv_ops.causal_conv1d(
             mixed,
             self.conv_weight(),
@@ -114,8 +127,13 @@ class GatedDeltaNet(nn.Module):
             backend=self.backend,
         )
         q, k, v = self.split(qkv)
-        g, beta = self.gates(a, b)
         return GDNOperands(q, k, v, g, beta, z), conv_final
+
+    def operands(
+        self, x: torch.Tensor, cu_seqlens: torch.Tensor | None, conv_state: torch.Tensor | None
+    ) -> tuple[GDNOperands, torch.Tensor]:
+        """x ``[T, D]`` -> (operands, final conv state ``[N, C, W-1]``)."""
+        return self.convolve(*self.inputs(x), cu_seqlens, conv_state)
 
     def mix(
         self, ops: GDNOperands, cu_seqlens: torch.Tensor | None, initial_state: torch.Tensor | None

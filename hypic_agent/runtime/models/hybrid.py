@@ -34,6 +34,27 @@ class DecoderLayer(nn.Module):
         """Residual MLP half of the block: ``h + mlp(norm(h))``. h ``[T, D]``."""
         return h + self.mlp(self.post_attention_layernorm(h))
 
+    def mixer_in(self, h: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Token-local start of the mixer: input norm and projections. h ``[T, D]`` -> GDN
+        ``(mixed, z, g, beta)`` (``GatedDeltaNet.inputs``) or attention ``(q, k, v[, gate])``
+        (``FullAttention.qkv``; gate only for gated attention)."""
+        x = self.input_layernorm(h)
+        if self.linear_attn is not None:
+            return self.linear_attn.inputs(x)
+        assert self.self_attn is not None
+        q, k, v, gate = self.self_attn.qkv(x)
+        return (q, k, v) if gate is None else (q, k, v, gate)
+
+    def mixer_out(self, h: torch.Tensor, o: torch.Tensor, *extra: torch.Tensor) -> torch.Tensor:
+        """Token-local end of the block: mixer output projection, residual, feed-forward half.
+        o: GDN ``[T, HV, V]`` with extra ``(z,)``, or attention ``[T, Hq, D]`` with ``(gate,)`` or ``()``."""
+        if self.linear_attn is not None:
+            y = self.linear_attn.output(o, extra[0])
+        else:
+            assert self.self_attn is not None
+            y = self.self_attn.output(o, extra[0] if extra else None)
+        return self.feed_forward(h + y)
+
 
 class Backbone(nn.Module):
     def __init__(self, cfg: HybridConfig) -> None:
@@ -53,7 +74,7 @@ class HybridForCausalLM(nn.Module):
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
-        self.ffn_graphs: object | None = None  # runtime.graphs.FeedForwardGraphs when enabled
+        self.ffn_graphs: object | None = None  # runtime.graphs.LayerGraphs when enabled
 
     @property
     def layers(self) -> list[DecoderLayer]:
