@@ -57,17 +57,22 @@ def _chain_scan_kernel(
 
 def chain_scan_triton(
     h0: torch.Tensor, T: torch.Tensor, S: torch.Tensor, *, chunked: bool = False, bv: int | None = None,
-    num_warps: int = 4,
+    num_warps: int | None = None,
 ) -> torch.Tensor:  # fmt: skip
-    """h0 ``[HV, K, V]``, T ``[n, HV, K, K]``, S ``[n, HV, K, V]`` (CUDA) -> ``[n+1, HV, K, V]`` fp32."""
+    """h0 ``[HV, K, V]``, T ``[n, HV, K, K]``, S ``[n, HV, K, V]`` (CUDA) -> ``[n+1, HV, K, V]`` fp32.
+
+    Default launch: full tile 64 value columns per program with 8 warps (H200, 64 pairs x 192 heads
+    of 128 x 128: 1.39 ms against 3.28 ms for 32 columns / 4 warps; 128 columns exceed shared
+    memory); the chunked variant keeps 32 / 4."""
     HV, K, V = h0.shape
     n = T.shape[0]
     h0, T, S = (x.float().contiguous() for x in (h0, T, S))
     out = torch.empty(n + 1, HV, K, V, dtype=torch.float32, device=h0.device)
     BK = max(16, triton.next_power_of_2(K))
-    BV = bv or max(16, min(32, triton.next_power_of_2(V)))
+    BV = bv or max(16, min(32 if chunked else 64, triton.next_power_of_2(V)))
+    warps = num_warps or (8 if BV >= 64 else 4)
     grid = (triton.cdiv(V, BV), HV)
     _chain_scan_kernel[grid](
-        h0, T, S, out, n, HV=HV, K=K, V=V, BK=BK, BV=BV, BC=min(BK, 32), CHUNKED=chunked, num_warps=num_warps
+        h0, T, S, out, n, HV=HV, K=K, V=V, BK=BK, BV=BV, BC=min(BK, 32), CHUNKED=chunked, num_warps=warps
     )
     return out
