@@ -28,7 +28,7 @@ nvidia-smi -L
 STEPS=${*:-"tests ttft prefill overhead profile next"}
 cd benchmarks
 for st in $STEPS; do case $st in
-  tests) (cd .. && step ${TESTS_S:-240} gputests python3 -m pytest -q -p no:cacheprovider -m gpu tests/runtime/test_gpu_model.py \
+  tests) (cd .. && step ${TESTS_S:-360} gputests python3 -m pytest -q -p no:cacheprovider -m gpu tests/runtime/test_gpu_model.py \
            tests/kernels/test_gpu_gdn.py tests/kernels/test_gpu_norm.py tests/kernels/test_gpu_ops.py) ;;
   ttft) step ${TTFT_S:-300} ttft python3 ttft.py --shape qwen3_5_35b_a3b --pool 120 --segments 20 --seg-len 1024 \
           --requests 5 --warmup 1 --hit-rates 1.0 0.8 --out "$OUT/ttft.json" ;;
