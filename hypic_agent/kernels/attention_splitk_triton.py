@@ -18,6 +18,7 @@ Rows that see no key get zeros, as in the twin.
 
 from __future__ import annotations
 
+import functools
 import inspect
 
 import torch
@@ -103,17 +104,19 @@ _CONFIGS = [
 ]
 _TUNE_CACHE = {"cache_results": True} if "cache_results" in inspect.signature(triton.autotune).parameters else {}
 _tuned_kernel = triton.autotune(configs=_CONFIGS, key=["HQ", "HKV", "D", "DV"], **_TUNE_CACHE)(_splitk_attn_kernel)
-_SMS: dict[int, int] = {}
+
+
+@functools.cache
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def _num_splits(Tq: int, G: int, Hkv: int, Tk: int, device: torch.device) -> int:
     """Key ranges per (row block, kv head) so the grid covers the GPU ~4 times over (64-row
     blocks assumed), each range at least 256 keys."""
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    if idx not in _SMS:
-        _SMS[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device())
     blocks = triton.cdiv(Tq * G, 64) * Hkv
-    return max(1, min(triton.cdiv(4 * _SMS[idx], blocks), triton.cdiv(Tk, 256)))
+    return max(1, min(triton.cdiv(4 * sms, blocks), triton.cdiv(Tk, 256)))
 
 
 def splitk_attention_triton(

@@ -211,9 +211,8 @@ class GatedDeltaNet(nn.Module):
         self, x: torch.Tensor, state: torch.Tensor, conv_state: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """One decode token per sequence: x ``[N, D]``, state ``[N, HV, K, V]``, conv ``[N, C, W-1]``."""
-        mixed, z, b, a = self.project(x)
+        mixed, z, g, beta = self.inputs(x)
         qkv, conv_new = conv_ops.causal_conv1d_step(mixed, conv_state, self.conv_weight(), None, activation="silu")
         q, k, v = self.split(qkv)
-        g, beta = self.gates(a, b)
         o, new_state = gdn_ops.gated_delta_rule_step(q, k, v, g, beta, state, use_qk_l2norm=True, backend=self.backend)
         return self.output(o, z), new_state, conv_new
