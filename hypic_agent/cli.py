@@ -141,6 +141,13 @@ def distill(
     export_dtype: str = typer.Option("bfloat16", help="stored tensors: bfloat16 | float32 | int8 (per-row, half size)"),
     shard_mb: float = typer.Option(15.0, help="model shard size in MiB (0 = one file)"),
     seed: int = typer.Option(0),
+    cached_every: int = typer.Option(
+        0, help="every k-th step trains the student as the hypic mode serves it (cached segments); 0 = never"
+    ),
+    cached_segment_lens: str = typer.Option("64,128,256", help="segment lengths drawn for cached steps"),
+    cached_seams: str = typer.Option("4,8,16", help="seam widths (tokens) drawn for cached steps"),
+    cached_min_suffix: int = typer.Option(128, help="suffix tokens at least, after the cached segments"),
+    cached_eval: str = typer.Option("128,8", help="segment length,seam of the cached_kl eval ('0,0' = off)"),
 ) -> None:
     """Distill the all-attention teacher into a Qwen3.5-style hybrid (GDN + 1-in-4 attention)."""
     from dataclasses import replace
@@ -159,6 +166,17 @@ def distill(
     opts.update(convert=ConvertOptions(conv_tap=conv_tap if conv_tap and conv_tap > 0 else None, seed=seed))
     if process_budget is not None:
         opts["process_budget_s"] = process_budget
+    try:
+        lens, seams, ev = (
+            tuple(int(v) for v in s.split(",") if v.strip()) for s in (cached_segment_lens, cached_seams, cached_eval)
+        )
+        if len(ev) != 2:
+            raise ValueError("--cached-eval is two integers: segment length,seam")
+    except ValueError as e:
+        err.print(f"[red]error:[/red] --cached-segment-lens / --cached-seams / --cached-eval take integers ({e})")
+        raise typer.Exit(2) from e
+    opts.update(cached_every=cached_every, cached_segment_lens=lens, cached_seams=seams, cached_eval=ev)
+    opts.update(cached_min_suffix=cached_min_suffix)
     if init_from:
         opts["init_from"] = Path(init_from)
     if data:

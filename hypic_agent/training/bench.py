@@ -1,6 +1,7 @@
 """Time the distillation step at the real shape with random weights (no files needed).
 
 ``python -m hypic_agent.training.bench --batch 16 --seq 2048 --gdn torch [--compile] [--chunk 128]``
+(``--cached 128,8``: every step trains cached prefill, segments of 128 with seam 8)
 prints one JSON line: GDN op forward+backward ms at ``[B, L, 9, 64]``, whole-step seconds,
 tokens/s and peak CUDA memory. Run it first on a fresh GPU machine to pick the options that make
 ``hypic-agent distill`` fit its time budget.
@@ -18,6 +19,7 @@ import torch
 from hypic_agent.runtime.models.registry import build_model
 from hypic_agent.training.convert import ConvertOptions, student_hf_config
 from hypic_agent.training.gdn_train import gdn_function, resolve_gdn_backend
+from hypic_agent.training.hypic_forward import plan_for
 from hypic_agent.training.step import StepOptions, train_step
 
 # SmolLM2-135M-Instruct as its GGUF describes it
@@ -45,6 +47,7 @@ def bench(
     steps: int = 3,
     device: str = "cuda",
     shape: dict[str, Any] | None = None,
+    cached: str | None = None,
 ) -> dict[str, Any]:
     dev = torch.device(device)
     backend = resolve_gdn_backend(gdn, dev)
@@ -70,18 +73,22 @@ def bench(
         times.append(time.perf_counter() - t)
     ids = torch.randint(0, shape["vocab_size"], (batch, seq), device=dev)
     o = StepOptions(hidden_weight=hidden_weight, grad_checkpoint=grad_checkpoint)
-    train_step(student, teacher, ids, opt, params, fn, o)  # warm-up (compile, autotune)
+    plan = None
+    if cached:
+        seg_len, seam = (int(v) for v in cached.split(","))
+        plan = plan_for(seq, seg_len, seam, min_suffix=128)
+    train_step(student, teacher, ids, opt, params, fn, o, cached=plan)  # warm-up (compile, autotune)
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
     _sync(dev)
     t = time.perf_counter()
     for _ in range(steps):
-        train_step(student, teacher, ids, opt, params, fn, o)
+        train_step(student, teacher, ids, opt, params, fn, o, cached=plan)
     _sync(dev)
     step_s = (time.perf_counter() - t) / steps
     return {
         "batch": batch, "seq": seq, "gdn": backend, "compile": compile, "chunk": chunk,
-        "grad_checkpoint": grad_checkpoint, "gdn_fwd_bwd_ms": 1e3 * min(times[1:]), "step_s": step_s,
+        "grad_checkpoint": grad_checkpoint, "cached": cached, "gdn_fwd_bwd_ms": 1e3 * min(times[1:]), "step_s": step_s,
         "tok_s": batch * seq / step_s, "trainable_M": sum(p.numel() for p in params) / 1e6,
         "peak_gb": torch.cuda.max_memory_allocated(dev) / 1e9 if dev.type == "cuda" else None,
     }  # fmt: skip
@@ -97,6 +104,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--grad-checkpoint", action="store_true")
     ap.add_argument("--hidden-weight", type=float, default=0.0)
     ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--cached", default=None, help="SEGMENT_LEN,SEAM: time cached-prefill steps")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     a = ap.parse_args(argv)
     if a.device.startswith("cuda"):

@@ -6,6 +6,13 @@ train each layer in isolation on the teacher's inputs (layer-local hidden loss o
 (betas 0.9 / 0.95), linear warmup then cosine to ``min_lr_ratio * lr``, gradient clipping,
 bf16 autocast on CUDA. Only the token mixers train by default (``train="mixers"``).
 
+Cached-prefill training (``cached_every`` > 0): every ``cached_every``-th step the student runs
+as the ``hypic`` mode serves it (``hypic_forward``: the block cut into equal segments cached in
+isolation, seams and suffix recomputed in context) and the KL against the one-pass teacher is
+taken at those recomputed tokens; segment length and seam are drawn per step from
+``cached_segment_lens`` / ``cached_seams`` (a function of (seed, step)). The other steps are
+plain distillation. ``cached_kl`` / ``cached_top1`` in the evals measure the served quality.
+
 Runs span several processes: ``<out>/ckpt`` is saved every ``ckpt_every`` steps and at the end
 (or when ``time_budget_s`` runs out); ``resume=True`` continues from it (the schedule is a
 function of the step, batches of (seed, step)). At the end the held-out metrics are measured and
@@ -15,7 +22,6 @@ the model is exported to ``<out>/model`` (``delta.export_delta``).
 from __future__ import annotations
 
 import json
-import math
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
@@ -35,7 +41,9 @@ from hypic_agent.training.data import CorpusSpec, TokenData, build_corpus, built
 from hypic_agent.training.delta import export_delta
 from hypic_agent.training.forward import run_model
 from hypic_agent.training.gdn_train import gdn_function, resolve_gdn_backend
-from hypic_agent.training.losses import evaluate
+from hypic_agent.training.hypic_forward import SegmentPlan, hypic_run, plan_for
+from hypic_agent.training.losses import evaluate, evaluate_cached
+from hypic_agent.training.schedule import cached_plan, lr_at
 from hypic_agent.training.step import StepOptions, train_step
 from hypic_agent.training.teacher import Teacher, load_teacher
 
@@ -85,6 +93,11 @@ class DistillConfig:
     stop_at: int | None = None  # stop this process at this step (the schedule still spans ``steps``)
     resume: bool = False
     seed: int = 0
+    cached_every: int = 0  # every k-th step trains the cached-prefill (hypic-mode) KL; 0 = never
+    cached_segment_lens: tuple[int, ...] = (64, 128, 256)
+    cached_seams: tuple[int, ...] = (4, 8, 16)
+    cached_min_suffix: int = 128
+    cached_eval: tuple[int, int] = (128, 8)  # (segment length, seam) of the cached_kl eval; (0, 0) = off
     export_dtype: str = "bfloat16"
     shard_mb: float = 15.0
     convert: ConvertOptions = field(default_factory=ConvertOptions)
@@ -102,19 +115,6 @@ def tiny_config(out: Path, **overrides: Any) -> DistillConfig:
         export_dtype="float32",
     )  # fmt: skip
     return replace(base, **overrides)
-
-
-def lr_at(cfg: DistillConfig, step: int, elapsed_s: float = 0.0) -> float:
-    """Linear warmup to ``lr`` over ``warmup`` steps, then cosine to ``min_lr_ratio * lr`` at ``steps``
-    (or, when ``steps == 0``, at ``time_budget_s`` seconds of training)."""
-    if step < cfg.warmup:
-        return cfg.lr * (step + 1) / cfg.warmup
-    if cfg.steps > 0:
-        frac = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
-    else:
-        frac = elapsed_s / cfg.time_budget_s if cfg.time_budget_s else 0.0
-    frac = min(1.0, frac)
-    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * frac)))
 
 
 def _device(name: str) -> torch.device:
@@ -233,10 +233,24 @@ def run_distill(
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=dev.type == "cuda"):
             return run_model(model, ids, gdn=gdn).final
 
+    def cached(model: HybridForCausalLM, ids: torch.Tensor, plan: SegmentPlan) -> torch.Tensor:
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=dev.type == "cuda"):
+            return hypic_run(model, ids, plan, gdn=gdn).final
+
     eval_blocks = data.eval_blocks(cfg.seq, cfg.eval_tokens)
+    seg_len, seam = cfg.cached_eval
+    fits = seg_len > 0 and seg_len + cfg.cached_min_suffix <= cfg.seq
+    eval_plan = plan_for(cfg.seq, seg_len, seam, cfg.cached_min_suffix) if fits else None
+
+    def metrics() -> dict[str, float]:
+        out = evaluate(student, tmodel, eval_blocks, final, batch=cfg.eval_batch)
+        if eval_plan is not None:
+            out.update(evaluate_cached(student, tmodel, eval_blocks, final, eval_plan, cached, batch=cfg.eval_batch))
+        return out
+
     if not resumed:
         student.eval()
-        state.evals.append({"step": 0, **evaluate(student, tmodel, eval_blocks, final, batch=cfg.eval_batch)})
+        state.evals.append({"step": 0, **metrics()})
         student.train()
         log(f"init: {state.evals[-1]}")
     t0, elapsed0, step = time.perf_counter(), state.elapsed_s, state.step
@@ -256,13 +270,14 @@ def run_distill(
         for g in opt.param_groups:
             g["lr"] = lr_at(cfg, step, elapsed0 + ran)
         ids = data.batch(step, cfg.batch, cfg.seq, cfg.seed).to(dev)
-        r = train_step(student, tmodel, ids, opt, plist, gdn, sopts, local=step < cfg.local_steps)
+        plan = cached_plan(cfg, step)
+        r = train_step(student, tmodel, ids, opt, plist, gdn, sopts, local=step < cfg.local_steps, cached=plan)
         step += 1
         if step % cfg.log_every == 0 or step == end or step == start + 1:
             now = time.perf_counter()
             rec = {"step": step, "loss": r.loss.item(), "kl": r.kl.item(), "hidden": r.hidden.item(),
                    "grad_norm": r.grad_norm.item(),
-                   "lr": opt.param_groups[0]["lr"], "elapsed_s": elapsed0 + now - t0,
+                   "cached": plan is not None, "lr": opt.param_groups[0]["lr"], "elapsed_s": elapsed0 + now - t0,
                    "tok_s": (step - last_step) * cfg.batch * cfg.seq / max(now - last, 1e-9)}  # fmt: skip
             state.history.append(rec)
             log(" ".join(f"{k}={v:.4g}" for k, v in rec.items()))
@@ -273,7 +288,7 @@ def run_distill(
     state.step, state.elapsed_s = step, elapsed0 + time.perf_counter() - t0
     ckpt.save_checkpoint(cfg.out / "ckpt", saved_tensors(student), state, opt, names)
     student.eval()
-    state.evals.append({"step": step, **evaluate(student, tmodel, eval_blocks, final, batch=cfg.eval_batch)})
+    state.evals.append({"step": step, **metrics()})
     log(f"step {step}: {state.evals[-1]}")
     ckpt.save_checkpoint(cfg.out / "ckpt", saved_tensors(student), state)
     summary = {"steps_done": step, "train_seconds": state.elapsed_s, "tokens_seen": step * cfg.batch * cfg.seq,

@@ -6,6 +6,8 @@
 * ``hidden_loss``: per-layer residual-stream MSE, each layer's normalized by the teacher's mean
   square at that layer (deep layers carry larger activations), averaged over layers.
 * ``evaluate``: teacher / student perplexity, KL and top-1 agreement on held-out blocks.
+* ``evaluate_cached``: KL and top-1 agreement of the student *as the ``hypic`` mode serves it*
+  (segments cached in isolation, ``hypic_forward``) against the one-pass teacher.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from hypic_agent.runtime.models.hybrid import HybridForCausalLM
+from hypic_agent.training.hypic_forward import SegmentPlan, hypic_run
 
 
 def _kl_sum(
@@ -104,3 +107,34 @@ def evaluate(
         "top1": agree / n_tok,
         "tokens": float(n_tok),
     }
+
+
+@torch.no_grad()
+def evaluate_cached(
+    student: HybridForCausalLM,
+    teacher: HybridForCausalLM,
+    blocks: torch.Tensor,
+    run: RunFn,
+    plan: SegmentPlan,
+    run_cached: Callable[[HybridForCausalLM, torch.Tensor, SegmentPlan], torch.Tensor] | None = None,
+    *,
+    batch: int = 8,
+) -> dict[str, float]:
+    """Over ``blocks [N, L]`` cut as ``plan`` (``L == plan.total``): ``cached_kl`` (nats/token,
+    teacher one pass || student composed) and ``cached_top1`` at the active tokens (seams and
+    suffix: the tokens whose outputs a cached prefill computes); ``cached_tokens`` counted."""
+    dev = next(student.parameters()).device
+    cached = run_cached or (lambda m, ids, p: hypic_run(m, ids, p).final)
+    active = torch.tensor(plan.active_positions(), device=dev)
+    kl = agree = 0.0
+    n = 0
+    for i in range(0, blocks.shape[0], batch):
+        ids = blocks[i : i + batch].to(dev)
+        hs = cached(student, ids, plan)
+        ht = run(teacher, ids)[:, active]
+        ls = F.log_softmax(student.logits(hs.reshape(-1, hs.shape[-1])).float(), -1)
+        lt = F.log_softmax(teacher.logits(ht.reshape(-1, ht.shape[-1])).float(), -1)
+        kl += float((lt.exp() * (lt - ls)).sum())
+        agree += float((lt.argmax(-1) == ls.argmax(-1)).sum())
+        n += ls.shape[0]
+    return {"cached_kl": kl / n, "cached_top1": agree / n, "cached_tokens": float(n)}

@@ -10,7 +10,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from hypic_agent.training.distill import DistillConfig, lr_at, run_distill
+from hypic_agent.training.distill import DistillConfig, run_distill
+from hypic_agent.training.schedule import lr_at
 
 from .conftest import tiny_run_config
 
@@ -75,3 +76,24 @@ def test_time_schedule_and_init_from(tiny_run, tmp_path: Path, tiny_corpus: Path
 
 def run_eval_kl(cfg: DistillConfig) -> float:
     return json.loads((cfg.out / "model" / "distill.json").read_text())["evals"][-1]["kl"]
+
+
+def test_cached_prefill_steps_lower_the_cached_kl(tiny_run, tmp_path: Path, tiny_corpus: Path) -> None:
+    """--cached-every 1: every step trains the student as the hypic mode serves it; the served
+    (composed) KL to the teacher falls, and the plan of a step is a function of (seed, step)."""
+    from hypic_agent.training.schedule import cached_plan
+
+    cfg0, _ = tiny_run
+    cached = dict(cached_segment_lens=(6, 8), cached_seams=(1, 2), cached_min_suffix=8, cached_eval=(8, 2))
+    cfg = tiny_run_config(
+        tmp_path, data=tiny_corpus, steps=12, lr=1e-2, init_from=cfg0.out / "model", cached_every=1, log_every=1,
+        **cached,
+    )  # fmt: skip
+    plans = [cached_plan(cfg, s) for s in range(12)]
+    assert all(p is not None and p.total == cfg.seq and p.suffix_len >= 8 for p in plans)
+    assert plans == [cached_plan(cfg, s) for s in range(12)] and len(set(plans)) > 1
+    assert cached_plan(replace(cfg, cached_every=3), 0) is None and cached_plan(replace(cfg, cached_every=3), 2)
+    summary = run_distill(cfg, log=lambda s: None)
+    first, last = summary["evals"][0], summary["evals"][-1]
+    assert first["cached_tokens"] > 0 and all(h["cached"] for h in summary["history"])
+    assert last["cached_kl"] < 0.9 * first["cached_kl"], (first, last)
