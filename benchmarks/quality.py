@@ -85,8 +85,14 @@ def gold_nll(engine: Engine, prep: Any, ex: Example) -> float:
 
 
 def run_dataset(
-    engine: Engine, name: str, examples: list[Example], cfgs: list[tuple[str, str, float]], gen_tokens: int
+    engine: Engine,
+    name: str,
+    examples: list[Example],
+    cfgs: list[tuple[str, str, float]],
+    gen_tokens: int,
+    on_progress: Any = None,
 ) -> list[dict[str, Any]]:
+    """Every config on every example; ``on_progress(rows)`` gets the rows so far every 10 examples."""
     acc: dict[str, dict[str, list[float]]] = {
         lab: {"kl": [], "top1": [], "score": [], "nll": []} for lab in ["full_recompute", *(c[0] for c in cfgs)]
     }
@@ -108,6 +114,13 @@ def run_dataset(
             if gen_tokens:
                 acc[label]["score"].append(score(ex, answer(engine, prep, gen_tokens)))
         print(f"{name} {i + 1}/{len(examples)} ({full.prompt_tokens} tokens)", flush=True)
+        if on_progress is not None and (i + 1) % 10 == 0:
+            on_progress(summarize(name, acc, i + 1, gen_tokens))
+    return summarize(name, acc, len(examples), gen_tokens)
+
+
+def summarize(name: str, acc: dict[str, dict[str, list[float]]], n: int, gen_tokens: int) -> list[dict[str, Any]]:
+    """One row per config: means, deltas to ``full_recompute`` and their paired 95% intervals."""
     base = sum(acc["full_recompute"]["score"]) / max(1, len(acc["full_recompute"]["score"]))
     base_nll = sum(acc["full_recompute"]["nll"]) / max(1, len(acc["full_recompute"]["nll"]))
     rows = []
@@ -118,7 +131,7 @@ def run_dataset(
             {
                 "dataset": name,
                 "config": label,
-                "n": len(examples),
+                "n": n,
                 "score": mean["score"],
                 "delta_vs_full": mean["score"] - base if gen_tokens else float("nan"),
                 "kl_first_token": 0.0 if label == "full_recompute" else mean["kl"],
@@ -127,7 +140,7 @@ def run_dataset(
                 "gold_nll_delta": mean["nll"] - base_nll,
                 "delta_ci95": paired_ci(full["score"], vals["score"]),
                 "gold_nll_delta_ci95": paired_ci(full["nll"], vals["nll"]),
-                "per_example": vals,
+                "per_example": {k: list(v) for k, v in vals.items()},
             }
         )
     return rows
@@ -191,6 +204,7 @@ def main() -> None:
         help="compare only these modes with full_recompute (default: all); large-n runs use --modes hypic --seams",
     )  # fmt: skip
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--skip", type=int, default=0, help="leave out the first N examples (shard a long run)")
     ap.add_argument("--smoke", action="store_true", help="2 examples, 4 tokens: plumbing only")
     ap.add_argument("--out", default="bench_out/quality.json")
     ap.add_argument("--plot", default=None, help="PNG path (default: next to --out)")
@@ -198,7 +212,7 @@ def main() -> None:
     if not args.data.is_dir():
         raise SystemExit(f"no evaluation data at {args.data}: pass --data ../shared/data")
     if args.smoke:
-        args.limit, args.gen_tokens = 2, 4
+        args.limit, args.gen_tokens = min(args.limit, 2), 4
     engine = load_engine(
         Settings(device="cpu" if not torch.cuda.is_available() else "auto", min_cached_tokens=16), model=args.model
     )
@@ -206,12 +220,17 @@ def main() -> None:
     rows: list[dict[str, Any]] = []
     t0 = time.perf_counter()
     for ds in args.datasets:
-        examples = DATASETS[ds](args.data, args.limit, args.seed)
+        examples = DATASETS[ds](args.data, args.limit, args.seed)[args.skip :]
         if args.smoke:  # byte-level tiny tokenizers: keep prompts inside the tiny context
             for ex in examples:
                 ex.docs = [(t, x[:200]) for t, x in ex.docs[:4]]
-        rows += run_dataset(engine, ds, examples, cfgs, args.gen_tokens)
-        write_json(args.out, {"model": engine.name, "args": vars(args), "rows": rows, "partial": True})
+        done = list(rows)
+
+        def partial(part: list[dict[str, Any]], done: list[dict[str, Any]] = done) -> None:
+            write_json(args.out, {"model": engine.name, "args": vars(args), "rows": done + part, "partial": True})
+
+        rows += run_dataset(engine, ds, examples, cfgs, args.gen_tokens, partial)
+        partial([])
     cols = ["dataset", "config", "n", "score", "delta_vs_full", "kl_first_token", "top1_agreement"]
     print_table(rows, [*cols, "gold_nll", "gold_nll_delta"])
     write_json(

@@ -57,6 +57,37 @@ def test_quality_smoke(tmp_path):
     assert (tmp_path / "q.png").exists()
 
 
+@pytest.mark.skipif(not DATA.is_dir(), reason=f"evaluation data not found at {DATA}")
+def test_quality_shards_merge_to_one_run(tmp_path):
+    """``--skip`` shards joined by ``quality_merge.py`` give the rows of one run; the comparison
+    script renders them."""
+    common = ("--model", "tiny:qwen3_5_text", "--smoke", "--datasets", "hotpotqa", "--modes", "hypic", "--seams", "4")
+    one = run("quality.py", *common, "--limit", "2", out=tmp_path / "one.json")
+    run("quality.py", *common, "--limit", "1", out=tmp_path / "p0.json")
+    run("quality.py", *common, "--limit", "2", "--skip", "1", out=tmp_path / "p1.json")
+    merged = run("quality_merge.py", str(tmp_path / "p0.json"), str(tmp_path / "p1.json"), out=tmp_path / "m.json")
+    a = {r["config"]: r for r in one["rows"]}
+    b = {r["config"]: r for r in merged["rows"]}
+    assert a.keys() == b.keys() == {"full_recompute", "hypic w=8", "hypic w=4"}
+    for cfg in a:
+        assert b[cfg]["n"] == 2
+        for key in ("kl", "top1", "nll"):
+            assert b[cfg]["per_example"][key] == pytest.approx(a[cfg]["per_example"][key], rel=1e-5, abs=1e-6)
+        assert b[cfg]["gold_nll_delta"] == pytest.approx(a[cfg]["gold_nll_delta"], abs=1e-6)
+    bad = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "quality_merge.py"), str(tmp_path / "p1.json"), "--out", "x.json"],
+        capture_output=True, text=True, cwd=tmp_path,
+    )  # fmt: skip
+    assert bad.returncode != 0 and "expected 0" in bad.stderr
+    cmp = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "quality_compare.py"), "--run", f"a={tmp_path / 'm.json'}",
+         "--run", f"b={tmp_path / 'one.json'}", "--config", "hypic w=4", "--out", str(tmp_path / "c.png")],
+        capture_output=True, text=True, cwd=ROOT,
+    )  # fmt: skip
+    assert cmp.returncode == 0, cmp.stderr[-2000:]
+    assert cmp.stdout.count("| hotpotqa |") == 2 and (tmp_path / "c.png").exists()
+
+
 def test_ttft_and_overhead_smoke(tmp_path):
     common = ["--shape", "tiny:qwen3_5_text", "--device", "cpu", "--dtype", "float32"]
     res = run(
