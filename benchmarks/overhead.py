@@ -8,6 +8,9 @@
 * compose: ``chain_scan`` over ``--compose-n`` pairs for every linear layer, one launch per layer,
   and all layers in one launch (layers are independent chains: their heads stack, ``[n, L*HV, K, K]``,
   as in a ``w = 0`` request whose linear states can be composed before the forward).
+* compose at the full depth: the one-launch chain over ``--compose-n`` pairs for *every* linear
+  layer of the unreduced shape (30 for Qwen3.5-35B-A3B, whatever ``--layers`` builds), with fp32
+  and with bf16 pairs (the kernel reads either and accumulates in fp32).
 * bytes per entry per layer with fp32 and bf16 pairs, and the composed-state error of each against
   a one-pass run (layer 0, seams >= W-1 so the fp32 composition is exact there).
 """
@@ -58,14 +61,17 @@ def main() -> None:
 
     t_comp, _ = timed(compose_all, reps=5, warmup=2)
 
-    def compose_one_launch() -> float:
+    def compose_one_launch(layers: int, dtype: torch.dtype = torch.float32) -> float:
         """Every layer's chain in one call (heads stacked); the stacked pairs are freed on return."""
-        T_all = torch.randn(n, n_lin * hv, k, k, device=dev) * 0.05
-        S_all = torch.randn(n, n_lin * hv, k, v, device=dev)
-        h0_all = torch.zeros(n_lin * hv, k, v, device=dev)
+        T_all = (torch.randn(n, layers * hv, k, k, device=dev) * 0.05).to(dtype)
+        S_all = torch.randn(n, layers * hv, k, v, device=dev).to(dtype)
+        h0_all = torch.zeros(layers * hv, k, v, device=dev)
         return timed(lambda: chain_ops.chain_scan(h0_all, T_all, S_all), reps=5, warmup=2)[0]
 
-    t_one = compose_one_launch()
+    t_one = compose_one_launch(n_lin)
+    full_text = load_shape(args.shape).get("text_config", load_shape(args.shape))
+    n_full = sum(t == "linear_attention" for t in full_text.get("layer_types", [])) or n_lin
+    t_full = {dt: compose_one_launch(n_full, getattr(torch, dt)) for dt in ("float32", "bfloat16")}
     # bytes and composed-state error (fp32 vs bf16 pairs) at layer 0
     suffix = [1]
     full = prefill(model, [[t for s in segs[:4] for t in s] + suffix])[0]
@@ -97,6 +103,9 @@ def main() -> None:
             "compose_n": n,
             "compose_all_linear_layers_ms": t_comp * 1e3,
             "compose_one_launch_ms": t_one * 1e3,
+            "compose_layers_full_depth": n_full,
+            "compose_full_depth_fp32_ms": t_full["float32"] * 1e3,
+            "compose_full_depth_bf16_ms": t_full["bfloat16"] * 1e3,
         }
     ]
     print_table(rows, list(rows[0]))

@@ -31,6 +31,9 @@ for HV, K, V, n in ((3, 32, 24, 5), (2, 20, 16, 0)):
     ref = chain_scan_torch(h0, T, S)
     for chunked in (False, True):
         assert rel_err(chain_scan_triton(h0, T, S, chunked=chunked), ref) < 1e-6, (HV, K, V, n, chunked)
+        Tb, Sb = T.bfloat16(), S.bfloat16()  # bf16 pairs are read as stored, accumulated in fp32
+        got = chain_scan_triton(h0, Tb, Sb, chunked=chunked)
+        assert rel_err(got, chain_scan_torch(h0, Tb, Sb)) < 1e-5, ("bf16", HV, K, V, n, chunked)
 """
 
 COMBINE = """
