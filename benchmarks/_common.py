@@ -142,6 +142,15 @@ def print_table(rows: list[dict[str, Any]], cols: list[str]) -> None:
         print(" | ".join(fmt(r.get(c, "")).ljust(w) for c, w in zip(cols, widths, strict=True)))
 
 
+def save_figure(fig: Any, path: str | Path) -> None:
+    """Lay out a matplotlib figure and write it as PNG (folders created)."""
+    p = Path(path)
+    fig.tight_layout()
+    p.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(p, dpi=120)
+    print(f"wrote {p}")
+
+
 def write_json(path: str | Path, payload: dict[str, Any]) -> None:
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)

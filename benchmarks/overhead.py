@@ -69,7 +69,8 @@ def main() -> None:
         return timed(lambda: chain_ops.chain_scan(h0_all, T_all, S_all), reps=5, warmup=2)[0]
 
     t_one = compose_one_launch(n_lin)
-    full_text = load_shape(args.shape).get("text_config", load_shape(args.shape))
+    full_shape = load_shape(args.shape)
+    full_text = full_shape.get("text_config", full_shape)
     n_full = sum(t == "linear_attention" for t in full_text.get("layer_types", [])) or n_lin
     t_full = {dt: compose_one_launch(n_full, getattr(torch, dt)) for dt in ("float32", "bfloat16")}
     # bytes and composed-state error (fp32 vs bf16 pairs) at layer 0

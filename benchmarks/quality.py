@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from _common import print_table, write_json
+from _common import print_table, save_figure, write_json
 from quality_data import DATA, DATASETS, Example, score
 
 from hypic_agent.config import Settings
@@ -185,10 +185,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     axes[1].tick_params(axis="x", labelrotation=70, labelsize=6)
     axes[2].set_ylabel("gold-answer NLL - full_recompute (nats/token)")
     axes[2].tick_params(axis="x", labelrotation=70, labelsize=6)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    print(f"wrote {path}")
+    save_figure(fig, path)
 
 
 def main() -> None:
@@ -219,16 +216,16 @@ def main() -> None:
     cfgs = configs(args.seams, args.modes)
     rows: list[dict[str, Any]] = []
     t0 = time.perf_counter()
+
+    def partial(part: list[dict[str, Any]]) -> None:
+        """The finished datasets' rows plus the running one's so far (``rows`` grows after each)."""
+        write_json(args.out, {"model": engine.name, "args": vars(args), "rows": rows + part, "partial": True})
+
     for ds in args.datasets:
         examples = DATASETS[ds](args.data, args.limit, args.seed)[args.skip :]
         if args.smoke:  # byte-level tiny tokenizers: keep prompts inside the tiny context
             for ex in examples:
                 ex.docs = [(t, x[:200]) for t, x in ex.docs[:4]]
-        done = list(rows)
-
-        def partial(part: list[dict[str, Any]], done: list[dict[str, Any]] = done) -> None:
-            write_json(args.out, {"model": engine.name, "args": vars(args), "rows": done + part, "partial": True})
-
         rows += run_dataset(engine, ds, examples, cfgs, args.gen_tokens, partial)
         partial([])
     cols = ["dataset", "config", "n", "score", "delta_vs_full", "kl_first_token", "top1_agreement"]

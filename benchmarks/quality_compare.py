@@ -16,6 +16,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from _common import save_figure
+
 
 def load(spec: str) -> tuple[str, list[dict[str, Any]]]:
     label, _, files = spec.partition("=")
@@ -76,10 +78,7 @@ def plot(runs: list[tuple[str, list[dict[str, Any]]]], config: str, path: Path) 
     for ax in axes:
         ax.axhline(0, color="black", lw=0.6)
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    print(f"wrote {path}")
+    save_figure(fig, path)
 
 
 def main() -> None:

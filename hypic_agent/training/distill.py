@@ -42,7 +42,7 @@ from hypic_agent.training.delta import export_delta
 from hypic_agent.training.forward import run_model
 from hypic_agent.training.gdn_train import gdn_function, resolve_gdn_backend
 from hypic_agent.training.hypic_forward import SegmentPlan, hypic_run, plan_for
-from hypic_agent.training.losses import evaluate, evaluate_cached
+from hypic_agent.training.losses import evaluate
 from hypic_agent.training.schedule import cached_plan, lr_at
 from hypic_agent.training.step import StepOptions, train_step
 from hypic_agent.training.teacher import Teacher, load_teacher
@@ -243,10 +243,8 @@ def run_distill(
     eval_plan = plan_for(cfg.seq, seg_len, seam, cfg.cached_min_suffix) if fits else None
 
     def metrics() -> dict[str, float]:
-        out = evaluate(student, tmodel, eval_blocks, final, batch=cfg.eval_batch)
-        if eval_plan is not None:
-            out.update(evaluate_cached(student, tmodel, eval_blocks, final, eval_plan, cached, batch=cfg.eval_batch))
-        return out
+        plan = (eval_plan, cached) if eval_plan is not None else None
+        return evaluate(student, tmodel, eval_blocks, final, batch=cfg.eval_batch, cached=plan)
 
     if not resumed:
         student.eval()

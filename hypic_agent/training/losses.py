@@ -6,8 +6,8 @@
 * ``hidden_loss``: per-layer residual-stream MSE, each layer's normalized by the teacher's mean
   square at that layer (deep layers carry larger activations), averaged over layers.
 * ``evaluate``: teacher / student perplexity, KL and top-1 agreement on held-out blocks.
-* ``evaluate_cached``: KL and top-1 agreement of the student *as the ``hypic`` mode serves it*
-  (segments cached in isolation, ``hypic_forward``) against the one-pass teacher.
+  With a segment plan it also scores the student *as the ``hypic`` mode serves it* (segments
+  cached in isolation, ``hypic_forward``) against the same one-pass teacher run.
 """
 
 from __future__ import annotations
@@ -65,6 +65,7 @@ def hidden_loss(hs: Sequence[torch.Tensor], ht: Sequence[torch.Tensor]) -> torch
 
 
 RunFn = Callable[[HybridForCausalLM, torch.Tensor], torch.Tensor]  # (model, ids [B, L]) -> final [B, L, D]
+CachedFn = Callable[[HybridForCausalLM, torch.Tensor, SegmentPlan], torch.Tensor]  # -> active finals [B, G, D]
 
 
 @torch.no_grad()
@@ -76,15 +77,31 @@ def evaluate(
     *,
     batch: int = 8,
     chunk: int = 4096,
+    cached: tuple[SegmentPlan, CachedFn | None] | None = None,
 ) -> dict[str, float]:
     """Held-out metrics over ``blocks [N, L]``: ``teacher_ppl``, ``student_ppl`` (next-token),
-    ``kl`` (nats/token, teacher || student) and ``top1`` (argmax agreement); ``tokens`` counted."""
+    ``kl`` (nats/token, teacher || student) and ``top1`` (argmax agreement); ``tokens`` counted.
+
+    ``cached = (plan, run_cached)`` (``L == plan.total``; ``run_cached`` defaults to ``hypic_run``)
+    adds ``cached_kl`` / ``cached_top1`` at the active tokens (seams and suffix: the tokens whose
+    outputs a cached prefill computes), against the same teacher run; ``cached_tokens`` counted."""
     dev = next(student.parameters()).device
     nll_t = nll_s = kl = agree = 0.0
     n_pred = n_tok = 0
+    c_kl = c_agree = 0.0
+    n_cached = 0
     for i in range(0, blocks.shape[0], batch):
         ids = blocks[i : i + batch].to(dev)
         hs, ht = run(student, ids), run(teacher, ids)
+        if cached is not None:
+            plan, run_cached = cached
+            hc = (run_cached or (lambda m, x, p: hypic_run(m, x, p).final))(student, ids, plan)
+            hta = ht[:, torch.tensor(plan.active_positions(), device=dev)]
+            lc = F.log_softmax(student.logits(hc.reshape(-1, hc.shape[-1])).float(), -1)
+            la = F.log_softmax(teacher.logits(hta.reshape(-1, hta.shape[-1])).float(), -1)
+            c_kl += float((la.exp() * (la - lc)).sum())
+            c_agree += float((la.argmax(-1) == lc.argmax(-1)).sum())
+            n_cached += lc.shape[0]
         B, L = ids.shape
         hs2, ht2 = hs.reshape(B * L, -1), ht.reshape(B * L, -1)
         tgt = ids[:, 1:].reshape(-1)
@@ -100,41 +117,13 @@ def evaluate(
             nll_t -= float(lt[keep].gather(-1, y[:, None]).sum())
             n_pred += int(keep.sum())
         n_tok += B * L
-    return {
+    out = {
         "teacher_ppl": math.exp(nll_t / n_pred),
         "student_ppl": math.exp(nll_s / n_pred),
         "kl": kl / n_tok,
         "top1": agree / n_tok,
         "tokens": float(n_tok),
     }
-
-
-@torch.no_grad()
-def evaluate_cached(
-    student: HybridForCausalLM,
-    teacher: HybridForCausalLM,
-    blocks: torch.Tensor,
-    run: RunFn,
-    plan: SegmentPlan,
-    run_cached: Callable[[HybridForCausalLM, torch.Tensor, SegmentPlan], torch.Tensor] | None = None,
-    *,
-    batch: int = 8,
-) -> dict[str, float]:
-    """Over ``blocks [N, L]`` cut as ``plan`` (``L == plan.total``): ``cached_kl`` (nats/token,
-    teacher one pass || student composed) and ``cached_top1`` at the active tokens (seams and
-    suffix: the tokens whose outputs a cached prefill computes); ``cached_tokens`` counted."""
-    dev = next(student.parameters()).device
-    cached = run_cached or (lambda m, ids, p: hypic_run(m, ids, p).final)
-    active = torch.tensor(plan.active_positions(), device=dev)
-    kl = agree = 0.0
-    n = 0
-    for i in range(0, blocks.shape[0], batch):
-        ids = blocks[i : i + batch].to(dev)
-        hs = cached(student, ids, plan)
-        ht = run(teacher, ids)[:, active]
-        ls = F.log_softmax(student.logits(hs.reshape(-1, hs.shape[-1])).float(), -1)
-        lt = F.log_softmax(teacher.logits(ht.reshape(-1, ht.shape[-1])).float(), -1)
-        kl += float((lt.exp() * (lt - ls)).sum())
-        agree += float((lt.argmax(-1) == ls.argmax(-1)).sum())
-        n += ls.shape[0]
-    return {"cached_kl": kl / n, "cached_top1": agree / n, "cached_tokens": float(n)}
+    if n_cached:
+        out.update(cached_kl=c_kl / n_cached, cached_top1=c_agree / n_cached, cached_tokens=float(n_cached))
+    return out
