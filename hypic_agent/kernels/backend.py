@@ -48,9 +48,14 @@ def _device_type(device: torch.device | str | None) -> str:
     return torch.device(device).type
 
 
+def same_device(here: torch.device, device: torch.device) -> bool:
+    """Whether ``here`` is ``device`` (``cuda`` without an index matches any CUDA device)."""
+    return here.type == device.type and (device.index is None or here.index == device.index)
+
+
 def on_device(t: torch.Tensor, device: torch.device) -> bool:
     """Whether ``t`` lives on ``device`` (``cuda`` without an index matches any CUDA device)."""
-    return t.device.type == device.type and (device.index is None or t.device.index == device.index)
+    return same_device(t.device, device)
 
 
 def to_device_async(t: torch.Tensor, device: torch.device) -> torch.Tensor:

@@ -113,6 +113,24 @@ def chain_tables(chains: list[list[ChainLink]], device: torch.device) -> ChainTa
     return ChainTables(to_device_async(m, device), to_device_async(p, device), dtype or torch.float32)
 
 
+def tables_from_pointers(
+    meta: list[tuple[int, int, int]],
+    pointers: list[torch.Tensor | None],
+    dtype: torch.dtype,
+    device: torch.device,
+) -> ChainTables:
+    """The same tables as ``chain_tables`` from per-link pointer blocks: ``meta`` rows (kind, start,
+    end) and, per link, None for a piece or a body's ``[L, 2]`` (T, S) pointers over the L layers
+    (``SegmentEntry.pair_pointers``, cached per entry): one stack instead of a Python loop over
+    layers x links per request. Pairs must be contiguous, of ``dtype``, on ``device``."""
+    n_layers = next((p.shape[0] for p in pointers if p is not None), 0)
+    zero = torch.zeros(n_layers, 2, dtype=torch.int64)
+    blocks = [zero if p is None else p for p in pointers]
+    ptrs = torch.stack(blocks, dim=1) if blocks else torch.zeros(n_layers, 0, 2, dtype=torch.int64)
+    m = torch.tensor(meta, dtype=torch.int32).reshape(-1, 3)
+    return ChainTables(to_device_async(m, device), to_device_async(ptrs.contiguous(), device), dtype)
+
+
 def gdn_combine_scan(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -131,7 +149,9 @@ def gdn_combine_scan(
     """One linear layer's combine (see module doc). Shapes as ``gdn_combine_scan_torch``.
 
     ``backend``: ``"torch"`` (token loop), ``"fla"`` or ``"auto"`` (the Triton kernel on CUDA).
-    ``tables``: prebuilt ``(ChainTables, row)`` for this chain (saves a host->device copy per layer)."""
+    ``tables``: prebuilt ``(ChainTables, row)`` for this chain (saves a host->device copy per layer);
+    with tables the Triton kernel reads the chain from them and ``chain`` may be empty (it is only
+    validated and used when the torch twin runs)."""
     T, H, K = k.shape
     HV, V = v.shape[1], v.shape[2]
     if q.shape != k.shape or v.shape[0] != T or HV % H or h0.shape != (HV, K, V):
@@ -150,14 +170,11 @@ def gdn_combine_scan(
         from .combine_scan_triton import gdn_combine_scan_triton
 
         tab, row = tables if tables is not None else (chain_tables([chain], q.device), 0)
-        # q, k normalised (and q scaled) up front in fp32: two fewer cross-thread reductions per token
-        # step in the kernel, whose sequential token loop sets its time
-        qs = gdn_torch.l2norm(q.float()) if use_qk_l2norm else q.float()
-        ks = gdn_torch.l2norm(k.float()) if use_qk_l2norm else k.float()
-        qs = qs * (K**-0.5 if scale is None else scale)
+        # q, k are normalised in the kernel: off the token loop's critical path (they do not depend on
+        # the state), and no extra launches per layer
         return gdn_combine_scan_triton(
-            qs, ks, v, g, beta, tab.meta, tab.ptrs[row], h0, pair_dtype=tab.pair_dtype, use_qk_l2norm=False,
-            scale=1.0, transition=transition,
+            q, k, v, g, beta, tab.meta, tab.ptrs[row], h0, pair_dtype=tab.pair_dtype, use_qk_l2norm=use_qk_l2norm,
+            scale=scale, transition=transition,
         )  # fmt: skip
     return gdn_combine_scan_torch(
         q, k, v, g, beta, chain, h0, use_qk_l2norm=use_qk_l2norm, scale=scale, transition=transition

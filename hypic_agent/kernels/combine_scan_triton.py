@@ -2,7 +2,11 @@
 
 Grid ``(cdiv(V, BV), HV)``: each program owns a ``[K, BV]`` column slice of one value head's state
 and walks the chain. Piece tokens run the gated delta rule one step at a time (decay, delta
-update, output; q/k L2-normalised in the kernel); a body loads its ``T`` / ``S`` through the
+update, output). A token step is latency-bound: ``_prep_qk_kernel`` first normalises q and k and
+computes ``q^T k`` for every token in one launch (no cross-thread reductions left for them in the
+loop), the next token's operands are loaded before this one computes, and the output comes from
+the previous state (``q^T h' = a q^T h + (q^T k) d``): one round of reductions over K per token,
+not two. A body loads its ``T`` / ``S`` through the
 pointer table and applies ``h <- T @ h + S`` as one ``[K, K] x [K, BV]`` tensor-core dot in
 ``tf32x3`` (about fp32 accuracy, as in ``chain_triton``).
 """
@@ -18,10 +22,11 @@ import triton.language as tl
 
 @triton.jit
 def _gdn_combine_scan_kernel(
-    q, k, v, g, beta, o, h0, ht, meta, ptrs, n, scale, scratch,
+    q, k, qk, v, g, beta, o, h0, ht, meta, ptrs, n, scratch,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    BC: tl.constexpr, L2NORM: tl.constexpr, TRANSITION: tl.constexpr, PAIR_BF16: tl.constexpr,
+    BC: tl.constexpr, TRANSITION: tl.constexpr, PAIR_BF16: tl.constexpr,
 ):  # fmt: skip
+    """q, k ``[T, H, K]`` fp32 prepared by ``_prep_qk_kernel`` (normalised, q scaled), qk ``[T, H]``."""
     i_v = tl.program_id(0)
     i_hv = tl.program_id(1).to(tl.int64)
     i_h = i_hv // (HV // H)
@@ -38,21 +43,33 @@ def _gdn_combine_scan_kernel(
         if kind == 0:
             start = tl.load(meta + i * 3 + 1)
             end = tl.load(meta + i * 3 + 2)
+            # token t+1's operands are loaded while token t computes (they do not depend on the state)
+            live = start < end
+            b_q = tl.load(q + (i_h + start * H) * K + o_k, mask=m_k & live, other=0.0)
+            b_k = tl.load(k + (i_h + start * H) * K + o_k, mask=m_k & live, other=0.0)
+            b_qk = tl.load(qk + i_h + start * H, mask=live, other=0.0)
+            b_v = tl.load(v + (i_hv + start * HV) * V + o_v, mask=m_v & live, other=0.0).to(tl.float32)
+            b_g = tl.load(g + i_hv + start * HV, mask=live, other=0.0).to(tl.float32)
+            b_beta = tl.load(beta + i_hv + start * HV, mask=live, other=0.0).to(tl.float32)
             for t in range(start, end):
-                b_q = tl.load(q + (i_h + t * H) * K + o_k, mask=m_k, other=0.0).to(tl.float32)
-                b_k = tl.load(k + (i_h + t * H) * K + o_k, mask=m_k, other=0.0).to(tl.float32)
-                b_v = tl.load(v + (i_hv + t * HV) * V + o_v, mask=m_v, other=0.0).to(tl.float32)
-                b_g = tl.load(g + i_hv + t * HV).to(tl.float32)
-                b_beta = tl.load(beta + i_hv + t * HV).to(tl.float32)
-                if L2NORM:
-                    b_q = b_q / tl.sqrt(tl.sum(b_q * b_q) + 1e-6)
-                    b_k = b_k / tl.sqrt(tl.sum(b_k * b_k) + 1e-6)
-                b_q = b_q * scale
-                b_h = b_h * tl.exp(b_g)
-                b_d = (b_v - tl.sum(b_h * b_k[:, None], 0)) * b_beta
-                b_h = b_h + b_k[:, None] * b_d[None, :]
-                b_o = tl.sum(b_h * b_q[:, None], 0)
+                nxt = t + 1 < end
+                n_q = tl.load(q + (i_h + (t + 1) * H) * K + o_k, mask=m_k & nxt, other=0.0)
+                n_k = tl.load(k + (i_h + (t + 1) * H) * K + o_k, mask=m_k & nxt, other=0.0)
+                n_qk = tl.load(qk + i_h + (t + 1) * H, mask=nxt, other=0.0)
+                n_v = tl.load(v + (i_hv + (t + 1) * HV) * V + o_v, mask=m_v & nxt, other=0.0)
+                n_g = tl.load(g + i_hv + (t + 1) * HV, mask=nxt, other=0.0)
+                n_beta = tl.load(beta + i_hv + (t + 1) * HV, mask=nxt, other=0.0)
+                # h' = a h + k d^T with d = (v - a k^T h) beta, so q^T h' = a q^T h + (q^T k) d:
+                # both reductions over K read the previous state and run side by side
+                decay = tl.exp(b_g)
+                b_hk = tl.sum(b_h * b_k[:, None], 0)
+                b_hq = tl.sum(b_h * b_q[:, None], 0)
+                b_d = (b_v - decay * b_hk) * b_beta
+                b_o = decay * b_hq + b_qk * b_d
+                b_h = b_h * decay + b_k[:, None] * b_d[None, :]
                 tl.store(o + (i_hv + t * HV) * V + o_v, b_o.to(o.dtype.element_ty), mask=m_v)
+                b_q, b_k, b_qk, b_v = n_q, n_k, n_qk, n_v.to(tl.float32)
+                b_g, b_beta = n_g.to(tl.float32), n_beta.to(tl.float32)
         else:
             p_s = tl.load(ptrs + i * 2 + 1).to(tl.pointer_type(pair_ty))
             b_s = tl.load(p_s + i_hv * K * V + off_kv, mask=m_kv, other=0.0).to(tl.float32)
@@ -79,6 +96,26 @@ def _gdn_combine_scan_kernel(
             else:
                 b_h = b_h + b_s
     tl.store(ht + i_hv * K * V + off_kv, b_h, mask=m_kv)
+
+
+@triton.jit
+def _prep_qk_kernel(q, k, qo, ko, qk, scale, H: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, L2NORM: tl.constexpr):
+    """One (token, key head): q, k ``[T, H, K]`` -> L2-normalised fp32 copies (q times ``scale``) and
+    their dot ``qk [T, H]`` (the scan's per-token ``q^T k``)."""
+    i_t = tl.program_id(0).to(tl.int64)
+    i_h = tl.program_id(1)
+    o_k = tl.arange(0, BK)
+    m_k = o_k < K
+    off = (i_t * H + i_h) * K + o_k
+    b_q = tl.load(q + off, mask=m_k, other=0.0).to(tl.float32)
+    b_k = tl.load(k + off, mask=m_k, other=0.0).to(tl.float32)
+    if L2NORM:
+        b_q = b_q * (1.0 / tl.sqrt(tl.sum(b_q * b_q) + 1e-6))
+        b_k = b_k * (1.0 / tl.sqrt(tl.sum(b_k * b_k) + 1e-6))
+    b_q = b_q * scale
+    tl.store(qo + off, b_q, mask=m_k)
+    tl.store(ko + off, b_k, mask=m_k)
+    tl.store(qk + i_t * H + i_h, tl.sum(b_q * b_k))
 
 
 _CONFIGS = [
@@ -119,14 +156,19 @@ def gdn_combine_scan_triton(
     H, K = k.shape[1], k.shape[2]
     HV, V = v.shape[1], v.shape[2]
     q, k, v, g, beta = (x.contiguous() for x in (q, k, v, g, beta))
+    T = k.shape[0]
+    BK = max(16, triton.next_power_of_2(K))
+    qs = torch.empty(T, H, K, dtype=torch.float32, device=v.device)
+    ks = torch.empty_like(qs)
+    qk = torch.empty(T, H, dtype=torch.float32, device=v.device)
+    if T:
+        _prep_qk_kernel[(T, H)](q, k, qs, ks, qk, K**-0.5 if scale is None else scale, H=H, K=K, BK=BK,
+                                L2NORM=use_qk_l2norm)  # fmt: skip
     o = torch.empty_like(v)
     ht = torch.empty(HV, K, V, dtype=torch.float32, device=v.device)
-    BK = max(16, triton.next_power_of_2(K))
     scratch = torch.empty(HV, K, V, dtype=torch.float32, device=v.device)  # body_chunk > 0: h re-read from here
-    args = (q, k, v, g, beta, o, h0.float().contiguous(), ht, meta, ptrs, meta.shape[0],
-            K**-0.5 if scale is None else scale, scratch)  # fmt: skip
-    consts = dict(H=H, HV=HV, K=K, V=V, BK=BK, L2NORM=use_qk_l2norm, TRANSITION=transition,
-                  PAIR_BF16=pair_dtype == torch.bfloat16)  # fmt: skip
+    args = (qs, ks, qk, v, g, beta, o, h0.float().contiguous(), ht, meta, ptrs, meta.shape[0], scratch)
+    consts = dict(H=H, HV=HV, K=K, V=V, BK=BK, TRANSITION=transition, PAIR_BF16=pair_dtype == torch.bfloat16)
     if bv is None:
         _tuned_kernel[lambda meta: (triton.cdiv(V, meta["BV"]), HV)](*args, **consts)
     else:

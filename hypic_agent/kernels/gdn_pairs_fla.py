@@ -1,11 +1,13 @@
 """fla-core implementation of ``gdn_pairs.gated_delta_rule_with_pairs`` (CUDA only; imported lazily).
 
-Pass 1: seam windows from zero states (``chunk_gated_delta_rule``, a few tokens per segment).
-Pass 2: bodies from the windows' final states, through fla's forward stages called one by one
-(as ``chunk_gated_delta_rule_fwd`` composes them): chunk-local cumsum of g (log2 space) -> WY
-factors ``w, u`` -> chunk states ``h`` -> outputs. The same ``w, u, g`` then feed
-``chunk_cp_fwd_h(..., multi_seqs=True)``, which writes ``hm [Nb, HV, K, V+K] = [S_body | T_body]``
-(from a zero state; the incoming state does not enter). q and k are L2-normalised once, up front.
+One varlen pass over the split's sub-sequences (every segment cut into its seam window and its
+body), through fla's forward stages called one by one (as ``chunk_gated_delta_rule_fwd`` composes
+them): chunk-local cumsum of g (log2 space) -> WY factors ``w, u`` -> pairs -> chunk states ``h``
+-> outputs. The same ``w, u, g`` feed ``chunk_cp_fwd_h(..., multi_seqs=True)``, which writes
+``hm [M, HV, K, V+K] = [S | T]`` of every sub-sequence from a zero state. A window starts from zero,
+so its final state is its ``S``: that is the state entering the body behind it, and the bodies'
+``(T, S)`` are the entry pairs. No token is gathered or scattered, and the chunk tables come from
+the host (``SeamSplit``): no device sync. q and k are L2-normalised once, up front.
 
 ``gdn_after_pairs_fla`` (combine): WY factors once -> the pieces' pairs -> caller's chain gives the
 incoming states -> chunk states and outputs from those states, reusing the same factors.
@@ -18,16 +20,13 @@ from fla.modules.norm.l2norm import l2norm_fwd
 from fla.ops.common.chunk_delta_h import chunk_gated_delta_rule_fwd_h
 from fla.ops.common.chunk_o import chunk_fwd_o
 from fla.ops.cp.chunk_fwd import chunk_cp_fwd_h
-from fla.ops.gated_delta_rule import chunk_gated_delta_rule
 from fla.ops.gated_delta_rule.chunk_fwd import chunk_gated_delta_rule_fwd_intra
 from fla.ops.utils import chunk_local_cumsum
 from fla.ops.utils.constant import RCP_LN2
 from fla.ops.utils.index import prepare_chunk_indices
 
 from ._varlen import as_int64
-from .gdn_pairs import EnterFn, SeamSplit, identity_pairs
-
-CHUNK = 64
+from .gdn_pairs import CHUNK, EnterFn, SeamSplit
 
 
 def _l2norm_qk(q: torch.Tensor, k: torch.Tensor, use: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -45,17 +44,19 @@ def _wy_pass(
     cu: torch.Tensor,
     enter: EnterFn,
     scale: float,
+    chunks: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """One set of WY factors for P packed sequences (q, k already L2-normalised): their pairs from a
     zero state, then their outputs from ``enter(T, S)``.
 
-    q, k ``[T, H, K]``; v ``[T, HV, V]``; g, beta ``[T, HV]``; cu ``[P+1]`` int64 -> (o ``[T, HV, V]``,
-    finals ``[P, HV, K, V]``, T ``[P, HV, K, K]``, S ``[P, HV, K, V]``), states fp32.
+    q, k ``[T, H, K]``; v ``[T, HV, V]``; g, beta ``[T, HV]``; cu ``[P+1]`` int64; ``chunks``: fla's
+    chunk indices ``[NC, 2]`` and offsets ``[P+1]`` for ``cu`` (None: fla derives them, with a device
+    sync) -> (o ``[T, HV, V]``, finals ``[P, HV, K, V]``, T ``[P, HV, K, K]``, S ``[P, HV, K, V]``), fp32 states.
     """
     K = k.shape[-1]
     HV, V = v.shape[-2:]
     qb, kb, vb = q[None].contiguous(), k[None].contiguous(), v[None].contiguous()
-    idx = prepare_chunk_indices(cu, CHUNK)
+    idx, offsets = chunks if chunks is not None else (prepare_chunk_indices(cu, CHUNK), None)
     gc = chunk_local_cumsum(g.float()[None].contiguous(), chunk_size=CHUNK, scale=RCP_LN2, cu_seqlens=cu,
                             chunk_indices=idx)  # fmt: skip
     w, u, _ = chunk_gated_delta_rule_fwd_intra(
@@ -67,7 +68,7 @@ def _wy_pass(
     h0 = enter(T, S).float().contiguous()
     h, v_new, fin = chunk_gated_delta_rule_fwd_h(
         k=kb, w=w, u=u, g=gc, initial_state=h0, output_final_state=True, chunk_size=CHUNK, cu_seqlens=cu,
-        chunk_indices=idx,
+        chunk_indices=idx, chunk_offsets=offsets,
     )  # fmt: skip
     o = chunk_fwd_o(q=qb, k=kb, v=v_new, h=h, g=gc, scale=scale, cu_seqlens=cu, chunk_size=CHUNK, chunk_indices=idx)
     assert fin is not None
@@ -86,29 +87,13 @@ def gdn_with_pairs_fla(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """q, k ``[T, H, K]``; v ``[T, HV, V]``; g, beta ``[T, HV]`` -> (o ``[T, HV, V]``, finals
     ``[N, HV, K, V]``, T_body ``[N, HV, K, K]``, S_body ``[N, HV, K, V]``), states fp32."""
-    K = k.shape[-1]
-    HV, V = v.shape[-2:]
-    scale = K**-0.5 if scale is None else scale
+    scale = k.shape[-1] ** -0.5 if scale is None else scale
     q, k = _l2norm_qk(q, k, use_qk_l2norm)
-    o = torch.empty(q.shape[0], HV, V, dtype=q.dtype, device=q.device)
-    finals = torch.zeros(split.n, HV, K, V, dtype=torch.float32, device=q.device)
-    T, S = identity_pairs(split.n, HV, K, V, q.device)
-    if split.seam_segs:  # pass 1: seam windows from zero
-        s = split.seam_idx
-        o_s, fin_s = chunk_gated_delta_rule(
-            q[s][None], k[s][None], v[s][None], g.float()[s][None], beta.to(q.dtype)[s][None],
-            scale=scale, output_final_state=True, cu_seqlens=split.cu_seam,
-        )  # fmt: skip
-        o[s] = o_s[0]
-        finals[split.seam_seg_idx] = fin_s.float()  # the bodies start here; final for all-window segments
-    if split.body_segs:  # pass 2: bodies from the windows' states, WY factors shared with the pairs
-        b = split.body_idx
-        bs = split.body_seg_idx
-        enter = finals[bs]
-        o[b], finals[bs], T[bs], S[bs] = _wy_pass(
-            q[b], k[b], v[b], g[b], beta[b], split.cu_body, lambda _T, _S: enter, scale
-        )
-    return o, finals, T, S
+    o, fin, T_sub, S_sub = _wy_pass(
+        q, k, v, g, beta, split.cu_sub, lambda _T, S: split.enter_states(S), scale,
+        (split.sub_chunks, split.sub_chunk_offsets),
+    )  # fmt: skip
+    return (o, *split.segment_results(fin, T_sub, S_sub))
 
 
 def gdn_after_pairs_fla(

@@ -12,7 +12,7 @@ from typing import cast
 
 import torch
 
-from hypic_agent.runtime.graphs import feed_forward
+from hypic_agent.runtime.graphs import feed_forward, mixer_in, mixer_out
 from hypic_agent.runtime.models.hybrid import HybridForCausalLM
 from hypic_agent.runtime.state import AttentionLayerState, LayerState, LinearLayerState, RequestState
 
@@ -84,17 +84,21 @@ def prefill(
     h = model.embed(ids)
     new_layers: list[list[LayerState]] = [[] for _ in seqs]
     for i, layer in enumerate(model.layers):
-        x = layer.input_layernorm(h)
+        inputs = mixer_in(model, i, h)  # token-local stages replay from CUDA graphs where enabled
         if layer.linear_attn is not None:
             init = torch.stack([st.layers[i].recurrent for st in prior])  # type: ignore[union-attr]
             conv = torch.stack([st.layers[i].conv for st in prior])  # type: ignore[union-attr]
-            y, final, conv_final = layer.linear_attn(x, cu, init, conv)
+            mixed, z, g, beta = inputs
+            ops, conv_final = layer.linear_attn.convolve(mixed, z, g, beta, cu, conv)
+            o, final = layer.linear_attn.mix(ops, cu, init)
+            extra: tuple[torch.Tensor, ...] = (z,)
             for j in range(len(seqs)):
                 new_layers[j].append(LinearLayerState(final[j], conv_final[j]))
         else:
             attn = layer.self_attn
             assert attn is not None
-            q, k, v, gate = attn.qkv(x)
+            q, k, v = inputs[:3]
+            extra = inputs[3:]  # the output gate, if any
             q, k = attn.rotate(q, pos), attn.rotate(k, pos)
             ks, vs, klens = [], [], []
             for j, st in enumerate(prior):
@@ -107,8 +111,7 @@ def prefill(
                 klens.append(kj.shape[0])
                 new_layers[j].append(AttentionLayerState(kj, vj))
             o = attn.attend(q, torch.cat(ks), torch.cat(vs), cu_host, cu_seqlens_of(klens, torch.device("cpu")))
-            y = attn.output(o, gate)
-        h = feed_forward(model, i, h + y)
+        h = mixer_out(model, i, h, o, *extra)
     last_idx = (cu[1:] - 1).long()
     logits = model.logits(h if all_logits else h[last_idx])
     out = []

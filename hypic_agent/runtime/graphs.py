@@ -15,11 +15,16 @@ and replayed, one launch each:
 What depends on the request's layout (conv over pieces, delta-rule scan over cached pairs,
 attention over spliced KV) stays eager between ``mixer_in`` and ``mixer_out``.
 
-Inputs are copied into static ``[bucket, ...]`` buffers; rows past the real tokens carry stale but
-finite values, are computed like any token and never read back. The real rows of the outputs are
-copied out under a lock, so callers never hold a view of a buffer that the next replay (or another
-thread sharing the model) overwrites. Capture failures (an op that syncs with the host, a driver
-without graphs) log once and leave the runner eager.
+Inputs are copied into static buffers; rows past the real tokens carry stale but finite values,
+are computed like any token and never read back. Outputs land in static buffers too (the graph
+ends with the copy into them). Each buffer is sized for the largest bucket and shared by every
+layer and every bucket of its stage (a bucket's graph works on the first ``bucket`` rows; replays
+are serial), so the memory held by graphs grows with neither the layer count nor the number of
+buckets: buckets up to 8192 tokens cover entry building of a few cold segments and the
+prefix-cache continuation as well as the combine. The real
+rows are copied out under a lock, so callers never hold a view of a buffer that the next replay (or
+another thread sharing the model) overwrites. Capture failures (an op that syncs with the host, a
+driver without graphs) log once and leave the runner eager.
 """
 
 from __future__ import annotations
@@ -35,7 +40,8 @@ from hypic_agent.runtime.models.hybrid import HybridForCausalLM
 
 log = logging.getLogger(__name__)
 
-BUCKETS = (8, 16, 32, 64, 128, 256, 512)
+# powers of two up to 512, then steps of 512 (a few cold segments pad by at most 512 tokens, not 2x)
+BUCKETS = (8, 16, 32, 64, 128, 256, *range(512, 8192 + 1, 512))
 Stage = Callable[..., tuple[torch.Tensor, ...]]
 _Graph = tuple[torch.cuda.CUDAGraph, list[torch.Tensor], tuple[torch.Tensor, ...]]
 
@@ -47,7 +53,7 @@ class LayerGraphs:
         self.model = model
         self.buckets = tuple(sorted(buckets))
         self.disabled: str | None = None  # why graphs are off (capture failed), or None
-        self._inputs: dict[tuple[Any, ...], torch.Tensor] = {}  # (stage, bucket, slot, shape, dtype) -> buffer
+        self._inputs: dict[tuple[Any, ...], torch.Tensor] = {}  # (stage, slot, shape, dtype) -> buffer
         self._graphs: dict[tuple[str, int, int], _Graph] = {}
         self._lock = threading.Lock()
         self._pool: Any = None  # one memory pool shared by all graphs (torch.cuda.graph_pool_handle)
@@ -78,12 +84,14 @@ class LayerGraphs:
             return tuple(o[:n].clone() for o in outputs)
 
     def _buffers(self, stage: str, b: int, xs: tuple[torch.Tensor, ...]) -> list[torch.Tensor]:
+        """``[b, ...]`` views of static buffers shaped like ``xs`` (rows past the first dim), one per
+        (stage, slot, shape, dtype) with the largest bucket's rows: shared by all layers and buckets."""
         bufs = []
         for slot, x in enumerate(xs):
-            key = (stage, b, slot, tuple(x.shape[1:]), x.dtype)
+            key = (stage, slot, tuple(x.shape[1:]), x.dtype)
             if key not in self._inputs:
-                self._inputs[key] = torch.zeros(b, *x.shape[1:], device=x.device, dtype=x.dtype)
-            bufs.append(self._inputs[key])
+                self._inputs[key] = torch.zeros(self.buckets[-1], *x.shape[1:], device=x.device, dtype=x.dtype)
+            bufs.append(self._inputs[key][:b])
         return bufs
 
     def _capture(self, key: tuple[str, int, int], fn: Stage, xs: tuple[torch.Tensor, ...]) -> _Graph | None:
@@ -94,13 +102,16 @@ class LayerGraphs:
             side.wait_stream(torch.cuda.current_stream(dev))
             with torch.cuda.stream(side):  # warm-up outside the capture: lazy inits, workspaces
                 for _ in range(2):
-                    fn(*inputs)
+                    sample = fn(*inputs)
             torch.cuda.current_stream(dev).wait_stream(side)
+            outputs = tuple(self._buffers("out:" + key[0], key[2], sample))
+            del sample
             if self._pool is None:
                 self._pool = torch.cuda.graph_pool_handle()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self._pool):
-                outputs = fn(*inputs)
+                for buf, y in zip(outputs, fn(*inputs), strict=True):
+                    buf.copy_(y)
         except Exception as err:  # never fail a request over a graph
             self.disabled = f"{type(err).__name__}: {err}"
             log.warning("CUDA graph capture of stage %r failed (%s); running eagerly", key[0], self.disabled)

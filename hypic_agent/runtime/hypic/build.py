@@ -14,6 +14,7 @@ import torch
 
 from hypic_agent.kernels.gdn_pairs import SeamSplit
 from hypic_agent.runtime.forward import cu_seqlens_of
+from hypic_agent.runtime.graphs import mixer_in, mixer_out
 from hypic_agent.runtime.hypic.entry import AttentionEntry, LinearEntry, SegmentEntry
 from hypic_agent.runtime.models.hybrid import HybridForCausalLM
 
@@ -51,25 +52,27 @@ def build_entries(
 
     per_seg: list[list[LinearEntry | AttentionEntry]] = [[] for _ in segments]
     h = model.embed(ids)
-    for layer in model.layers:
-        x = layer.input_layernorm(h)
+    for li, layer in enumerate(model.layers):
+        inputs = mixer_in(model, li, h)  # token-local stages replay from CUDA graphs where enabled
         if layer.linear_attn is not None:
             mixer = layer.linear_attn
-            ops, conv_final = mixer.operands(x, cu, None)
+            mixed, z, g, beta = inputs
+            ops, conv_final = mixer.convolve(mixed, z, g, beta, cu, None)
             o, _, T, S = mixer.mix_with_pairs(ops, cu, split)
-            y = mixer.output(o, ops.z)
-            for j in range(len(segments)):
-                per_seg[j].append(LinearEntry(T[j].to(pair_dtype), S[j].to(pair_dtype), conv_final[j].clone()))
+            extra: tuple[torch.Tensor, ...] = (z,)
+            for j in range(len(segments)):  # own copies: an entry never pins the batch's pair tensor
+                Tj, Sj = T[j].to(pair_dtype, copy=True), S[j].to(pair_dtype, copy=True)
+                per_seg[j].append(LinearEntry(Tj, Sj, conv_final[j].clone()))
         else:
             attn = layer.self_attn
             assert attn is not None
-            q, k, v, gate = attn.qkv(x)
+            q, k, v = inputs[:3]
             o = attn.attend(attn.rotate(q, pos), attn.rotate(k, pos), v, cu_host, cu_host)
-            y = attn.output(o, gate)
+            extra = inputs[3:]  # the output gate, if any
             for j in range(len(segments)):
                 a, b = cu_list[j], cu_list[j + 1]
                 per_seg[j].append(AttentionEntry(k[a:b].clone(), v[a:b].clone()))
-        h = layer.feed_forward(h + y)
+        h = mixer_out(model, li, h, o, *extra)
     _sync(dev)
     ms = (time.perf_counter() - t0) * 1e3
     total = sum(lengths)

@@ -23,7 +23,7 @@ import torch
 
 from hypic_agent.kernels import chain as chain_ops
 from hypic_agent.kernels import combine_scan
-from hypic_agent.kernels.backend import resolve_triton
+from hypic_agent.kernels.backend import resolve_triton, same_device
 from hypic_agent.runtime.graphs import mixer_in, mixer_out
 from hypic_agent.runtime.hypic.entry import AttentionEntry, LinearEntry, SegmentEntry
 from hypic_agent.runtime.hypic.layout import CombineLayout
@@ -60,7 +60,8 @@ def _chain(lay: CombineLayout, entries: list[SegmentEntry | None], li: int) -> l
 
 @dataclass
 class _LayerScan:
-    """A linear layer's chain for the fused scan, and its row of the Triton launch tables (None: twin)."""
+    """A linear layer's chain for the fused scan (read by the torch twin; empty with tables), and its
+    row of the Triton launch tables (None: the twin)."""
 
     chain: list[combine_scan.ChainLink]
     tables: tuple[combine_scan.ChainTables, int] | None = None
@@ -160,14 +161,38 @@ def _scan_plan(
     triton = resolve_triton(mixer.backend, dev)
     if fused_scan is None and not (triton and lay.active_ids.numel() <= combine_scan.MAX_TOKENS):
         return dict.fromkeys(lin)
-    chains = {li: _chain(lay, entries, li) for li in lin}
     if not triton:  # the torch twin
-        return {li: _LayerScan(chain) for li, chain in chains.items()}
+        return {li: _LayerScan(_chain(lay, entries, li)) for li in lin}
     try:
-        tables = combine_scan.chain_tables(list(chains.values()), dev)
+        tables = _tables(lay, entries, dev)
     except ValueError:  # mixed pair dtypes or devices: the chunked path converts as it goes
         return dict.fromkeys(lin)
-    return {li: _LayerScan(chain, (tables, row)) for row, (li, chain) in enumerate(chains.items())}
+    return {li: _LayerScan([], (tables, row)) for row, li in enumerate(lin)}
+
+
+def _tables(lay: CombineLayout, entries: list[SegmentEntry | None], dev: torch.device) -> combine_scan.ChainTables:
+    """The fused scan's launch tables for every linear layer at once, from the entries' cached pair
+    pointers (no per-layer, per-link Python work). Raises ``ValueError`` for pairs it cannot read."""
+    meta: list[tuple[int, int, int]] = []
+    blocks: list[torch.Tensor | None] = []
+    dtypes: set[torch.dtype] = set()
+    for item in lay.chain:
+        if item.kind == "piece":
+            meta.append((0, lay.cu_host[item.index], lay.cu_host[item.index + 1]))
+            blocks.append(None)
+            continue
+        e = entries[item.index]
+        assert e is not None
+        here = e.device()
+        if here is None or not same_device(here, dev):
+            raise ValueError(f"pairs must be on {dev}")
+        ptrs, dtype = e.pair_pointers()
+        meta.append((1, 0, 0))
+        blocks.append(ptrs)
+        dtypes.add(dtype)
+    if len(dtypes) > 1:
+        raise ValueError("combine scan needs pairs of one dtype")
+    return combine_scan.tables_from_pointers(meta, blocks, dtypes.pop() if dtypes else torch.float32, dev)
 
 
 @torch.no_grad()

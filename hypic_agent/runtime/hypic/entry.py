@@ -9,11 +9,11 @@ segment when ``seam == 0``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
-from hypic_agent.kernels.backend import on_device
+from hypic_agent.kernels.backend import same_device
 
 
 @dataclass
@@ -35,6 +35,10 @@ class SegmentEntry:
     seam: int  # tokens 0..seam-1 are the seam window, seam..n-1 the cached body
     layers: list[LinearEntry | AttentionEntry]
     prefill_ms: float = 0.0  # cost of building it (what a hit saves)
+    # host-side caches (entries are immutable once built): the device all tensors live on (None: mixed
+    # or not checked yet) and the linear layers' pair pointers for the fused combine scan
+    _device: torch.device | None = field(default=None, init=False, repr=False, compare=False)
+    _pointers: tuple[torch.Tensor, torch.dtype] | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def n_tokens(self) -> int:
@@ -89,9 +93,30 @@ class SegmentEntry:
             prefill_ms=float(t["prefill_ms"][0]) if "prefill_ms" in t else 0.0,
         )
 
+    def pair_pointers(self) -> tuple[torch.Tensor, torch.dtype]:
+        """``[n_linear, 2]`` int64 host tensor of each linear layer's (T, S) data pointers, and the pairs'
+        dtype; computed once per entry (what ``combine_scan.tables_from_pointers`` stacks per request).
+        Raises ``ValueError`` for non-contiguous pairs or mixed dtypes."""
+        if self._pointers is None:
+            lin = [e for e in self.layers if isinstance(e, LinearEntry)]
+            dtypes = {t.dtype for e in lin for t in (e.T, e.S)}
+            if len(dtypes) > 1 or not all(e.T.is_contiguous() and e.S.is_contiguous() for e in lin):
+                raise ValueError("combine scan needs contiguous pairs of one dtype")
+            ptrs = torch.tensor([(e.T.data_ptr(), e.S.data_ptr()) for e in lin], dtype=torch.int64)
+            self._pointers = (ptrs.reshape(-1, 2), dtypes.pop() if dtypes else torch.float32)
+        return self._pointers
+
+    def device(self) -> torch.device | None:
+        """The device every tensor lives on (None when they are spread over several); checked once."""
+        if self._device is None:
+            devs = {t.device for e in self.layers for t in vars(e).values()}
+            self._device = devs.pop() if len(devs) == 1 else None
+        return self._device
+
     def to(self, device: torch.device | str) -> SegmentEntry:
         dev = torch.device(device)
-        if all(on_device(t, dev) for e in self.layers for t in vars(e).values()):
+        here = self.device()
+        if here is not None and same_device(here, dev):
             return self  # already there (GPU-tier hits): no per-tensor calls
         layers: list[LinearEntry | AttentionEntry] = []
         for e in self.layers:
