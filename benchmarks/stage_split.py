@@ -1,0 +1,135 @@
+"""Wall vs host vs GPU-busy time of the runtime's main calls on one model: shows which are host-bound.
+
+For each call (warm): median wall time (synchronized), host time until the call returns, and the
+GPU-busy time (union of kernel intervals in one ``torch.profiler`` trace), kernel and launch
+counts, and the top kernels. A call whose wall time is its host time while the GPU is busy for
+much less is bound by Python and launch overhead.
+
+    python benchmarks/stage_split.py --shape qwen3_5_35b_a3b            # all 40 layers, H200
+    python benchmarks/stage_split.py --shape qwen3_5_35b_a3b --calls build combine
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from _common import load_shape, model_args, print_table, random_model, write_json
+from ttft import Plan, Seg
+
+from hypic_agent.config import Settings
+from hypic_agent.runtime.engine import Engine
+from hypic_agent.runtime.forward import prefill
+from hypic_agent.runtime.hypic.build import build_entries
+
+CALLS = ("prefill_cold", "build", "prefill_prompt", "continuation", "combine", "prefix_hit")
+
+
+def _busy_ms(intervals: list[tuple[int, int]]) -> float:
+    """Union length of ``(start_us, end_us)`` kernel intervals, ms."""
+    busy, cur_s, cur_e = 0, None, None
+    for s, e in sorted(intervals):
+        if cur_e is None or s > cur_e:
+            if cur_e is not None and cur_s is not None:
+                busy += cur_e - cur_s
+            cur_s, cur_e = s, e
+        else:
+            cur_e = max(cur_e, e)
+    if cur_e is not None and cur_s is not None:
+        busy += cur_e - cur_s
+    return busy / 1e3
+
+
+def measure(name: str, fn: Callable[[], Any], reps: int = 3) -> dict[str, Any]:
+    fn()
+    torch.cuda.synchronize()
+    walls, hosts = [], []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        t1 = time.perf_counter()
+        torch.cuda.synchronize()
+        walls.append((time.perf_counter() - t0) * 1e3)
+        hosts.append((t1 - t0) * 1e3)
+    acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=acts) as prof:
+        fn()
+        torch.cuda.synchronize()
+    cuda = torch.autograd.DeviceType.CUDA
+    kernels = [(e.time_range.start, e.time_range.end) for e in prof.events() if e.device_type == cuda]
+    avg = prof.key_averages()
+    top = sorted((e for e in avg if e.device_type == cuda), key=lambda e: -e.self_device_time_total)[:8]
+    row = {
+        "call": name,
+        "wall_ms": sorted(walls)[reps // 2],
+        "host_ms": sorted(hosts)[reps // 2],
+        "gpu_busy_ms": _busy_ms(kernels),
+        "kernels": len(kernels),
+        "launches": sum(e.count for e in avg if "LaunchKernel" in e.key or e.key.startswith("cuLaunch")),
+        "graph_launches": sum(e.count for e in avg if e.key == "cudaGraphLaunch"),
+        "top_kernels": [(e.key[:70], e.count, round(e.self_device_time_total / 1e3, 2)) for e in top],
+    }
+    print(f"{name}: wall {row['wall_ms']:.1f} ms, host {row['host_ms']:.1f} ms, GPU busy {row['gpu_busy_ms']:.1f} ms")
+    return row
+
+
+def main() -> None:
+    ap = model_args(argparse.ArgumentParser(description=__doc__))
+    ap.add_argument("--calls", nargs="+", default=list(CALLS), choices=CALLS)
+    ap.add_argument("--cold", type=int, default=4, help="cold segments for prefill_cold / build")
+    ap.add_argument("--segments", type=int, default=20)
+    ap.add_argument("--seg-len", type=int, default=1024)
+    ap.add_argument("--query-len", type=int, default=50)
+    ap.add_argument("--out", default="bench_out/stage_split.json")
+    args = ap.parse_args()
+    if not args.device.startswith("cuda"):
+        raise SystemExit("stage_split.py profiles CUDA kernels: run it on a GPU")
+    model = random_model(load_shape(args.shape, args.layers), args.device, getattr(torch, args.dtype))
+    engine = Engine(model, None, "stage-split", Settings(min_cached_tokens=16, cpu_budget_bytes=1 << 40))  # graphs on
+    vocab = model.config.vocab_size
+    g = torch.Generator().manual_seed(1)
+
+    def toks(n: int) -> list[int]:
+        return torch.randint(0, vocab, (n,), generator=g).tolist()
+
+    cold = [toks(args.seg_len) for _ in range(args.cold)]
+    docs = [Seg(tuple(toks(args.seg_len))) for _ in range(args.segments)]
+    prompt = [t for d in docs for t in d.token_ids]
+    query = toks(args.query_len)
+    plan = Plan(docs, query)
+    rows = []
+    for call in args.calls:
+        if call == "prefill_cold":
+            rows.append(measure(f"prefill {args.cold} x {args.seg_len}", lambda: prefill(model, cold)))
+        elif call == "build":
+            rows.append(
+                measure(f"build {args.cold} x {args.seg_len}, w=8", lambda: build_entries(model, cold, [8] * len(cold)))
+            )
+        elif call == "prefill_prompt":
+            rows.append(measure(f"prefill {len(prompt)} tokens", lambda: prefill(model, [prompt]), reps=2))
+        elif call == "continuation":
+            state = prefill(model, [prompt])[0]
+            rows.append(
+                measure(f"{len(query)} tokens after {len(prompt)}", lambda s=state: prefill(model, [query], [s]))
+            )
+        elif call == "combine":
+            engine.prepare(plan, mode="hypic")  # builds the entries
+            rows.append(measure("warm hypic prepare", lambda: engine.prepare(plan, mode="hypic")))
+        elif call == "prefix_hit":  # the warm-up call stores the prefix: timed calls resume from it
+            rows.append(
+                measure(
+                    "prefix_cache prepare (prefix hit)",
+                    lambda: engine.prepare(Plan(docs[::-1], query), mode="prefix_cache"),
+                    reps=1,
+                )
+            )
+    print_table(rows, ["call", "wall_ms", "host_ms", "gpu_busy_ms", "kernels", "launches", "graph_launches"])
+    write_json(args.out, {"args": vars(args), "rows": rows, "device": torch.cuda.get_device_name()})
+
+
+if __name__ == "__main__":
+    main()
