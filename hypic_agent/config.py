@@ -47,6 +47,11 @@ class Settings(BaseSettings):
     pair_dtype: Literal["float32", "bfloat16"] = "float32"
     min_cached_tokens: int = Field(default=16, ge=0, description="shorter segments are recomputed, never cached")
     scatter_workers: int = Field(default=1, ge=1)
+    fuse_cold_builds: bool = Field(
+        default=True,
+        description="with one scatter worker, build a request's cold segments inside its combine forward "
+        "(their token-local stages shared with the active tokens) instead of in a separate pass",
+    )
 
     # --- store -----------------------------------------------------------------------
     database_url: str | None = Field(default=None, description="SQLAlchemy URL; default sqlite file in home")

@@ -1,5 +1,9 @@
 """The engine: ``plan -> lookup -> route cold segments -> scatter prefill -> store -> combine -> decode``.
 
+With one scatter worker (the default) the cold segments of a composed request are built inside
+its combine forward instead (``combine(..., cold=ColdBatch)``, ``Settings.fuse_cold_builds``) and
+stored after it: same entries and logits, one read of the weights per layer instead of two.
+
 ``Engine.prepare`` turns a prompt plan into a ``RequestState`` in the requested mode;
 ``Engine.generate`` decodes from it and streams events. One model stream: requests are
 serialized by a lock, which also makes concurrent requests needing the same cold segment share
@@ -20,6 +24,7 @@ from hypic_agent.errors import ContextLengthError, InvalidRequestError
 from hypic_agent.runtime.decode import decode_loop
 from hypic_agent.runtime.forward import prefill
 from hypic_agent.runtime.graphs import enable_cuda_graphs
+from hypic_agent.runtime.hypic.build import ColdBatch
 from hypic_agent.runtime.hypic.cache import EntryCache, MemoryEntryCache
 from hypic_agent.runtime.hypic.combine import combine
 from hypic_agent.runtime.hypic.entry import SegmentEntry
@@ -32,6 +37,8 @@ from hypic_agent.runtime.router import Route, route
 from hypic_agent.runtime.sampling import SamplingParams
 from hypic_agent.runtime.scatter import scatter_prefill
 from hypic_agent.segments.keys import segment_key
+
+MAX_FUSED_COLD_TOKENS = 65536  # above this the cold segments go through scatter_prefill's batches
 
 
 class PlanLike(Protocol):
@@ -170,13 +177,25 @@ class Engine:
         r = route(keys, self.cache)  # lookup
         t_lookup = _ms(t0)
         t1 = time.perf_counter()
-        entries = self._fill_cold(r, segs, kinds, seams, tenant)  # scatter prefill + store
         hits = [r.entries[i] is not None for i in range(len(segs))]
+        cold = self._cold_batch(r, segs, seams)
+        if cold is None:
+            entries = self._fill_cold(r, segs, kinds, seams, tenant)  # scatter prefill + store
+        else:  # built inside the combine forward below, stored after it
+            by_key = {r.keys[i]: e for i, e in zip(r.cold, cold.entries, strict=True)}
+            entries = [r.entries[i] if hits[i] else by_key.get(r.keys[i]) for i in range(len(segs))]
         entries = [e.to(self.device) if e is not None else None for e in entries]
         t_scatter = _ms(t1)
         t2 = time.perf_counter()
         lay = plan_layout(segs, entries, seams, suffix, self.device)
-        state = combine(self.model, lay, entries, spec)
+        state = combine(self.model, lay, entries, spec, cold=cold)
+        if cold is not None:
+            share = cold.n_tokens / (cold.n_tokens + lay.active_ids.numel())
+            cold.set_cost(_ms(t2) * share)
+            for i, e in zip(r.cold, cold.entries, strict=True):
+                key = r.keys[i]
+                assert key is not None
+                self.cache.insert(key, e, kind=kinds[i], tenant=tenant)
         cached = sum(len(segs[i]) - seams[i] for i in range(len(segs)) if hits[i])
         usage = [
             SegmentUsage(keys[i], kinds[i], len(segs[i]), hits[i], r.tiers[i] if hits[i] else None)
@@ -191,6 +210,15 @@ class Engine:
             state.length - cached,
             timings_ms={"lookup_ms": t_lookup, "scatter_ms": t_scatter, "combine_ms": _ms(t2)},
         )
+
+    def _cold_batch(self, r: Route, segs: Sequence[Sequence[int]], seams: Sequence[int]) -> ColdBatch | None:
+        """The request's cold segments as a batch for the combine forward, or None (nothing cold,
+        fusing off, several scatter workers, or more cold tokens than one scatter batch)."""
+        if not r.cold or not self.settings.fuse_cold_builds or self.settings.scatter_workers != 1:
+            return None
+        if sum(len(segs[i]) for i in r.cold) > MAX_FUSED_COLD_TOKENS:
+            return None
+        return ColdBatch(self.model, [segs[i] for i in r.cold], [seams[i] for i in r.cold], pair_dtype=self.pair_dtype)
 
     def _fill_cold(
         self, r: Route, segs: Sequence[Sequence[int]], kinds: Sequence[str], seams: Sequence[int], tenant: str

@@ -88,3 +88,23 @@ def test_bad_requests(engine):
     # no query: the last segment becomes the (uncached) suffix
     prep = engine.prepare(Plan(docs(2), suffix_ids=[]), mode="hypic")
     assert prep.state.length == 48
+
+
+def test_cold_segments_built_in_the_combine_match_the_scatter_path():
+    """With ``fuse_cold_builds`` (default) a request's cold segments are built inside its combine
+    forward: same logits as the separate scatter pass, the same entries stored (a repeat of the
+    request hits every segment), and a repeated document in one request is built once."""
+    model, _, _ = make_model("qwen3_5_moe_text")
+    d = docs(3, seed=500)
+    plan = Plan([d[0], d[1], d[0], d[2]])
+    out = {}
+    for fuse in (True, False):
+        eng = Engine(model, tiny_tokenizer(), "tiny-test", Settings(min_cached_tokens=4, fuse_cold_builds=fuse))
+        eng.prepare(Plan([d[1]]), mode="hypic")  # one warm entry, the rest cold
+        first = eng.prepare(plan, mode="hypic")
+        again = eng.prepare(plan, mode="hypic")
+        assert [u.hit for u in first.segments] == [False, True, False, False]
+        assert all(u.hit for u in again.segments)
+        assert torch.allclose(first.state.last_logits, again.state.last_logits, atol=1e-4)
+        out[fuse] = first.state.last_logits
+    assert torch.allclose(out[True], out[False], atol=1e-4)

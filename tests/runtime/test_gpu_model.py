@@ -146,3 +146,31 @@ def test_fla_linear_mixer_parts_match_cpu_reference(arch, monkeypatch):
         diffs[part] = max((r.all_logits - g.all_logits.cpu()).abs().max().item() for r, g in zip(ref, got))
         _rows_close(torch.cat([r.all_logits for r in ref]), torch.cat([g.all_logits.cpu() for g in got]), True)
     print(f"{arch}: max logit diff with only the {' / '.join(f'{k} on fla: {v:.4f}' for k, v in diffs.items())}")
+
+
+def test_cold_build_inside_combine_matches_separate_build_on_gpu():
+    """Cold segments built in the combine forward (graphs on, fused scan reading the pairs the batch
+    writes layer by layer) match build_entries + combine on the H200."""
+    from hypic_agent.runtime.graphs import enable_cuda_graphs
+    from hypic_agent.runtime.hypic.build import ColdBatch
+
+    model, _, _ = make_model("qwen3_5_text")
+    model = model.to("cuda", torch.bfloat16)
+    enable_cuda_graphs(model)
+    segs = [tuple(rand_tokens(n, 40 + n)) for n in (70, 33, 90, 64)]
+    seams = [8, 8, 8, 8]
+    warm = build_entries(model, segs[:2], seams[:2])
+    suffix = rand_tokens(12, 5)
+    ref_cold = build_entries(model, segs[2:], seams[2:])
+    ref_entries = [*warm, *ref_cold]
+    dev = torch.device("cuda")
+    ref = combine(model, plan_layout(segs, ref_entries, seams, suffix, dev), ref_entries, mode_spec("hypic"))
+    batch = ColdBatch(model, segs[2:], seams[2:])
+    entries = [*warm, *batch.entries]
+    got = combine(model, plan_layout(segs, entries, seams, suffix, dev), entries, mode_spec("hypic"), cold=batch)
+    scale = ref.last_logits.abs().max().item()
+    assert (got.last_logits - ref.last_logits).abs().max().item() < 2e-2 * scale
+    for e, r in zip(batch.entries, ref_cold, strict=True):
+        for la, lb in zip(e.layers, r.layers, strict=True):
+            for ta, tb in zip(vars(la).values(), vars(lb).values(), strict=True):
+                assert (ta.float() - tb.float()).abs().max().item() < 2e-2 * max(tb.float().abs().max().item(), 1.0)

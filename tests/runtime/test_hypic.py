@@ -171,3 +171,38 @@ def test_scan_tables_from_cached_entry_pointers_equal_the_chain_tables():
     assert entries[0].pair_pointers() is entries[0].pair_pointers()  # cached per entry
     with pytest.raises(ValueError, match="on meta"):
         _tables(lay, [entries[0], None, entries[2]], torch.device("meta"))
+
+
+@pytest.mark.parametrize("arch", ["qwen3_5_moe_text", "qwen3_next", "llama"])
+@pytest.mark.parametrize("fused_scan", [True, False])
+def test_cold_segments_built_inside_the_combine_equal_build_then_combine(arch, fused_scan):
+    """Cold segments built in the combine forward (``combine(..., cold=ColdBatch)``) give the same
+    logits, states and entries as ``build_entries`` followed by ``combine``."""
+    from hypic_agent.runtime.hypic.build import ColdBatch
+
+    model, _, _ = make_model(arch)
+    spec = mode_spec("hypic")
+    segs = segments((30, 5, 41, 26, 19), seed=3)
+    seams = [seam_tokens(4, len(s)) for s in segs]
+    warm = build_entries(model, [segs[0], segs[3]], [seams[0], seams[3]])
+    cold_idx = [2, 4]  # segment 1 (5 tokens) stays uncached: recomputed whole
+    suffix = rand_tokens(6, 98)
+
+    ref_cold = build_entries(model, [segs[i] for i in cold_idx], [seams[i] for i in cold_idx])
+    ref_entries = [warm[0], None, ref_cold[0], warm[1], ref_cold[1]]
+    ref = combine(model, plan_layout(segs, ref_entries, seams, suffix, CPU), ref_entries, spec, fused_scan=fused_scan)
+
+    batch = ColdBatch(model, [segs[i] for i in cold_idx], [seams[i] for i in cold_idx])
+    entries = [warm[0], None, batch.entries[0], warm[1], batch.entries[1]]
+    lay = plan_layout(segs, entries, seams, suffix, CPU)
+    got = combine(model, lay, entries, spec, fused_scan=fused_scan, cold=batch)
+
+    assert (got.last_logits - ref.last_logits).abs().max().item() < 1e-4
+    for a, b in zip(got.layers, ref.layers, strict=True):
+        for ta, tb in zip(vars(a).values(), vars(b).values(), strict=True):
+            assert torch.allclose(ta, tb, atol=1e-4)
+    for e, r in zip(batch.entries, ref_cold, strict=True):
+        assert e.token_ids == r.token_ids and e.seam == r.seam
+        for la, lb in zip(e.layers, r.layers, strict=True):
+            for ta, tb in zip(vars(la).values(), vars(lb).values(), strict=True):
+                assert ta.shape == tb.shape and torch.allclose(ta, tb, atol=1e-5)

@@ -25,6 +25,7 @@ from hypic_agent.kernels import chain as chain_ops
 from hypic_agent.kernels import combine_scan
 from hypic_agent.kernels.backend import resolve_triton, same_device
 from hypic_agent.runtime.graphs import mixer_in, mixer_out
+from hypic_agent.runtime.hypic.build import ColdBatch
 from hypic_agent.runtime.hypic.entry import AttentionEntry, LinearEntry, SegmentEntry
 from hypic_agent.runtime.hypic.layout import CombineLayout
 from hypic_agent.runtime.hypic.modes import ModeSpec
@@ -203,16 +204,30 @@ def combine(
     spec: ModeSpec,
     *,
     fused_scan: bool | None = None,
+    cold: ColdBatch | None = None,
 ) -> RequestState:
     """Build the request's working state from entries + active tokens; sets ``last_logits``.
 
     ``fused_scan``: run linear layers through the fused combine scan (True), the chunked path
-    (False) or pick (None: fused on CUDA for few active tokens)."""
+    (False) or pick (None: fused on CUDA for few active tokens).
+
+    ``cold``: segments without an entry yet, built in the same forward. Their entries (``cold.entries``,
+    already placed in ``entries``) are filled layer by layer before the active tokens read them, and
+    both token sets share every token-local stage (one ``mixer_in`` / ``mixer_out`` over the cold rows
+    followed by the active rows: one read of the expert weights per layer instead of two)."""
     plan = _scan_plan(model, lay, entries, fused_scan)
     h = model.embed(lay.active_ids)
+    hc = cold.embed() if cold is not None else None
     layers: list[LayerState] = []
     for li, layer in enumerate(model.layers):
-        inputs = mixer_in(model, li, h)  # token-local stages replay from CUDA graphs where enabled
+        # token-local stages replay from CUDA graphs where enabled
+        if hc is None:
+            inputs = mixer_in(model, li, h)
+        else:
+            assert cold is not None
+            both = mixer_in(model, li, torch.cat([hc, h]))
+            inputs = tuple(x[hc.shape[0] :] for x in both)
+            o_cold, extra_cold = cold.run_layer(li, layer, tuple(x[: hc.shape[0]] for x in both))
         st: LayerState
         if layer.linear_attn is not None:
             o, st = _linear(layer.linear_attn, inputs, lay, entries, li, spec, plan[li])
@@ -223,6 +238,12 @@ def combine(
             o, st = _attention(layer.self_attn, q, k, v, lay, entries, li, spec)
             extra = inputs[3:]  # the output gate, if any
         layers.append(st)
-        h = mixer_out(model, li, h, o, *extra)
+        if hc is None:
+            h = mixer_out(model, li, h, o, *extra)
+        else:
+            rows = hc.shape[0]
+            both_extra = (torch.cat([a, b]) for a, b in zip(extra_cold, extra, strict=True))
+            out = mixer_out(model, li, torch.cat([hc, h]), torch.cat([o_cold, o]), *both_extra)
+            hc, h = out[:rows], out[rows:]
     logits = model.logits(h[-1:])[0]
     return RequestState(layers, lay.total, logits, tokens=list(lay.tokens))
