@@ -5,10 +5,11 @@ Entry building (HYPIC §3) needs, per segment, the layer output of the whole seg
 reference runs the two separately (``gated_delta_rule`` over whole segments, then
 ``transition_pairs`` over the bodies), recomputing the per-chunk WY factors of the bodies.
 
-On CUDA the fla path shares them: pass 1 runs the seam windows from zero states; pass 2 runs the
-bodies from the seam windows' final states, and the WY factors (``w, u``) and chunked decays it
-computes feed fla's summary kernel ``chunk_cp_fwd_h`` as well, so a pair costs one extra state
-sweep instead of a second forward (``gdn_pairs_fla``).
+On CUDA the fla path shares them in one varlen pass over ``SeamSplit``'s sub-sequences (every
+segment cut into its window and its body): the WY factors (``w, u``) and chunked decays feed fla's
+summary kernel ``chunk_cp_fwd_h`` (every sub-sequence's pair from zero), the windows' ``S`` are the
+states entering the bodies, and the forward runs all sub-sequences from those states; a pair costs
+one extra state sweep instead of a second forward, with no token gathers (``gdn_pairs_fla``).
 
 ``gated_delta_rule_after_pairs`` is the combine-side twin: pieces (seam windows, the suffix) get
 their pairs, a caller-supplied chain turns them into incoming states, and the pieces then run
