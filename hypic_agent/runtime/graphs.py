@@ -15,8 +15,9 @@ and replayed, one launch each:
 What depends on the request's layout (conv over pieces, delta-rule scan over cached pairs,
 attention over spliced KV) stays eager between ``mixer_in`` and ``mixer_out``.
 
-Inputs are copied into static buffers; rows past the real tokens carry stale but finite values,
-are computed like any token and never read back. Outputs land in static buffers too (the graph
+Inputs are copied into static buffers; rows past the real tokens are zeros (rows a longer earlier
+input left are cleared: stale hidden states would be routed to experts of their own), are
+computed like any token and never read back. Outputs land in static buffers too (the graph
 ends with the copy into them). Each buffer is sized for the largest bucket and shared by every
 layer and every bucket of its stage (a bucket's graph works on the first ``bucket`` rows; replays
 are serial), so the memory held by graphs grows with neither the layer count nor the number of
@@ -54,6 +55,8 @@ class LayerGraphs:
         self.buckets = tuple(sorted(buckets))
         self.disabled: str | None = None  # why graphs are off (capture failed), or None
         self._inputs: dict[tuple[Any, ...], torch.Tensor] = {}  # (stage, slot, shape, dtype) -> buffer
+        self._bases: dict[int, torch.Tensor] = {}  # data pointer -> that buffer (bucket views share it)
+        self._live: dict[int, int] = {}  # data pointer -> leading rows that may be non-zero
         self._graphs: dict[tuple[str, int, int], _Graph] = {}
         self._lock = threading.Lock()
         self._pool: Any = None  # one memory pool shared by all graphs (torch.cuda.graph_pool_handle)
@@ -79,9 +82,23 @@ class LayerGraphs:
         graph, inputs, outputs = entry
         with self._lock:
             for buf, x in zip(inputs, xs, strict=True):
-                buf[:n].copy_(x)
+                self._load(buf, x)
             graph.replay()
             return tuple(o[:n].clone() for o in outputs)
+
+    def _load(self, buf: torch.Tensor, x: torch.Tensor) -> None:
+        """Copy ``x [n, ...]`` into the first rows of the input buffer ``buf`` and zero the rows a longer
+        earlier input left behind, so padding rows hold zeros rather than stale hidden states: a
+        stale row is routed to experts like a real token (more expert weights to read), while zero
+        rows all pick the same top-k. Only rows written since the last zeroing are cleared, so
+        same-size requests pay nothing."""
+        n = x.shape[0]
+        buf[:n].copy_(x)
+        base = self._bases.get(buf.data_ptr(), buf)
+        live = self._live.get(buf.data_ptr(), 0)
+        if live > n:
+            base[n:live].zero_()
+        self._live[buf.data_ptr()] = n
 
     def _buffers(self, stage: str, b: int, xs: tuple[torch.Tensor, ...]) -> list[torch.Tensor]:
         """``[b, ...]`` views of static buffers shaped like ``xs`` (rows past the first dim), one per
@@ -90,7 +107,8 @@ class LayerGraphs:
         for slot, x in enumerate(xs):
             key = (stage, slot, tuple(x.shape[1:]), x.dtype)
             if key not in self._inputs:
-                self._inputs[key] = torch.zeros(self.buckets[-1], *x.shape[1:], device=x.device, dtype=x.dtype)
+                base = torch.zeros(self.buckets[-1], *x.shape[1:], device=x.device, dtype=x.dtype)
+                self._inputs[key] = self._bases[base.data_ptr()] = base
             bufs.append(self._inputs[key][:b])
         return bufs
 

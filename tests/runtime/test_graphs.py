@@ -47,3 +47,19 @@ def test_combine_stages_split_like_the_layer():
     enable_cuda_graphs(model)
     got = combine(model, lay, list(entries), mode_spec("hypic"))
     assert torch.equal(ref.last_logits, got.last_logits)
+
+
+def test_padding_rows_are_zeroed_after_a_longer_input():
+    """Input buffers are shared by all buckets: rows a longer earlier input wrote are cleared when a
+    shorter one follows (stale hidden states in padding rows would pick experts of their own), and
+    same-size inputs pay no clearing."""
+    model, _, _ = make_model("qwen3_5_text")
+    r = LayerGraphs(model, buckets=(8, 16))
+    x16 = torch.randn(16, 4)
+    big, small = r._buffers("s", 16, (x16,))[0], r._buffers("s", 8, (x16,))[0]
+    assert big.data_ptr() == small.data_ptr()  # one base buffer, two bucket views
+    r._load(big, torch.ones(13, 4))
+    assert torch.equal(big[:13], torch.ones(13, 4)) and not big[13:].any()
+    r._load(small, torch.full((3, 4), 2.0))
+    assert torch.equal(big[:3], torch.full((3, 4), 2.0)) and not big[3:].any()  # rows 3..12 cleared
+    assert r._live[big.data_ptr()] == 3
