@@ -182,8 +182,7 @@ class Engine:
         if cold is None:
             entries = self._fill_cold(r, segs, kinds, seams, tenant)  # scatter prefill + store
         else:  # built inside the combine forward below, stored after it
-            by_key = {r.keys[i]: e for i, e in zip(r.cold, cold.entries, strict=True)}
-            entries = [r.entries[i] if hits[i] else by_key.get(r.keys[i]) for i in range(len(segs))]
+            entries = _with_built(r, cold.entries)
         entries = [e.to(self.device) if e is not None else None for e in entries]
         t_scatter = _ms(t1)
         t2 = time.perf_counter()
@@ -192,10 +191,7 @@ class Engine:
         if cold is not None:
             share = cold.n_tokens / (cold.n_tokens + lay.active_ids.numel())
             cold.set_cost(_ms(t2) * share)
-            for i, e in zip(r.cold, cold.entries, strict=True):
-                key = r.keys[i]
-                assert key is not None
-                self.cache.insert(key, e, kind=kinds[i], tenant=tenant)
+            self._store(r, cold.entries, kinds, tenant)
         cached = sum(len(segs[i]) - seams[i] for i in range(len(segs)) if hits[i])
         usage = [
             SegmentUsage(keys[i], kinds[i], len(segs[i]), hits[i], r.tiers[i] if hits[i] else None)
@@ -228,13 +224,15 @@ class Engine:
         built = scatter_prefill(
             [self.model], [segs[i] for i in r.cold], [seams[i] for i in r.cold], pair_dtype=self.pair_dtype
         )
-        fresh: dict[str, SegmentEntry] = {}
+        self._store(r, built, kinds, tenant)
+        return _with_built(r, built)
+
+    def _store(self, r: Route, built: Sequence[SegmentEntry], kinds: Sequence[str], tenant: str) -> None:
+        """Insert the entries built for ``r.cold`` (in that order) into the cache."""
         for i, e in zip(r.cold, built, strict=True):
             key = r.keys[i]
             assert key is not None
             self.cache.insert(key, e, kind=kinds[i], tenant=tenant)
-            fresh[key] = e
-        return [r.entries[i] if r.entries[i] is not None else fresh.get(r.keys[i] or "") for i in range(len(segs))]
 
     # ------------------------------------------------------------------ generate
     def generate(
@@ -275,3 +273,10 @@ class Engine:
             SegmentUsage(keys[i], kinds[i], len(segments[i]), r.entries[i] is not None, r.tiers[i])
             for i in range(len(segments))
         ]
+
+
+def _with_built(r: Route, built: Sequence[SegmentEntry]) -> list[SegmentEntry | None]:
+    """Every segment's entry: its hit, or the one built for its key (``built`` follows ``r.cold``; a
+    repeated cold document gets the entry of its first occurrence), or None when not cached."""
+    by_key = {r.keys[i]: e for i, e in zip(r.cold, built, strict=True)}
+    return [e if e is not None else by_key.get(r.keys[i]) for i, e in enumerate(r.entries)]

@@ -225,9 +225,10 @@ def combine(
             inputs = mixer_in(model, li, h)
         else:
             assert cold is not None
+            rows = hc.shape[0]
             both = mixer_in(model, li, torch.cat([hc, h]))
-            inputs = tuple(x[hc.shape[0] :] for x in both)
-            o_cold, extra_cold = cold.run_layer(li, layer, tuple(x[: hc.shape[0]] for x in both))
+            inputs = tuple(x[rows:] for x in both)
+            o_cold, extra_cold = cold.run_layer(li, layer, tuple(x[:rows] for x in both))
         st: LayerState
         if layer.linear_attn is not None:
             o, st = _linear(layer.linear_attn, inputs, lay, entries, li, spec, plan[li])
@@ -241,7 +242,6 @@ def combine(
         if hc is None:
             h = mixer_out(model, li, h, o, *extra)
         else:
-            rows = hc.shape[0]
             both_extra = (torch.cat([a, b]) for a, b in zip(extra_cold, extra, strict=True))
             out = mixer_out(model, li, torch.cat([hc, h]), torch.cat([o_cold, o]), *both_extra)
             hc, h = out[:rows], out[rows:]
