@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 
 
@@ -54,3 +56,11 @@ def as_int64(cu_seqlens: torch.Tensor) -> torch.Tensor:
     out = cu_seqlens.long()
     _LAST_INT64[0], _LAST_INT64[1] = cu_seqlens, out
     return out
+
+
+def fla_chunk_tables(lens: list[int], chunk: int = 64) -> tuple[list[tuple[int, int]], list[int]]:
+    """fla's varlen chunk indices ``[(sequence, chunk)]`` and per-sequence chunk offsets ``[N+1]`` for
+    sequences of ``lens`` tokens, computed on the host (fla derives them from a device ``cu_seqlens``
+    with a blocking copy)."""
+    counts = [-(-n // chunk) for n in lens]
+    return [(i, c) for i, n in enumerate(counts) for c in range(n)], [0, *itertools.accumulate(counts)]

@@ -2,12 +2,12 @@
 
 One varlen pass over the split's sub-sequences (every segment cut into its seam window and its
 body), through fla's forward stages called one by one (as ``chunk_gated_delta_rule_fwd`` composes
-them): chunk-local cumsum of g (log2 space) -> WY factors ``w, u`` -> pairs -> chunk states ``h``
--> outputs. The same ``w, u, g`` feed ``chunk_cp_fwd_h(..., multi_seqs=True)``, which writes
-``hm [M, HV, K, V+K] = [S | T]`` of every sub-sequence from a zero state. A window starts from zero,
-so its final state is its ``S``: that is the state entering the body behind it, and the bodies'
-``(T, S)`` are the entry pairs. No token is gathered or scattered, and the chunk tables come from
-the host (``SeamSplit``): no device sync. q and k are L2-normalised once, up front.
+them): chunk-local cumsum of g (log2 space) -> WY factors ``w, u`` once for everything. The windows'
+rows of those factors give their zero-start states (a small gathered state pass): the states
+entering the bodies. The forward runs all sub-sequences from them; the same factors give every
+transition (fla's state pass on the identity with zero values), and a body's zero-start state is its
+final state less ``T_body S_win``. Chunk tables come from the host (``SeamSplit``): no device sync.
+q and k are L2-normalised once, up front.
 
 ``gdn_after_pairs_fla`` (combine): WY factors once -> the pieces' pairs -> caller's chain gives the
 incoming states -> chunk states and outputs from those states, reusing the same factors.
@@ -26,7 +26,8 @@ from fla.ops.utils.constant import RCP_LN2
 from fla.ops.utils.index import prepare_chunk_indices
 
 from ._varlen import as_int64
-from .gdn_pairs import CHUNK, EnterFn, SeamSplit
+from .gdn_pairs import EnterFn
+from .seam_split import CHUNK, SeamSplit
 
 
 def _l2norm_qk(q: torch.Tensor, k: torch.Tensor, use: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -44,19 +45,17 @@ def _wy_pass(
     cu: torch.Tensor,
     enter: EnterFn,
     scale: float,
-    chunks: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """One set of WY factors for P packed sequences (q, k already L2-normalised): their pairs from a
     zero state, then their outputs from ``enter(T, S)``.
 
-    q, k ``[T, H, K]``; v ``[T, HV, V]``; g, beta ``[T, HV]``; cu ``[P+1]`` int64; ``chunks``: fla's
-    chunk indices ``[NC, 2]`` and offsets ``[P+1]`` for ``cu`` (None: fla derives them, with a device
-    sync) -> (o ``[T, HV, V]``, finals ``[P, HV, K, V]``, T ``[P, HV, K, K]``, S ``[P, HV, K, V]``), fp32 states.
+    q, k ``[T, H, K]``; v ``[T, HV, V]``; g, beta ``[T, HV]``; cu ``[P+1]`` int64 -> (o ``[T, HV, V]``,
+    finals ``[P, HV, K, V]``, T ``[P, HV, K, K]``, S ``[P, HV, K, V]``), fp32 states.
     """
     K = k.shape[-1]
     HV, V = v.shape[-2:]
     qb, kb, vb = q[None].contiguous(), k[None].contiguous(), v[None].contiguous()
-    idx, offsets = chunks if chunks is not None else (prepare_chunk_indices(cu, CHUNK), None)
+    idx = prepare_chunk_indices(cu, CHUNK)
     gc = chunk_local_cumsum(g.float()[None].contiguous(), chunk_size=CHUNK, scale=RCP_LN2, cu_seqlens=cu,
                             chunk_indices=idx)  # fmt: skip
     w, u, _ = chunk_gated_delta_rule_fwd_intra(
@@ -68,11 +67,48 @@ def _wy_pass(
     h0 = enter(T, S).float().contiguous()
     h, v_new, fin = chunk_gated_delta_rule_fwd_h(
         k=kb, w=w, u=u, g=gc, initial_state=h0, output_final_state=True, chunk_size=CHUNK, cu_seqlens=cu,
-        chunk_indices=idx, chunk_offsets=offsets,
+        chunk_indices=idx,
     )  # fmt: skip
     o = chunk_fwd_o(q=qb, k=kb, v=v_new, h=h, g=gc, scale=scale, cu_seqlens=cu, chunk_size=CHUNK, chunk_indices=idx)
     assert fin is not None
     return o[0], fin.float(), T, S
+
+
+def _window_states(
+    k: torch.Tensor, w: torch.Tensor, u: torch.Tensor, gc: torch.Tensor, split: SeamSplit
+) -> torch.Tensor:
+    """Zero-start final states of the seam windows ``[Nw, HV, K, V]`` fp32: their rows of the shared
+    factors (k ``[1, T, H, K]``, w ``[1, T, HV, K]``, u ``[1, T, HV, V]``, gc ``[1, T, HV]``) gathered
+    (each window is a sequence of its own in both layouts, so its chunk-local factors are the same)
+    through fla's state pass."""
+    i = split.win_idx
+    if i.numel() == 0:
+        return u.new_zeros(0, u.shape[2], k.shape[-1], u.shape[-1], dtype=torch.float32)
+    _, _, S_win = chunk_gated_delta_rule_fwd_h(
+        k=k[:, i], w=w[:, i], u=u[:, i], g=gc[:, i], output_final_state=True, chunk_size=CHUNK, save_new_value=False,
+        cu_seqlens=split.cu_win, chunk_indices=split.win_chunks, chunk_offsets=split.win_chunk_offsets,
+    )  # fmt: skip
+    assert S_win is not None
+    return S_win
+
+
+def _transitions(k: torch.Tensor, w: torch.Tensor, gc: torch.Tensor, split: SeamSplit) -> torch.Tensor:
+    """Every sub-sequence's transition ``T [M, HV, K, K]`` fp32: fla's forward state pass run on the
+    identity with zero values (``h <- T_c h``), sharing the forward's WY factors; the state pass costs
+    a fifth of fla's summary kernel (``chunk_cp_fwd_h``, which runs a tf32x3 ``[K, K]`` product per chunk)
+    at the precision of the forward's own states."""
+    M, HV, K = split.cu_sub.numel() - 1, w.shape[2], w.shape[-1]
+    eye = split.constant(
+        ("eye", HV, K, w.device), lambda: torch.eye(K, dtype=torch.float32, device=w.device).expand(M, HV, K, K).clone()
+    )
+    zeros = split.constant(("zeros", w.shape, w.dtype, w.device), lambda: torch.zeros_like(w))
+    _, _, T = chunk_gated_delta_rule_fwd_h(
+        k=k, w=w, u=zeros, g=gc, initial_state=eye, output_final_state=True, chunk_size=CHUNK,
+        save_new_value=False, cu_seqlens=split.cu_sub, chunk_indices=split.sub_chunks,
+        chunk_offsets=split.sub_chunk_offsets,
+    )  # fmt: skip
+    assert T is not None
+    return T
 
 
 def gdn_with_pairs_fla(
@@ -86,14 +122,28 @@ def gdn_with_pairs_fla(
     scale: float | None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """q, k ``[T, H, K]``; v ``[T, HV, V]``; g, beta ``[T, HV]`` -> (o ``[T, HV, V]``, finals
-    ``[N, HV, K, V]``, T_body ``[N, HV, K, K]``, S_body ``[N, HV, K, V]``), states fp32."""
+    ``[N, HV, K, V]``, T_body ``[N, HV, K, K]``, S_body ``[N, HV, K, V]``), states fp32.
+
+    WY factors once over the sub-sequences -> the windows' zero-start states (a small gathered pass)
+    -> the forward from them (bodies enter from their window) -> the transitions (state pass on the
+    identity) -> ``S_body = fin - T_body S_win``."""
     scale = k.shape[-1] ** -0.5 if scale is None else scale
     q, k = _l2norm_qk(q, k, use_qk_l2norm)
-    o, fin, T_sub, S_sub = _wy_pass(
-        q, k, v, g, beta, split.cu_sub, lambda _T, S: split.enter_states(S), scale,
-        (split.sub_chunks, split.sub_chunk_offsets),
+    qb, kb, vb = q[None].contiguous(), k[None].contiguous(), v[None].contiguous()
+    cu, idx, offsets = split.cu_sub, split.sub_chunks, split.sub_chunk_offsets
+    gc = chunk_local_cumsum(g.float()[None].contiguous(), chunk_size=CHUNK, scale=RCP_LN2, cu_seqlens=cu,
+                            chunk_indices=idx)  # fmt: skip
+    w, u, _ = chunk_gated_delta_rule_fwd_intra(
+        k=kb, v=vb, g=gc, beta=beta.to(q.dtype)[None].contiguous(), cu_seqlens=cu, chunk_size=CHUNK, chunk_indices=idx
+    )
+    S_win = _window_states(kb, w, u, gc, split)
+    h, v_new, fin = chunk_gated_delta_rule_fwd_h(
+        k=kb, w=w, u=u, g=gc, initial_state=split.enter_from_windows(S_win), output_final_state=True,
+        chunk_size=CHUNK, cu_seqlens=cu, chunk_indices=idx, chunk_offsets=offsets,
     )  # fmt: skip
-    return (o, *split.segment_results(fin, T_sub, S_sub))
+    o = chunk_fwd_o(q=qb, k=kb, v=v_new, h=h, g=gc, scale=scale, cu_seqlens=cu, chunk_size=CHUNK, chunk_indices=idx)
+    assert fin is not None
+    return (o[0], *split.results_from_finals(fin, _transitions(kb, w, gc, split), S_win))
 
 
 def gdn_after_pairs_fla(

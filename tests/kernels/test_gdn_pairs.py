@@ -29,6 +29,10 @@ def test_seam_split_indices():
     assert sp.body_sub.tolist() == [1, 3, 5] and sp.seg_last_sub.tolist() == [1, 2, 3, 5]
     assert sp.sub_chunks.tolist() == [[0, 0], [1, 0], [2, 0], [3, 0], [3, 1], [4, 0], [5, 0]]
     assert sp.sub_chunk_offsets.tolist() == [0, 1, 2, 3, 5, 6, 7]
+    # windows: [0, 8) [40, 43) [113, 117); entering windows per sub-sequence / body (3 = zero)
+    assert sp.win_idx.tolist() == [*range(8), 40, 41, 42, 113, 114, 115, 116] and sp.cu_win.tolist() == [0, 8, 11, 15]
+    assert sp.win_chunks.tolist() == [[0, 0], [1, 0], [2, 0]] and sp.win_chunk_offsets.tolist() == [0, 1, 2, 3]
+    assert sp.sub_enter_win.tolist() == [3, 0, 3, 3, 3, 2] and sp.body_enter_win.tolist() == [0, 3, 2]
     with pytest.raises(ValueError, match="seams"):
         SeamSplit.build([4], [5], torch.device("cpu"))
 
@@ -65,6 +69,26 @@ def test_sub_sequence_plumbing_equals_the_reference():
     o, fin_sub = gated_delta_rule(**x, cu_seqlens=sp.cu_sub, initial_state=h0, backend="torch")
     assert fin_sub is not None
     got = (o, *sp.segment_results(fin_sub, T_sub.double(), S_sub.double()))
+    ref = gated_delta_rule_with_pairs(**x, cu_seqlens=_cu(LENS), split=sp, backend="torch")
+    for a, b in zip(got, ref, strict=True):
+        assert rel_err(a.double(), b.double()) < 1e-5  # transition_pairs runs in fp32
+
+
+def test_window_pass_plumbing_equals_the_reference():
+    """The fla build's bookkeeping: the windows' own zero-start pass gives the states entering the
+    bodies, the forward runs every sub-sequence from them, and ``S_body = fin - T_body S_win``."""
+    from hypic_agent.kernels.pairs import transition_pairs
+
+    x = {n: t.double() for n, t in gdn_inputs(sum(LENS), 2, 4, K=16, V=8, seed=7).items()}
+    sp = SeamSplit.build(LENS, SEAMS, torch.device("cpu"))
+    _, S_win = gated_delta_rule(**{n: t[sp.win_idx] for n, t in x.items()}, cu_seqlens=sp.cu_win, backend="torch")
+    assert S_win is not None
+    S_win = S_win.double()
+    h0 = sp.enter_from_windows(S_win)
+    o, fin_sub = gated_delta_rule(**x, cu_seqlens=sp.cu_sub, initial_state=h0, backend="torch")
+    T_sub, _ = transition_pairs(x["k"], x["v"], x["g"], x["beta"], cu_seqlens=sp.cu_sub, backend="torch")
+    assert fin_sub is not None
+    got = (o, *sp.results_from_finals(fin_sub, T_sub.double(), S_win))
     ref = gated_delta_rule_with_pairs(**x, cu_seqlens=_cu(LENS), split=sp, backend="torch")
     for a, b in zip(got, ref, strict=True):
         assert rel_err(a.double(), b.double()) < 1e-5  # transition_pairs runs in fp32

@@ -1,0 +1,182 @@
+"""Packed segments cut into seam windows and bodies: the index tables entry building shares by layers.
+
+Entry building (HYPIC §3) runs every cold segment once and keeps, per linear layer, the pair of its
+*body* (the tokens after the seam window). ``SeamSplit`` holds, for one packed batch, every table
+that needs: built once on the host (no device sync) and shared by all linear layers.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from ._varlen import fla_chunk_tables
+from .backend import to_device_async
+
+CHUNK = 64  # fla's chunk size for the delta rule: the sub-sequence chunk tables use it
+
+
+def identity_pairs(
+    n: int, hv: int, kd: int, vd: int, device: torch.device, dtype: torch.dtype = torch.float32
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """``(I [n, HV, K, K], 0 [n, HV, K, V])``: the pair of an empty span."""
+    T = torch.eye(kd, device=device, dtype=dtype).expand(n, hv, kd, kd).clone()
+    return T, torch.zeros(n, hv, kd, vd, device=device, dtype=dtype)
+
+
+@dataclass(frozen=True)
+class SeamSplit:
+    """Packed segments split into seam windows and bodies; built once per batch, shared by all layers.
+
+    Reference layout (the separate passes): ``body_idx [Tb]`` packed token indices of the bodies,
+    ``cu_body [Nb+1]`` int64, ``body_segs`` the segments with a non-empty body (also on the device as
+    ``body_seg_idx``; indexing a CUDA tensor with a Python list copies it with a blocking copy).
+
+    Sub-sequence layout (the shared-WY fla pass): every segment is cut into its window and its body,
+    each a sequence of its own, in packed order, so one varlen pass runs all of them with no token
+    gathers: ``cu_sub [M+1]`` int64 and fla's ``sub_chunks [NC, 2]`` / ``sub_chunk_offsets [M+1]``
+    (64-token chunks, computed on the host: no device sync); ``sub_enter [M]`` the sub-sequence whose
+    zero-start state ``S`` enters each one (its window, for a body behind one), or ``M`` for a zero
+    state; ``body_sub [Nb]`` the body sub-sequences in ``body_segs`` order; ``seg_last_sub [N]``
+    the sub-sequence that ends each segment (its final state is the segment's).
+
+    Window layout (the windows' own zero-start pass, which gives the states entering the bodies before
+    the forward runs): ``win_idx [Tw]`` packed token indices of the Nw windows, ``cu_win [Nw+1]``,
+    ``win_chunks`` / ``win_chunk_offsets`` their chunk tables; ``sub_enter_win [M]`` the window whose
+    state enters each sub-sequence and ``body_enter_win [Nb]`` each body's, ``Nw`` for a zero state.
+    """
+
+    n: int
+    total: int
+    seam_segs: list[int]
+    body_segs: list[int]
+    body_idx: torch.Tensor
+    cu_body: torch.Tensor
+    body_seg_idx: torch.Tensor
+    sub_lens: list[int]
+    cu_sub: torch.Tensor
+    sub_chunks: torch.Tensor
+    sub_chunk_offsets: torch.Tensor
+    sub_enter: torch.Tensor
+    body_sub: torch.Tensor
+    seg_last_sub: torch.Tensor
+    win_idx: torch.Tensor
+    cu_win: torch.Tensor
+    win_chunks: torch.Tensor
+    win_chunk_offsets: torch.Tensor
+    sub_enter_win: torch.Tensor
+    body_enter_win: torch.Tensor
+    # read-only operands the layers share (identity states, zero values), built by the first layer
+    shared: dict[tuple[object, ...], torch.Tensor] = field(default_factory=dict, compare=False, repr=False)
+
+    @classmethod
+    def build(cls, lengths: Sequence[int], seams: Sequence[int], device: torch.device) -> SeamSplit:
+        """lengths, seams: per segment (``0 <= seams[i] <= lengths[i]``)."""
+        if len(lengths) != len(seams) or any(not 0 <= s <= n for n, s in zip(lengths, seams, strict=True)):
+            raise ValueError(f"need 0 <= seams[i] <= lengths[i] per segment; got {list(seams)} for {list(lengths)}")
+        starts = [0, *itertools.accumulate(lengths)]
+        seam_segs = [j for j, s in enumerate(seams) if s > 0]
+        body_segs = [j for j, (n, s) in enumerate(zip(lengths, seams, strict=True)) if n - s > 0]
+        body_list = [t for j in body_segs for t in range(starts[j] + seams[j], starts[j + 1])]
+        win_list = [t for j in seam_segs for t in range(starts[j], starts[j] + seams[j])]
+        nw = len(seam_segs)
+        sub_lens: list[int] = []
+        enter: list[int | None] = []  # entering sub-sequence
+        enter_win: list[int] = []  # entering window (nw: zero)
+        body_sub: list[int] = []
+        last_sub: list[int] = []
+        for n, s in zip(lengths, seams, strict=True):
+            window, win_no = None, nw
+            if s > 0:
+                window, win_no = len(sub_lens), seam_segs.index(len(last_sub))
+                sub_lens.append(s)
+                enter.append(None)
+                enter_win.append(nw)
+            if n - s > 0:
+                body_sub.append(len(sub_lens))
+                sub_lens.append(n - s)
+                enter.append(window)
+                enter_win.append(nw if window is None else win_no)
+            last_sub.append(len(sub_lens) - 1)
+        m = len(sub_lens)
+        sub_chunks, sub_offsets = fla_chunk_tables(sub_lens, CHUNK)
+        win_chunks, win_offsets = fla_chunk_tables([seams[j] for j in seam_segs], CHUNK)
+
+        def dev(xs: list[int] | list[tuple[int, int]]) -> torch.Tensor:
+            return to_device_async(torch.tensor(xs, dtype=torch.int64), device)
+
+        def cu(lens: list[int]) -> torch.Tensor:
+            return dev([0, *itertools.accumulate(lens)])
+
+        return cls(
+            n=len(lengths),
+            total=starts[-1],
+            seam_segs=seam_segs,
+            body_segs=body_segs,
+            body_idx=dev(body_list),
+            cu_body=cu([lengths[j] - seams[j] for j in body_segs]),
+            body_seg_idx=dev(body_segs),
+            sub_lens=sub_lens,
+            cu_sub=cu(sub_lens),
+            sub_chunks=dev(sub_chunks).view(-1, 2),
+            sub_chunk_offsets=dev(sub_offsets),
+            sub_enter=dev([m if e is None else e for e in enter]),
+            body_sub=dev(body_sub),
+            seg_last_sub=dev(last_sub),
+            win_idx=dev(win_list),
+            cu_win=cu([seams[j] for j in seam_segs]),
+            win_chunks=dev(win_chunks).view(-1, 2),
+            win_chunk_offsets=dev(win_offsets),
+            sub_enter_win=dev(enter_win),
+            body_enter_win=dev([enter_win[i] for i in body_sub]),
+        )
+
+    def constant(self, key: tuple[object, ...], make: Callable[[], torch.Tensor]) -> torch.Tensor:
+        """``make()`` once per batch for ``key``: every linear layer of the batch reads the same tensor
+        (callers must not write to it)."""
+        if key not in self.shared:
+            self.shared[key] = make()
+        return self.shared[key]
+
+    def enter_states(self, S_sub: torch.Tensor) -> torch.Tensor:
+        """Zero-start states of the sub-sequences ``[M, HV, K, V]`` -> the state entering each one: a
+        window (or a body without one) enters from zero, a body from its window's final state, which
+        is the window's ``S`` (it starts from zero)."""
+        return torch.cat([S_sub, S_sub.new_zeros(1, *S_sub.shape[1:])]).index_select(0, self.sub_enter)
+
+    def enter_from_windows(self, S_win: torch.Tensor) -> torch.Tensor:
+        """The windows' zero-start states ``[Nw, HV, K, V]`` -> the state entering every sub-sequence
+        ``[M, HV, K, V]`` (as ``enter_states``, from the windows' own pass)."""
+        return torch.cat([S_win, S_win.new_zeros(1, *S_win.shape[1:])]).index_select(0, self.sub_enter_win)
+
+    def segment_results(
+        self, fin_sub: torch.Tensor, T_sub: torch.Tensor, S_sub: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Per-sub-sequence finals ``[M, HV, K, V]`` and pairs -> per-segment (finals ``[N, HV, K, V]``,
+        T_body ``[N, HV, K, K]``, S_body ``[N, HV, K, V]``); ``(I, 0)`` for a segment without a body."""
+        Sb = S_sub.index_select(0, self.body_sub)
+        return self._per_segment(fin_sub, T_sub.index_select(0, self.body_sub), Sb)
+
+    def results_from_finals(
+        self, fin_sub: torch.Tensor, T_sub: torch.Tensor, S_win: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """As ``segment_results`` when the bodies ran from their windows' states: a body's zero-start
+        state is its final state less what its transition carried in, ``S_body = fin - T_body S_win``."""
+        Tb = T_sub.index_select(0, self.body_sub)
+        h_in = torch.cat([S_win, S_win.new_zeros(1, *S_win.shape[1:])]).index_select(0, self.body_enter_win)
+        Sb = fin_sub.index_select(0, self.body_sub) - torch.matmul(Tb, h_in)
+        return self._per_segment(fin_sub, Tb, Sb)
+
+    def _per_segment(
+        self, fin_sub: torch.Tensor, Tb: torch.Tensor, Sb: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        finals = fin_sub.index_select(0, self.seg_last_sub)
+        if len(self.body_segs) == self.n:  # every segment has a body (the common case)
+            return finals, Tb, Sb
+        T, S = identity_pairs(self.n, Sb.shape[1], Tb.shape[2], Sb.shape[3], Sb.device, Sb.dtype)
+        if self.body_segs:
+            T[self.body_seg_idx], S[self.body_seg_idx] = Tb, Sb
+        return finals, T, S
