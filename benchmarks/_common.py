@@ -78,6 +78,36 @@ def sync() -> None:
         torch.cuda.synchronize()
 
 
+def busy_ms(intervals: list[tuple[int, int]]) -> float:
+    """Union length of ``(start_us, end_us)`` kernel intervals, ms."""
+    busy, cur_s, cur_e = 0, None, None
+    for s, e in sorted(intervals):
+        if cur_e is None or s > cur_e:
+            if cur_e is not None and cur_s is not None:
+                busy += cur_e - cur_s
+            cur_s, cur_e = s, e
+        else:
+            cur_e = max(cur_e, e)
+    if cur_e is not None and cur_s is not None:
+        busy += cur_e - cur_s
+    return busy / 1e3
+
+
+def gpu_busy_ms(fn: Callable[[], Any]) -> float:
+    """GPU-busy time of one warm ``fn()`` call (union of its CUDA kernel intervals in a
+    ``torch.profiler`` trace), ms; 0 off CUDA. Shows what a call costs the GPU when its wall time is
+    set by the host (Python and launches)."""
+    if not torch.cuda.is_available():
+        return 0.0
+    fn()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    cuda = torch.autograd.DeviceType.CUDA
+    return busy_ms([(e.time_range.start, e.time_range.end) for e in prof.events() if e.device_type == cuda])
+
+
 def timed(fn: Callable[[], Any], reps: int = 3, warmup: int = 1) -> tuple[float, list[float]]:
     """Median wall seconds over ``reps`` after ``warmup`` calls (device synchronized)."""
     for _ in range(warmup):

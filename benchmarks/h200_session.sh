@@ -36,7 +36,7 @@ for st in $STEPS; do case $st in
           --requests 5 --warmup 1 --hit-rates 1.0 0.8 --out "$OUT/ttft.json" ;;
   prefill) step 150 prefill python3 prefill.py --shape qwen3_5_35b_a3b --lengths 4096 16384 32768 --reps 2 \
              --out "$OUT/prefill.json" ;;
-  overhead) step 120 overhead python3 overhead.py --shape qwen3_5_35b_a3b --layers 8 --segments 16 \
+  overhead) step ${OVERHEAD_S:-200} overhead python3 overhead.py --shape qwen3_5_35b_a3b --layers 8 --segments 16 \
               --seg-len 1024 --out "$OUT/overhead.json" ;;
   profile) step ${PROFILE_S:-120} combine_profile python3 prefill_profile.py --shape qwen3_5_35b_a3b --layers 8 \
              --combine-only --scatter --out "$OUT/combine_profile.json" ;;

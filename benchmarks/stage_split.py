@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from _common import load_shape, model_args, print_table, random_model, write_json
+from _common import busy_ms, load_shape, model_args, print_table, random_model, write_json
 from ttft import Plan, Seg
 
 from hypic_agent.config import Settings
@@ -26,21 +26,6 @@ from hypic_agent.runtime.forward import prefill
 from hypic_agent.runtime.hypic.build import build_entries
 
 CALLS = ("prefill_cold", "build", "prefill_prompt", "continuation", "combine", "prefix_hit")
-
-
-def _busy_ms(intervals: list[tuple[int, int]]) -> float:
-    """Union length of ``(start_us, end_us)`` kernel intervals, ms."""
-    busy, cur_s, cur_e = 0, None, None
-    for s, e in sorted(intervals):
-        if cur_e is None or s > cur_e:
-            if cur_e is not None and cur_s is not None:
-                busy += cur_e - cur_s
-            cur_s, cur_e = s, e
-        else:
-            cur_e = max(cur_e, e)
-    if cur_e is not None and cur_s is not None:
-        busy += cur_e - cur_s
-    return busy / 1e3
 
 
 def measure(name: str, fn: Callable[[], Any], reps: int = 3) -> dict[str, Any]:
@@ -62,12 +47,12 @@ def measure(name: str, fn: Callable[[], Any], reps: int = 3) -> dict[str, Any]:
     cuda = torch.autograd.DeviceType.CUDA
     kernels = [(e.time_range.start, e.time_range.end) for e in prof.events() if e.device_type == cuda]
     avg = prof.key_averages()
-    top = sorted((e for e in avg if e.device_type == cuda), key=lambda e: -e.self_device_time_total)[:8]
+    top = sorted((e for e in avg if e.device_type == cuda), key=lambda e: -e.self_device_time_total)[:14]
     row = {
         "call": name,
         "wall_ms": sorted(walls)[reps // 2],
         "host_ms": sorted(hosts)[reps // 2],
-        "gpu_busy_ms": _busy_ms(kernels),
+        "gpu_busy_ms": busy_ms(kernels),
         "kernels": len(kernels),
         "launches": sum(e.count for e in avg if "LaunchKernel" in e.key or e.key.startswith("cuLaunch")),
         "graph_launches": sum(e.count for e in avg if e.key == "cudaGraphLaunch"),
@@ -119,6 +104,8 @@ def main() -> None:
         elif call == "combine":
             engine.prepare(plan, mode="hypic")  # builds the entries
             rows.append(measure("warm hypic prepare", lambda: engine.prepare(plan, mode="hypic")))
+            # the same cached entries without seam windows: what the 8-token windows cost
+            rows.append(measure("warm transition prepare", lambda: engine.prepare(plan, mode="transition")))
         elif call == "prefix_hit":  # the warm-up call stores the prefix: timed calls resume from it
             rows.append(
                 measure(

@@ -100,3 +100,12 @@ def resolve_triton(name: str, device: torch.device | str | None) -> bool:
     if not on_cuda or not triton_available():
         raise ValueError(f"backend={name!r} needs CUDA tensors and triton; use backend='torch'")
     return True
+
+
+def interpreting() -> bool:
+    """True under Triton's CPU interpreter (``TRITON_INTERPRET=1``, the CI kernel tests). Triton 3.6's
+    interpreter miscomputes ``tl.dot`` on bf16 values converted inside a kernel, so kernels that split
+    an fp32 state into bf16 halves take their fp32 (tf32x3) path there; the GPU tests cover the split."""
+    import triton.knobs
+
+    return bool(triton.knobs.runtime.interpret)

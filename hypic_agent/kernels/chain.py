@@ -26,7 +26,14 @@ def chain_scan_torch(h0: torch.Tensor, T: torch.Tensor, S: torch.Tensor) -> torc
 
 
 def chain_scan(
-    h0: torch.Tensor, T: torch.Tensor, S: torch.Tensor, *, backend: str = "auto", chunked: bool = False
+    h0: torch.Tensor,
+    T: torch.Tensor,
+    S: torch.Tensor,
+    *,
+    backend: str = "auto",
+    chunked: bool = False,
+    last_only: bool = False,
+    state_bf16: bool = False,
 ) -> torch.Tensor:
     """Running states through n pairs.
 
@@ -35,6 +42,10 @@ def chain_scan(
         T: ``[n, HV, K, K]`` transitions; S: ``[n, HV, K, V]`` zero-start states.
         backend: ``"torch"`` (loop), ``"fla"`` or ``"auto"`` (Triton on CUDA, the loop elsewhere).
         chunked: Triton variant (streamed T blocks with exact fp32 dots instead of a tf32x3 full tile).
+        last_only: return only the state after all pairs (``[HV, K, V]``; the Triton scan then keeps
+            every state in registers and writes one).
+        state_bf16: Triton with bf16 pairs: one bf16 dot per pair, the state rounded to bf16 for it
+            (faster, ~1e-3 relative error; see ``chain_scan_triton``). Ignored by the torch loop.
     Returns:
         ``[n+1, HV, K, V]`` fp32 with ``states[0] = h0`` and ``states[-1]`` the state after all pairs.
     """
@@ -48,5 +59,8 @@ def chain_scan(
     if backend in ("fla", "auto") and resolve_triton(backend, h0.device):
         from .chain_triton import chain_scan_triton
 
-        return chain_scan_triton(h0, T, S, chunked=chunked)
-    return chain_scan_torch(h0, T, S)
+        return chain_scan_triton(
+            h0, T, S, chunked=chunked and not last_only, last_only=last_only, state_bf16=state_bf16
+        )
+    states = chain_scan_torch(h0, T, S)
+    return states[-1] if last_only else states

@@ -82,6 +82,27 @@ def test_chain_triton_matches_torch(HV, K, V, n, chunked):
     assert out_tr.shape == (n + 1, HV, K, V) and err < 5e-5
 
 
+@pytest.mark.parametrize("pair_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("HV,K,V,n", [(32, 128, 128, 64), (4, 64, 96, 5), (3, 16, 16, 0)])
+def test_chain_triton_last_only_and_bf16_pairs(HV, K, V, n, pair_dtype):
+    """The register-resident variant returns the final state; bf16 pairs (two bf16 passes over a
+    hi/lo split state) match the fp32 loop over the same (bf16-rounded) pairs."""
+    g = torch.Generator(device="cuda").manual_seed(5)
+    h0 = torch.randn(HV, K, V, device="cuda", generator=g)
+    T = (torch.randn(n, HV, K, K, device="cuda", generator=g) * 0.45 / K**0.5).to(pair_dtype)
+    S = torch.randn(n, HV, K, V, device="cuda", generator=g).to(pair_dtype)
+    ref = chain_scan(h0, T, S, backend="torch")
+    last = chain_scan(h0, T, S, backend="fla", last_only=True)
+    every = chain_scan(h0, T, S, backend="fla")
+    err = rel_err(last, ref[-1]), rel_err(every, ref)
+    print(f"chain last_only {pair_dtype} HV={HV} K={K} V={V} n={n}: rel err last {err[0]:.2e} all {err[1]:.2e}")
+    assert last.shape == (HV, K, V) and max(err) < 5e-5
+    if pair_dtype == torch.bfloat16 and n:  # one bf16 dot per pair: the state rounded to bf16 for it
+        fast = rel_err(chain_scan(h0, T, S, backend="fla", last_only=True, state_bf16=True), ref[-1])
+        print(f"  state_bf16: rel err {fast:.2e}")
+        assert fast < 5e-3
+
+
 def test_chain_timing():
     """Prints torch loop vs Triton timings at Qwen3-Next shapes (no speed assertion)."""
     triton = pytest.importorskip("triton")
@@ -175,3 +196,57 @@ def test_combine_scan_triton_matches_twin(pair_dtype, transition):
         ms = triton.testing.do_bench(run, warmup=3, rep=20)
         e = max(rel_err(o.float(), ref[0].float()), rel_err(h, ref[1]))
         print(f"  bv={bv} warps={nw} body_chunk={bc}: {ms:.3f} ms per layer, rel err {e:.2e}")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16])
+@pytest.mark.parametrize("pair_dtype", [torch.float32, torch.bfloat16])
+def test_combine_scan_chunked_matches_twin(dtype, pair_dtype):
+    """The chunked scan (fla's WY factors, then dots per 64 tokens) against the token-loop twin at the
+    Qwen3.5 shape: 20 seams of 8 tokens, a 130-token question over two chunks; prints launch timings."""
+    import triton
+
+    from hypic_agent.kernels.combine_scan import Body, Piece, chain_tables, gdn_combine_scan_torch
+    from hypic_agent.kernels.combine_scan_chunked_triton import gdn_combine_scan_chunked
+    from hypic_agent.kernels.combine_scan_triton import gdn_combine_scan_triton
+
+    HV, K, V = 32, 128, 128
+    x = gdn_inputs(20 * 8 + 130, 16, HV, K=K, V=V, seed=9, device="cuda", dtype=dtype)
+    g = torch.Generator(device="cuda").manual_seed(1)
+    chain = []
+    for i in range(20):
+        chain.append(Piece(8 * i, 8 * i + 8))
+        T = torch.eye(K, device="cuda") * 0.5 + 0.02 * torch.randn(HV, K, K, device="cuda", generator=g)
+        S = torch.randn(HV, K, V, device="cuda", generator=g)
+        chain.append(Body(T.to(pair_dtype).contiguous(), S.to(pair_dtype)))
+    chain.append(Piece(160, 290))
+    h0 = torch.randn(HV, K, V, device="cuda", generator=g)
+    tab = chain_tables([chain], torch.device("cuda"))
+    ref = gdn_combine_scan_torch(**{n: t.float() for n, t in x.items()}, chain=chain, h0=h0)
+    for bv, nw in ((32, 4), (16, 4), (32, 8), (64, 4), (64, 8)):
+
+        def run(bv=bv, nw=nw):
+            return gdn_combine_scan_chunked(
+                **x, meta=tab.meta, ptrs=tab.ptrs[0], h0=h0, cu_pieces=tab.cu_pieces, piece_chunks=tab.piece_chunks,
+                pair_dtype=pair_dtype, bv=bv, num_warps=nw,
+            )  # fmt: skip
+
+        try:
+            o, h = run()
+        except Exception as exc:  # print the launch shape that failed before failing
+            print(f"chunked scan {dtype} pairs {pair_dtype} bv={bv} warps={nw}: {type(exc).__name__}: {exc}"[:400])
+            raise
+        eo, eh = rel_err(o.float(), ref[0].float()), rel_err(h, ref[1])
+        print(f"chunked scan {dtype} pairs {pair_dtype} bv={bv} warps={nw}: "
+              f"{triton.testing.do_bench(run, warmup=3, rep=20):.3f} ms, rel err o {eo:.2e} h {eh:.2e}")  # fmt: skip
+        # bf16: fla's WY factors w, u are stored in bf16 (the fla forward's own error, ~3.4e-3)
+        assert o.dtype == dtype and eo < 2e-2 and eh < (1e-2 if dtype == torch.bfloat16 else 1e-3)
+    tok = triton.testing.do_bench(
+        lambda: gdn_combine_scan_triton(**x, meta=tab.meta, ptrs=tab.ptrs[0], h0=h0, pair_dtype=pair_dtype),
+        warmup=3, rep=20,
+    )  # fmt: skip
+    print(f"token-loop scan (autotuned): {tok:.3f} ms")
+    with pytest.raises(ValueError, match="bf16/fp16"):  # fp32 inputs stay on the token loop
+        gdn_combine_scan_chunked(
+            **{n: t.float() for n, t in x.items()}, meta=tab.meta, ptrs=tab.ptrs[0], h0=h0, cu_pieces=tab.cu_pieces,
+            piece_chunks=tab.piece_chunks, pair_dtype=pair_dtype,
+        )  # fmt: skip
