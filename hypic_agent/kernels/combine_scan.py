@@ -17,14 +17,20 @@ tested against; ``gdn_combine_scan`` dispatches.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
 
 from . import gdn_torch
-from .backend import on_device, resolve_triton, to_device_async
+from ._varlen import fla_chunk_tables
+from .backend import fla_available, on_device, resolve_triton, to_device_async
 
 MAX_TOKENS = 2048  # above this many active tokens the chunked (WY) path is faster
+# Above this many active tokens the scan takes its pieces in chunk form (``combine_scan_chunked_triton``):
+# on the H200 a 64-token chunk costs ~6 us of scan time against ~1.5 us per token in the token loop,
+# but fla's WY-factor ops add ~1.4 ms of host time per layer, which only long pieces repay.
+CHUNKED_FROM = 512
 
 
 @dataclass(frozen=True)
@@ -78,13 +84,34 @@ def gdn_combine_scan_torch(
 
 @dataclass
 class ChainTables:
-    """Launch tables of the Triton kernel for the chains of several layers that share one layout:
+    """Launch tables of the Triton kernels for the chains of several layers that share one layout:
     meta ``[n, 3]`` int32 (kind 0 = piece / 1 = body, start, end) and pointers ``[L, n, 2]`` int64
-    (data pointers of each body's T and S per layer; 0 for pieces). Built on the host, copied once."""
+    (data pointers of each body's T and S per layer; 0 for pieces); for the chunked scan, the pieces
+    as packed sequences ``cu_pieces [P+1]`` int64 and fla's chunk indices ``piece_chunks [NC, 2]``.
+    Built on the host, copied once."""
 
     meta: torch.Tensor
     ptrs: torch.Tensor
     pair_dtype: torch.dtype
+    cu_pieces: torch.Tensor
+    piece_chunks: torch.Tensor
+
+
+def _tables(
+    meta: list[tuple[int, int, int]], ptrs: torch.Tensor, dtype: torch.dtype, device: torch.device
+) -> ChainTables:
+    """Copy the host tables to ``device``; the pieces' sequences are cut at every piece boundary (a
+    token outside every piece, if any, falls in a sequence of its own that no link reads)."""
+    bounds = sorted({0, *(x for kind, a, b in meta if kind == 0 for x in (a, b))})
+    chunks, _ = fla_chunk_tables([b - a for a, b in itertools.pairwise(bounds)])
+    m = torch.tensor(meta, dtype=torch.int32).reshape(-1, 3)
+    return ChainTables(
+        to_device_async(m, device),
+        to_device_async(ptrs.contiguous(), device),
+        dtype,
+        to_device_async(torch.tensor(bounds, dtype=torch.int64), device),
+        to_device_async(torch.tensor(chunks, dtype=torch.int64).reshape(-1, 2), device),
+    )
 
 
 def chain_tables(chains: list[list[ChainLink]], device: torch.device) -> ChainTables:
@@ -108,9 +135,8 @@ def chain_tables(chains: list[list[ChainLink]], device: torch.device) -> ChainTa
             if not (on_device(c.T, device) and on_device(c.S, device)):
                 raise ValueError(f"pairs must be on {device}")
             ptrs.append((c.T.data_ptr(), c.S.data_ptr()))
-    m = torch.tensor(meta, dtype=torch.int32).reshape(-1, 3)
     p = torch.tensor(ptrs, dtype=torch.int64).reshape(len(chains), -1, 2)
-    return ChainTables(to_device_async(m, device), to_device_async(p, device), dtype or torch.float32)
+    return _tables(meta, p, dtype or torch.float32, device)
 
 
 def tables_from_pointers(
@@ -127,8 +153,7 @@ def tables_from_pointers(
     zero = torch.zeros(n_layers, 2, dtype=torch.int64)
     blocks = [zero if p is None else p for p in pointers]
     ptrs = torch.stack(blocks, dim=1) if blocks else torch.zeros(n_layers, 0, 2, dtype=torch.int64)
-    m = torch.tensor(meta, dtype=torch.int32).reshape(-1, 3)
-    return ChainTables(to_device_async(m, device), to_device_async(ptrs.contiguous(), device), dtype)
+    return _tables(meta, ptrs, dtype, device)
 
 
 def gdn_combine_scan(
@@ -148,7 +173,8 @@ def gdn_combine_scan(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One linear layer's combine (see module doc). Shapes as ``gdn_combine_scan_torch``.
 
-    ``backend``: ``"torch"`` (token loop), ``"fla"`` or ``"auto"`` (the Triton kernel on CUDA).
+    ``backend``: ``"torch"`` (token loop), ``"fla"`` or ``"auto"`` (on CUDA the token-loop Triton
+    kernel; above ``CHUNKED_FROM`` active bf16/fp16 tokens with fla-core installed, the chunked scan).
     ``tables``: prebuilt ``(ChainTables, row)`` for this chain (saves a host->device copy per layer);
     with tables the Triton kernel reads the chain from them and ``chain`` may be empty (it is only
     validated and used when the torch twin runs)."""
@@ -170,8 +196,15 @@ def gdn_combine_scan(
         from .combine_scan_triton import gdn_combine_scan_triton
 
         tab, row = tables if tables is not None else (chain_tables([chain], q.device), 0)
-        # q, k are normalised in the kernel: off the token loop's critical path (they do not depend on
-        # the state), and no extra launches per layer
+        if T > CHUNKED_FROM and q.dtype in (torch.bfloat16, torch.float16) and fla_available():
+            from .combine_scan_chunked_triton import gdn_combine_scan_chunked
+
+            return gdn_combine_scan_chunked(
+                q, k, v, g, beta, tab.meta, tab.ptrs[row], h0, tab.cu_pieces, tab.piece_chunks,
+                pair_dtype=tab.pair_dtype, use_qk_l2norm=use_qk_l2norm, scale=scale, transition=transition,
+            )  # fmt: skip
+        # token loop; q, k are normalised in the kernel: off the loop's critical path (they do not
+        # depend on the state), and no extra launches per layer
         return gdn_combine_scan_triton(
             q, k, v, g, beta, tab.meta, tab.ptrs[row], h0, pair_dtype=tab.pair_dtype, use_qk_l2norm=use_qk_l2norm,
             scale=scale, transition=transition,

@@ -69,6 +69,47 @@ ro, rh = gdn_combine_scan_torch(**x, chain=chain, h0=h0)
 assert rel_err(o, ro) < 1e-5 and rel_err(h, rh) < 1e-5, (rel_err(o, ro), rel_err(h, rh))
 """
 
+CHUNKED = """
+import math
+import torch
+from hypic_agent.kernels import gdn_torch
+from hypic_agent.kernels.combine_scan import Body, Piece, chain_tables, gdn_combine_scan_torch
+from hypic_agent.kernels.combine_scan_chunked_triton import gdn_combine_scan_chunked
+from tests.kernels.helpers import gdn_inputs, rel_err
+H, HV, K, V = 2, 4, 32, 48
+
+def factors(q, k, v, g, beta, cu, chunks, l2norm):  # torch twin of piece_factors_fla (64-token chunks)
+    qn, kn = gdn_torch.l2norm(q.float()), gdn_torch.l2norm(k.float())
+    w, u, gc = torch.zeros(len(k), HV, K), torch.zeros(len(k), HV, V), torch.zeros(len(k), HV)
+    b = cu.tolist()
+    for lo, hi in zip(b, b[1:]):
+        for c in range(lo, hi, 64):
+            s = slice(c, min(c + 64, hi))
+            kk = kn[s].repeat_interleave(HV // H, 1).transpose(0, 1)
+            gg = g[s].float().T
+            uu, ww, *_ = gdn_torch._chunk_factors(kk, kk, v[s].float().transpose(0, 1), gg, beta[s].float().T)
+            w[s], u[s], gc[s] = ww.transpose(0, 1), uu.transpose(0, 1), (gg.cumsum(-1) / math.log(2)).T
+    return qn, kn, w, u, gc
+
+x = gdn_inputs(150, H, HV, K, V, seed=6)
+g = torch.Generator().manual_seed(1)
+for dt in (torch.float32, torch.bfloat16):
+    def pair():
+        return (torch.eye(K) * 0.9 + 0.01 * torch.randn(HV, K, K, generator=g)).to(dt).contiguous()
+    # windows, an empty piece, a 130-token piece (three chunks) at the end
+    chain = [Piece(0, 5), Body(pair(), torch.randn(HV, K, V, generator=g).to(dt)), Piece(5, 20),
+             Body(pair(), torch.randn(HV, K, V, generator=g).to(dt)), Piece(20, 20), Piece(20, 150)]
+    h0 = torch.randn(HV, K, V, generator=g)
+    tab = chain_tables([chain], torch.device("cpu"))
+    assert tab.cu_pieces.tolist() == [0, 5, 20, 150], tab.cu_pieces
+    for tr in (True, False):
+        ro, rh = gdn_combine_scan_torch(**x, chain=chain, h0=h0, transition=tr)
+        o, h = gdn_combine_scan_chunked(**x, meta=tab.meta, ptrs=tab.ptrs[0], h0=h0, cu_pieces=tab.cu_pieces,
+                                        piece_chunks=tab.piece_chunks, pair_dtype=tab.pair_dtype, transition=tr,
+                                        bv=16, num_warps=2, factors=factors)
+        assert rel_err(o, ro) < 1e-5 and rel_err(h, rh) < 1e-5, (dt, tr, rel_err(o, ro), rel_err(h, rh))
+"""
+
 SPLITK = """
 import torch
 from hypic_agent.kernels.attention import attention
@@ -106,7 +147,14 @@ for init in (h0, None):
 
 
 @pytest.mark.parametrize(
-    "name,script", [("chain_scan", CHAIN), ("combine_scan", COMBINE), ("splitk_attention", SPLITK), ("conv", CONV)]
+    "name,script",
+    [
+        ("chain_scan", CHAIN),
+        ("combine_scan", COMBINE),
+        ("combine_scan_chunked", CHUNKED),
+        ("splitk_attention", SPLITK),
+        ("conv", CONV),
+    ],
 )
 def test_triton_kernel_matches_torch_twin(name, script):
     pytest.importorskip("triton")
