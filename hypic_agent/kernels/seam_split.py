@@ -38,9 +38,8 @@ class SeamSplit:
     Sub-sequence layout (the shared-WY fla pass): every segment is cut into its window and its body,
     each a sequence of its own, in packed order, so one varlen pass runs all of them with no token
     gathers: ``cu_sub [M+1]`` int64 and fla's ``sub_chunks [NC, 2]`` / ``sub_chunk_offsets [M+1]``
-    (64-token chunks, computed on the host: no device sync); ``sub_enter [M]`` the sub-sequence whose
-    zero-start state ``S`` enters each one (its window, for a body behind one), or ``M`` for a zero
-    state; ``body_sub [Nb]`` the body sub-sequences in ``body_segs`` order; ``seg_last_sub [N]``
+    (64-token chunks, computed on the host: no device sync); ``body_sub [Nb]`` the body
+    sub-sequences in ``body_segs`` order; ``seg_last_sub [N]``
     the sub-sequence that ends each segment (its final state is the segment's).
 
     Window layout (the windows' own zero-start pass, which gives the states entering the bodies before
@@ -60,7 +59,6 @@ class SeamSplit:
     cu_sub: torch.Tensor
     sub_chunks: torch.Tensor
     sub_chunk_offsets: torch.Tensor
-    sub_enter: torch.Tensor
     body_sub: torch.Tensor
     seg_last_sub: torch.Tensor
     win_idx: torch.Tensor
@@ -84,24 +82,20 @@ class SeamSplit:
         win_list = [t for j in seam_segs for t in range(starts[j], starts[j] + seams[j])]
         nw = len(seam_segs)
         sub_lens: list[int] = []
-        enter: list[int | None] = []  # entering sub-sequence
-        enter_win: list[int] = []  # entering window (nw: zero)
+        enter_win: list[int] = []  # per sub-sequence: the window whose state enters it (nw: zero)
         body_sub: list[int] = []
         last_sub: list[int] = []
-        for n, s in zip(lengths, seams, strict=True):
-            window, win_no = None, nw
+        for j, (n, s) in enumerate(zip(lengths, seams, strict=True)):
+            win_no = nw
             if s > 0:
-                window, win_no = len(sub_lens), seam_segs.index(len(last_sub))
+                win_no = seam_segs.index(j)
                 sub_lens.append(s)
-                enter.append(None)
                 enter_win.append(nw)
             if n - s > 0:
                 body_sub.append(len(sub_lens))
                 sub_lens.append(n - s)
-                enter.append(window)
-                enter_win.append(nw if window is None else win_no)
+                enter_win.append(win_no)
             last_sub.append(len(sub_lens) - 1)
-        m = len(sub_lens)
         sub_chunks, sub_offsets = fla_chunk_tables(sub_lens, CHUNK)
         win_chunks, win_offsets = fla_chunk_tables([seams[j] for j in seam_segs], CHUNK)
 
@@ -123,7 +117,6 @@ class SeamSplit:
             cu_sub=cu(sub_lens),
             sub_chunks=dev(sub_chunks).view(-1, 2),
             sub_chunk_offsets=dev(sub_offsets),
-            sub_enter=dev([m if e is None else e for e in enter]),
             body_sub=dev(body_sub),
             seg_last_sub=dev(last_sub),
             win_idx=dev(win_list),
@@ -141,30 +134,20 @@ class SeamSplit:
             self.shared[key] = make()
         return self.shared[key]
 
-    def enter_states(self, S_sub: torch.Tensor) -> torch.Tensor:
-        """Zero-start states of the sub-sequences ``[M, HV, K, V]`` -> the state entering each one: a
-        window (or a body without one) enters from zero, a body from its window's final state, which
-        is the window's ``S`` (it starts from zero)."""
-        return torch.cat([S_sub, S_sub.new_zeros(1, *S_sub.shape[1:])]).index_select(0, self.sub_enter)
-
     def enter_from_windows(self, S_win: torch.Tensor) -> torch.Tensor:
         """The windows' zero-start states ``[Nw, HV, K, V]`` -> the state entering every sub-sequence
-        ``[M, HV, K, V]`` (as ``enter_states``, from the windows' own pass)."""
+        ``[M, HV, K, V]``: a window (or a body without one) enters from zero, a body from its window's
+        final state, which is the window's ``S`` (it starts from zero)."""
         return torch.cat([S_win, S_win.new_zeros(1, *S_win.shape[1:])]).index_select(0, self.sub_enter_win)
-
-    def segment_results(
-        self, fin_sub: torch.Tensor, T_sub: torch.Tensor, S_sub: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Per-sub-sequence finals ``[M, HV, K, V]`` and pairs -> per-segment (finals ``[N, HV, K, V]``,
-        T_body ``[N, HV, K, K]``, S_body ``[N, HV, K, V]``); ``(I, 0)`` for a segment without a body."""
-        Sb = S_sub.index_select(0, self.body_sub)
-        return self._per_segment(fin_sub, T_sub.index_select(0, self.body_sub), Sb)
 
     def results_from_finals(
         self, fin_sub: torch.Tensor, T_sub: torch.Tensor, S_win: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """As ``segment_results`` when the bodies ran from their windows' states: a body's zero-start
-        state is its final state less what its transition carried in, ``S_body = fin - T_body S_win``."""
+        """Per-sub-sequence finals ``[M, HV, K, V]`` and transitions ``[M, HV, K, K]`` of a pass whose
+        bodies ran from their windows' states ``S_win [Nw, HV, K, V]`` -> per-segment (finals
+        ``[N, HV, K, V]``, T_body ``[N, HV, K, K]``, S_body ``[N, HV, K, V]``; ``(I, 0)`` for a segment
+        without a body). A body's zero-start state is its final state less what its transition
+        carried in: ``S_body = fin - T_body S_win``."""
         Tb = T_sub.index_select(0, self.body_sub)
         h_in = torch.cat([S_win, S_win.new_zeros(1, *S_win.shape[1:])]).index_select(0, self.body_enter_win)
         Sb = fin_sub.index_select(0, self.body_sub) - torch.matmul(Tb, h_in)

@@ -25,7 +25,6 @@ def test_seam_split_indices():
     assert sp.body_idx[:32].tolist() == list(range(8, 40)) and sp.body_idx[-5:].tolist() == list(range(117, 122))
     # sub-sequences: [window 8, body 32] [window 3] [body 70] [window 4, body 5]
     assert sp.sub_lens == [8, 32, 3, 70, 4, 5] and sp.cu_sub.tolist() == [0, 8, 40, 43, 113, 117, 122]
-    assert sp.sub_enter.tolist() == [6, 0, 6, 6, 6, 4]  # 6 = the zero row
     assert sp.body_sub.tolist() == [1, 3, 5] and sp.seg_last_sub.tolist() == [1, 2, 3, 5]
     assert sp.sub_chunks.tolist() == [[0, 0], [1, 0], [2, 0], [3, 0], [3, 1], [4, 0], [5, 0]]
     assert sp.sub_chunk_offsets.tolist() == [0, 1, 2, 3, 5, 6, 7]
@@ -57,26 +56,10 @@ def test_outputs_finals_and_pairs_compose():
     assert torch.equal(T[1], eye) and torch.equal(S[1], torch.zeros_like(S[1]))  # no body: (I, 0)
 
 
-def test_sub_sequence_plumbing_equals_the_reference():
-    """The shared-WY pass's bookkeeping (one varlen pass over windows and bodies, bodies entering from
-    their window's S) with torch pairs and outputs gives the reference's outputs, finals and pairs."""
-    from hypic_agent.kernels.pairs import transition_pairs
-
-    x = {n: t.double() for n, t in gdn_inputs(sum(LENS), 2, 4, K=16, V=8, seed=7).items()}
-    sp = SeamSplit.build(LENS, SEAMS, torch.device("cpu"))
-    T_sub, S_sub = transition_pairs(x["k"], x["v"], x["g"], x["beta"], cu_seqlens=sp.cu_sub, backend="torch")
-    h0 = sp.enter_states(S_sub.double())
-    o, fin_sub = gated_delta_rule(**x, cu_seqlens=sp.cu_sub, initial_state=h0, backend="torch")
-    assert fin_sub is not None
-    got = (o, *sp.segment_results(fin_sub, T_sub.double(), S_sub.double()))
-    ref = gated_delta_rule_with_pairs(**x, cu_seqlens=_cu(LENS), split=sp, backend="torch")
-    for a, b in zip(got, ref, strict=True):
-        assert rel_err(a.double(), b.double()) < 1e-5  # transition_pairs runs in fp32
-
-
 def test_window_pass_plumbing_equals_the_reference():
-    """The fla build's bookkeeping: the windows' own zero-start pass gives the states entering the
-    bodies, the forward runs every sub-sequence from them, and ``S_body = fin - T_body S_win``."""
+    """The fla build's bookkeeping with torch ops: one varlen pass over windows and bodies as
+    sub-sequences, the windows' own zero-start pass giving the states entering the bodies, and
+    ``S_body = fin - T_body S_win``, equals the reference's outputs, finals and pairs."""
     from hypic_agent.kernels.pairs import transition_pairs
 
     x = {n: t.double() for n, t in gdn_inputs(sum(LENS), 2, 4, K=16, V=8, seed=7).items()}
