@@ -69,6 +69,8 @@ def test_chain_reference_and_shapes():
     for i in range(6):
         h = T[i] @ h + S[i]
         assert torch.allclose(out[i + 1], h, atol=1e-6)
+    last = chain_scan(h0, T, S, backend="torch", last_only=True)
+    assert last.shape == (3, 8, 5) and torch.equal(last, out[-1])
     assert chain_scan_torch(h0, T[:0], S[:0]).shape == (1, 3, 8, 5)
     with pytest.raises(ValueError):
         chain_scan(h0, T[:, :, :4], S, backend="torch")

@@ -34,6 +34,9 @@ for HV, K, V, n in ((3, 32, 24, 5), (2, 20, 16, 0)):
         Tb, Sb = T.bfloat16(), S.bfloat16()  # bf16 pairs are read as stored, accumulated in fp32
         got = chain_scan_triton(h0, Tb, Sb, chunked=chunked)
         assert rel_err(got, chain_scan_torch(h0, Tb, Sb)) < 1e-5, ("bf16", HV, K, V, n, chunked)
+    for Tx, Sx in ((T, S), (T.bfloat16(), S.bfloat16())):  # the final state only, kept in registers
+        last = chain_scan_triton(h0, Tx, Sx, last_only=True)
+        assert last.shape == (HV, K, V) and rel_err(last, chain_scan_torch(h0, Tx, Sx)[-1]) < 1e-5
 """
 
 COMBINE = """
