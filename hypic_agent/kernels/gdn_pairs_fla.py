@@ -136,14 +136,14 @@ def gdn_with_pairs_fla(
     w, u, _ = chunk_gated_delta_rule_fwd_intra(
         k=kb, v=vb, g=gc, beta=beta.to(q.dtype)[None].contiguous(), cu_seqlens=cu, chunk_size=CHUNK, chunk_indices=idx
     )
-    S_win = _window_states(kb, w, u, gc, split)
+    S_win_z = split.with_zero_row(_window_states(kb, w, u, gc, split))
     h, v_new, fin = chunk_gated_delta_rule_fwd_h(
-        k=kb, w=w, u=u, g=gc, initial_state=split.enter_from_windows(S_win), output_final_state=True,
+        k=kb, w=w, u=u, g=gc, initial_state=split.enter_from_windows(S_win_z), output_final_state=True,
         chunk_size=CHUNK, cu_seqlens=cu, chunk_indices=idx, chunk_offsets=offsets,
     )  # fmt: skip
     o = chunk_fwd_o(q=qb, k=kb, v=v_new, h=h, g=gc, scale=scale, cu_seqlens=cu, chunk_size=CHUNK, chunk_indices=idx)
     assert fin is not None
-    return (o[0], *split.results_from_finals(fin, _transitions(kb, w, gc, split), S_win))
+    return (o[0], *split.results_from_finals(fin, _transitions(kb, w, gc, split), S_win_z))
 
 
 def gdn_after_pairs_fla(

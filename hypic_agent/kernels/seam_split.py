@@ -134,22 +134,28 @@ class SeamSplit:
             self.shared[key] = make()
         return self.shared[key]
 
-    def enter_from_windows(self, S_win: torch.Tensor) -> torch.Tensor:
-        """The windows' zero-start states ``[Nw, HV, K, V]`` -> the state entering every sub-sequence
-        ``[M, HV, K, V]``: a window (or a body without one) enters from zero, a body from its window's
-        final state, which is the window's ``S`` (it starts from zero)."""
-        return torch.cat([S_win, S_win.new_zeros(1, *S_win.shape[1:])]).index_select(0, self.sub_enter_win)
+    @staticmethod
+    def with_zero_row(S_win: torch.Tensor) -> torch.Tensor:
+        """The windows' zero-start states ``[Nw, HV, K, V]`` plus a zero row ``[Nw+1, HV, K, V]``: row
+        ``Nw`` is what the window tables point at for "no window"."""
+        return torch.cat([S_win, S_win.new_zeros(1, *S_win.shape[1:])])
+
+    def enter_from_windows(self, S_win_z: torch.Tensor) -> torch.Tensor:
+        """The windows' zero-start states with their zero row (``with_zero_row``) -> the state entering
+        every sub-sequence ``[M, HV, K, V]``: a window (or a body without one) enters from zero, a body
+        from its window's final state, which is the window's ``S`` (it starts from zero)."""
+        return S_win_z.index_select(0, self.sub_enter_win)
 
     def results_from_finals(
-        self, fin_sub: torch.Tensor, T_sub: torch.Tensor, S_win: torch.Tensor
+        self, fin_sub: torch.Tensor, T_sub: torch.Tensor, S_win_z: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Per-sub-sequence finals ``[M, HV, K, V]`` and transitions ``[M, HV, K, K]`` of a pass whose
-        bodies ran from their windows' states ``S_win [Nw, HV, K, V]`` -> per-segment (finals
-        ``[N, HV, K, V]``, T_body ``[N, HV, K, K]``, S_body ``[N, HV, K, V]``; ``(I, 0)`` for a segment
-        without a body). A body's zero-start state is its final state less what its transition
-        carried in: ``S_body = fin - T_body S_win``."""
+        bodies ran from their windows' states (``S_win_z``: ``with_zero_row`` of ``[Nw, HV, K, V]``)
+        -> per-segment (finals ``[N, HV, K, V]``, T_body ``[N, HV, K, K]``, S_body ``[N, HV, K, V]``;
+        ``(I, 0)`` for a segment without a body). A body's zero-start state is its final state less
+        what its transition carried in: ``S_body = fin - T_body S_win``."""
         Tb = T_sub.index_select(0, self.body_sub)
-        h_in = torch.cat([S_win, S_win.new_zeros(1, *S_win.shape[1:])]).index_select(0, self.body_enter_win)
+        h_in = S_win_z.index_select(0, self.body_enter_win)
         Sb = fin_sub.index_select(0, self.body_sub) - torch.matmul(Tb, h_in)
         return self._per_segment(fin_sub, Tb, Sb)
 

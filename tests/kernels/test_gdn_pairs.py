@@ -66,7 +66,7 @@ def test_window_pass_plumbing_equals_the_reference():
     sp = SeamSplit.build(LENS, SEAMS, torch.device("cpu"))
     _, S_win = gated_delta_rule(**{n: t[sp.win_idx] for n, t in x.items()}, cu_seqlens=sp.cu_win, backend="torch")
     assert S_win is not None
-    S_win = S_win.double()
+    S_win = sp.with_zero_row(S_win.double())
     h0 = sp.enter_from_windows(S_win)
     o, fin_sub = gated_delta_rule(**x, cu_seqlens=sp.cu_sub, initial_state=h0, backend="torch")
     T_sub, _ = transition_pairs(x["k"], x["v"], x["g"], x["beta"], cu_seqlens=sp.cu_sub, backend="torch")
