@@ -18,7 +18,7 @@ tested against; ``gdn_combine_scan`` dispatches.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -86,32 +86,38 @@ def gdn_combine_scan_torch(
 class ChainTables:
     """Launch tables of the Triton kernels for the chains of several layers that share one layout:
     meta ``[n, 3]`` int32 (kind 0 = piece / 1 = body, start, end) and pointers ``[L, n, 2]`` int64
-    (data pointers of each body's T and S per layer; 0 for pieces); for the chunked scan, the pieces
-    as packed sequences ``cu_pieces [P+1]`` int64 and fla's chunk indices ``piece_chunks [NC, 2]``.
-    Built on the host, copied once."""
+    (data pointers of each body's T and S per layer; 0 for pieces). Built on the host, copied once.
+    ``piece_bounds``: host piece boundaries, for ``piece_tables`` (the chunked scan only)."""
 
     meta: torch.Tensor
     ptrs: torch.Tensor
     pair_dtype: torch.dtype
-    cu_pieces: torch.Tensor
-    piece_chunks: torch.Tensor
+    piece_bounds: list[int] = field(default_factory=list)
+    _pieces: tuple[torch.Tensor, torch.Tensor] | None = field(default=None, repr=False)
+
+    def piece_tables(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The pieces as packed sequences ``cu_pieces [P+1]`` int64 and fla's chunk indices
+        ``piece_chunks [NC, 2]`` for them, on the tables' device; built on first use (only the
+        chunked scan reads them). A token outside every piece, if any, falls in a sequence of its own
+        that no link reads."""
+        if self._pieces is None:
+            b = self.piece_bounds
+            chunks, _ = fla_chunk_tables([hi - lo for lo, hi in itertools.pairwise(b)])
+            dev = self.meta.device
+            self._pieces = (
+                to_device_async(torch.tensor(b, dtype=torch.int64), dev),
+                to_device_async(torch.tensor(chunks, dtype=torch.int64).reshape(-1, 2), dev),
+            )
+        return self._pieces
 
 
 def _tables(
     meta: list[tuple[int, int, int]], ptrs: torch.Tensor, dtype: torch.dtype, device: torch.device
 ) -> ChainTables:
-    """Copy the host tables to ``device``; the pieces' sequences are cut at every piece boundary (a
-    token outside every piece, if any, falls in a sequence of its own that no link reads)."""
+    """Copy the host tables to ``device``; the pieces are cut at every piece boundary."""
     bounds = sorted({0, *(x for kind, a, b in meta if kind == 0 for x in (a, b))})
-    chunks, _ = fla_chunk_tables([b - a for a, b in itertools.pairwise(bounds)])
     m = torch.tensor(meta, dtype=torch.int32).reshape(-1, 3)
-    return ChainTables(
-        to_device_async(m, device),
-        to_device_async(ptrs.contiguous(), device),
-        dtype,
-        to_device_async(torch.tensor(bounds, dtype=torch.int64), device),
-        to_device_async(torch.tensor(chunks, dtype=torch.int64).reshape(-1, 2), device),
-    )
+    return ChainTables(to_device_async(m, device), to_device_async(ptrs.contiguous(), device), dtype, bounds)
 
 
 def chain_tables(chains: list[list[ChainLink]], device: torch.device) -> ChainTables:
@@ -200,7 +206,7 @@ def gdn_combine_scan(
             from .combine_scan_chunked_triton import gdn_combine_scan_chunked
 
             return gdn_combine_scan_chunked(
-                q, k, v, g, beta, tab.meta, tab.ptrs[row], h0, tab.cu_pieces, tab.piece_chunks,
+                q, k, v, g, beta, tab.meta, tab.ptrs[row], h0, *tab.piece_tables(),
                 pair_dtype=tab.pair_dtype, use_qk_l2norm=use_qk_l2norm, scale=scale, transition=transition,
             )  # fmt: skip
         # token loop; q, k are normalised in the kernel: off the loop's critical path (they do not

@@ -221,12 +221,13 @@ def test_combine_scan_chunked_matches_twin(dtype, pair_dtype):
     chain.append(Piece(160, 290))
     h0 = torch.randn(HV, K, V, device="cuda", generator=g)
     tab = chain_tables([chain], torch.device("cuda"))
+    cu_p, chunks_p = tab.piece_tables()
     ref = gdn_combine_scan_torch(**{n: t.float() for n, t in x.items()}, chain=chain, h0=h0)
     for bv, nw in ((32, 4), (16, 4), (32, 8), (64, 4), (64, 8)):
 
         def run(bv=bv, nw=nw):
             return gdn_combine_scan_chunked(
-                **x, meta=tab.meta, ptrs=tab.ptrs[0], h0=h0, cu_pieces=tab.cu_pieces, piece_chunks=tab.piece_chunks,
+                **x, meta=tab.meta, ptrs=tab.ptrs[0], h0=h0, cu_pieces=cu_p, piece_chunks=chunks_p,
                 pair_dtype=pair_dtype, bv=bv, num_warps=nw,
             )  # fmt: skip
 
@@ -247,6 +248,6 @@ def test_combine_scan_chunked_matches_twin(dtype, pair_dtype):
     print(f"token-loop scan (autotuned): {tok:.3f} ms")
     with pytest.raises(ValueError, match="bf16/fp16"):  # fp32 inputs stay on the token loop
         gdn_combine_scan_chunked(
-            **{n: t.float() for n, t in x.items()}, meta=tab.meta, ptrs=tab.ptrs[0], h0=h0, cu_pieces=tab.cu_pieces,
-            piece_chunks=tab.piece_chunks, pair_dtype=pair_dtype,
+            **{n: t.float() for n, t in x.items()}, meta=tab.meta, ptrs=tab.ptrs[0], h0=h0, cu_pieces=cu_p,
+            piece_chunks=chunks_p, pair_dtype=pair_dtype,
         )  # fmt: skip

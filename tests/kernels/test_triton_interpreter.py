@@ -104,11 +104,12 @@ for dt in (torch.float32, torch.bfloat16):
              Body(pair(), torch.randn(HV, K, V, generator=g).to(dt)), Piece(20, 20), Piece(20, 150)]
     h0 = torch.randn(HV, K, V, generator=g)
     tab = chain_tables([chain], torch.device("cpu"))
-    assert tab.cu_pieces.tolist() == [0, 5, 20, 150], tab.cu_pieces
+    cu_pieces, piece_chunks = tab.piece_tables()
+    assert cu_pieces.tolist() == [0, 5, 20, 150], cu_pieces
     for tr in (True, False):
         ro, rh = gdn_combine_scan_torch(**x, chain=chain, h0=h0, transition=tr)
-        o, h = gdn_combine_scan_chunked(**x, meta=tab.meta, ptrs=tab.ptrs[0], h0=h0, cu_pieces=tab.cu_pieces,
-                                        piece_chunks=tab.piece_chunks, pair_dtype=tab.pair_dtype, transition=tr,
+        o, h = gdn_combine_scan_chunked(**x, meta=tab.meta, ptrs=tab.ptrs[0], h0=h0, cu_pieces=cu_pieces,
+                                        piece_chunks=piece_chunks, pair_dtype=tab.pair_dtype, transition=tr,
                                         bv=16, num_warps=2, factors=factors)
         assert rel_err(o, ro) < 1e-5 and rel_err(h, rh) < 1e-5, (dt, tr, rel_err(o, ro), rel_err(h, rh))
 """
