@@ -156,25 +156,34 @@ def test_gdn_after_pairs_fla_matches_reference(dtype, tol):
     assert got[0].dtype == dtype and eo < tol and ef < tol
 
 
+def _seam_chain(HV: int, K: int, V: int, n: int, question: int, pair_dtype: torch.dtype, g: torch.Generator):
+    """A RAG combine chain on CUDA: n 8-token seam pieces, each followed by a cached body (contractive
+    T, random S, drawn from ``g``), then a ``question``-token piece."""
+    from hypic_agent.kernels.combine_scan import Body, Piece
+
+    chain: list[Piece | Body] = []
+    for i in range(n):
+        chain.append(Piece(8 * i, 8 * i + 8))
+        T = torch.eye(K, device="cuda") * 0.5 + 0.02 * torch.randn(HV, K, K, device="cuda", generator=g)
+        S = torch.randn(HV, K, V, device="cuda", generator=g)
+        chain.append(Body(T.to(pair_dtype).contiguous(), S.to(pair_dtype)))
+    chain.append(Piece(8 * n, 8 * n + question))
+    return chain
+
+
 @pytest.mark.parametrize("pair_dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("transition", [True, False])
 def test_combine_scan_triton_matches_twin(pair_dtype, transition):
     """Real Qwen3.5 shape: 21 pieces (8-token seams + a 50-token question) around 20 cached bodies."""
     import triton
 
-    from hypic_agent.kernels.combine_scan import Body, Piece, chain_tables, gdn_combine_scan
+    from hypic_agent.kernels.combine_scan import chain_tables, gdn_combine_scan
     from hypic_agent.kernels.combine_scan_triton import gdn_combine_scan_triton
 
     HV, K, V = 32, 128, 128
     x = gdn_inputs(20 * 8 + 50, 16, HV, K=K, V=V, seed=8, device="cuda", dtype=torch.bfloat16)
     g = torch.Generator(device="cuda").manual_seed(0)
-    chain = []
-    for i in range(20):
-        chain.append(Piece(8 * i, 8 * i + 8))
-        T = torch.eye(K, device="cuda") * 0.5 + 0.02 * torch.randn(HV, K, K, device="cuda", generator=g)
-        S = torch.randn(HV, K, V, device="cuda", generator=g)
-        chain.append(Body(T.to(pair_dtype).contiguous(), S.to(pair_dtype)))
-    chain.append(Piece(160, 210))
+    chain = _seam_chain(HV, K, V, 20, 50, pair_dtype, g)
     h0 = torch.zeros(HV, K, V, device="cuda")
     got = gdn_combine_scan(**x, chain=chain, h0=h0, transition=transition, backend="fla")
     ref = gdn_combine_scan(**{n: t.float() for n, t in x.items()}, chain=chain, h0=h0, transition=transition,
@@ -205,20 +214,14 @@ def test_combine_scan_chunked_matches_twin(dtype, pair_dtype):
     Qwen3.5 shape: 20 seams of 8 tokens, a 130-token question over two chunks; prints launch timings."""
     import triton
 
-    from hypic_agent.kernels.combine_scan import Body, Piece, chain_tables, gdn_combine_scan_torch
+    from hypic_agent.kernels.combine_scan import chain_tables, gdn_combine_scan_torch
     from hypic_agent.kernels.combine_scan_chunked_triton import gdn_combine_scan_chunked
     from hypic_agent.kernels.combine_scan_triton import gdn_combine_scan_triton
 
     HV, K, V = 32, 128, 128
     x = gdn_inputs(20 * 8 + 130, 16, HV, K=K, V=V, seed=9, device="cuda", dtype=dtype)
     g = torch.Generator(device="cuda").manual_seed(1)
-    chain = []
-    for i in range(20):
-        chain.append(Piece(8 * i, 8 * i + 8))
-        T = torch.eye(K, device="cuda") * 0.5 + 0.02 * torch.randn(HV, K, K, device="cuda", generator=g)
-        S = torch.randn(HV, K, V, device="cuda", generator=g)
-        chain.append(Body(T.to(pair_dtype).contiguous(), S.to(pair_dtype)))
-    chain.append(Piece(160, 290))
+    chain = _seam_chain(HV, K, V, 20, 130, pair_dtype, g)
     h0 = torch.randn(HV, K, V, device="cuda", generator=g)
     tab = chain_tables([chain], torch.device("cuda"))
     cu_p, chunks_p = tab.piece_tables()
