@@ -63,7 +63,7 @@ def test_file_fingerprint_and_cache(tmp_path: Path) -> None:
     assert fa == fb  # content, not location
     cache = json.loads((tmp_path / "c" / "file_digests.json").read_text())
     assert len(cache) == 2
-    (b / "model-2.safetensors").write_bytes(data[:999] + b"!")
+    (b / "model-2.safetensors").write_bytes(data[:999] + bytes([data[999] ^ 1]))  # always a different last byte
     assert model_fingerprint(CFG, list(b.glob("*")), "bfloat16") != fa
     # a cached digest is reused while (size, mtime) are unchanged: prove it by planting one
     key = str((a / "model-1.safetensors").resolve())
