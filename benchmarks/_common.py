@@ -108,6 +108,17 @@ def gpu_busy_ms(fn: Callable[[], Any]) -> float:
     return busy_ms([(e.time_range.start, e.time_range.end) for e in prof.events() if e.device_type == cuda])
 
 
+def device_ms(fn: Callable[[], Any], reps: int = 5, warmup: int = 2) -> float:
+    """Median time of ``fn()`` in ms: on CUDA the device time between events around each call
+    (``triton.testing.do_bench``, L2 flushed between calls, so data is read from HBM as in a request);
+    elsewhere the wall time (``timed``)."""
+    if torch.cuda.is_available():
+        import triton.testing
+
+        return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
+    return timed(fn, reps=reps, warmup=warmup)[0] * 1e3
+
+
 def timed(fn: Callable[[], Any], reps: int = 3, warmup: int = 1) -> tuple[float, list[float]]:
     """Median wall seconds over ``reps`` after ``warmup`` calls (device synchronized)."""
     for _ in range(warmup):

@@ -9,6 +9,8 @@
 * compose: ``chain_scan`` over ``--compose-n`` pairs for every linear layer, one launch per layer,
   and all layers in one launch (layers are independent chains: their heads stack, ``[n, L*HV, K, K]``,
   as in a ``w = 0`` request whose linear states can be composed before the forward).
+* compose times are device times on CUDA (``_common.device_ms``: events around each launch, median,
+  L2 flushed between launches), wall times elsewhere.
 * compose at the full depth: the one-launch chain over ``--compose-n`` pairs for *every* linear
   layer of the unreduced shape (30 for Qwen3.5-35B-A3B, whatever ``--layers`` builds), with fp32
   and with bf16 pairs (the kernel reads either and accumulates in fp32), writing every state (what
@@ -24,7 +26,7 @@ from __future__ import annotations
 import argparse
 
 import torch
-from _common import gpu_busy_ms, load_shape, model_args, print_table, random_model, timed, write_json
+from _common import device_ms, gpu_busy_ms, load_shape, model_args, print_table, random_model, timed, write_json
 
 from hypic_agent.kernels import chain as chain_ops
 from hypic_agent.runtime.forward import prefill
@@ -75,10 +77,10 @@ def main() -> None:
         T_all = (torch.randn(n, layers * hv, k, k, device=dev) * 0.05).to(dtype)
         S_all = torch.randn(n, layers * hv, k, v, device=dev).to(dtype)
         h0_all = torch.zeros(layers * hv, k, v, device=dev)
-        return timed(
-            lambda: chain_ops.chain_scan(h0_all, T_all, S_all, last_only=last_only, state_bf16=state_bf16),
-            reps=5, warmup=2,
-        )[0]  # fmt: skip
+        return (
+            device_ms(lambda: chain_ops.chain_scan(h0_all, T_all, S_all, last_only=last_only, state_bf16=state_bf16))
+            / 1e3
+        )
 
     t_one = compose_one_launch(n_lin)
     full_shape = load_shape(args.shape)

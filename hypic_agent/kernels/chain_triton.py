@@ -87,9 +87,10 @@ def chain_scan_triton(
     already costs ~2e-3); the default keeps 1.4e-6.
 
     ``stages``: software pipelining of the pair loop (the next T / S load overlaps this step's dot);
-    default 2 for the full tile (30 layers x 64 pairs x 32 heads of 128 x 128 on the H200: fp32
-    7.75 -> 5.86 ms, bf16 6.76 -> 5.85 ms, identical results; 3 stages exceed shared memory in
-    fp32), 1 for the chunked variant (its CTA barrier orders re-reads of the output).
+    default for the full tile 2 with fp32 pairs (30 layers x 64 pairs x 32 heads of 128 x 128 on the
+    H200: 7.75 -> 5.86 ms, identical results; 3 stages exceed shared memory) and 3 with bf16 pairs
+    (``last_only``: 1.07 -> 0.98 ms with ``state_bf16``, ``do_bench``, 2026-11-29; 4 exceed shared
+    memory at 128 columns), 1 for the chunked variant (its CTA barrier orders re-reads of the output).
 
     T and S are read in their stored dtype (fp32 or bf16 pairs) and converted in registers: no
     upcast copy of the pairs (for 30 layers x 64 bf16 pairs that copy alone wrote 8 GB).
@@ -121,7 +122,7 @@ def chain_scan_triton(
         BV=BV,
         BC=min(BK, 32),
         CHUNKED=chunked,
-        STAGES=stages or (1 if chunked else 2),
+        STAGES=stages or (1 if chunked else 3 if T.dtype == torch.bfloat16 else 2),
         LAST_ONLY=last_only,
         T_BF16=T.dtype == torch.bfloat16 and not chunked and not interpreting(),
         ONE_PASS=state_bf16,

@@ -8,9 +8,10 @@ reference runs the two separately (``gated_delta_rule`` over whole segments, the
 On CUDA the fla path shares them in one varlen pass over ``SeamSplit``'s sub-sequences (every
 segment cut into its window and its body): one set of WY factors (``w, u``) and chunked decays
 feeds the windows' own zero-start state pass (their ``S`` are the states entering the bodies), the
-forward from those states, and a state pass on the identity with zero values (every transition
-``T``); a body's ``S`` is its final state less ``T_body S_win``. A pair costs one extra state sweep
-instead of a second forward, with no gathers of the bodies (``gdn_pairs_fla``).
+forward from those states, and the body pairs (``body_pairs``: a state pass on the identity with
+zero values for every ``T``, a body's ``S`` as its final state less ``T_body S_win``), written
+straight into the cache entries' tensors (``PairSink``). A pair costs one extra state sweep instead
+of a second forward, with no gathers of the bodies (``gdn_pairs_fla``).
 
 ``gated_delta_rule_after_pairs`` is the combine-side twin: pieces (seam windows, the suffix) get
 their pairs, a caller-supplied chain turns them into incoming states, and the pieces then run
@@ -28,9 +29,18 @@ import torch
 from . import gdn as gdn_ops
 from . import pairs as pair_ops
 from .backend import resolve_backend
+from .pair_sink import PairSink
 from .seam_split import CHUNK, SeamSplit, identity_pairs
 
-__all__ = ["CHUNK", "EnterFn", "SeamSplit", "gated_delta_rule_after_pairs", "gated_delta_rule_with_pairs"]
+__all__ = [
+    "CHUNK",
+    "EnterFn",
+    "PairSink",
+    "SeamSplit",
+    "gated_delta_rule_after_pairs",
+    "gated_delta_rule_into_pairs",
+    "gated_delta_rule_with_pairs",
+]
 
 log = logging.getLogger(__name__)
 _SHARED_FAILED: list[str] = []  # set once the shared-WY fla path raised in this process
@@ -54,6 +64,46 @@ def _shared_fla(call: Callable[[Any], R]) -> R | None:
         return None
 
 
+def gated_delta_rule_into_pairs(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    *,
+    cu_seqlens: torch.Tensor,
+    split: SeamSplit,
+    sink: PairSink,
+    use_qk_l2norm: bool = True,
+    scale: float | None = None,
+    backend: str = "auto",
+    finals: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Whole-segment outputs, every segment from a zero state; its body pair goes into ``sink``.
+
+    Args:
+        q, k: ``[T, H, K]``; v: ``[T, HV, V]``; g, beta: ``[T, HV]``; cu_seqlens ``[N+1]`` (the segments).
+        split: seam windows / bodies of the same N segments.
+        sink: N destinations (``PairSink``): body pairs ``T_body [HV, K, K]``, ``S_body [HV, K, V]`` in
+            the sink's dtype (``(I, 0)`` for a segment without a body).
+        finals: also return the segments' final states.
+    Returns:
+        o ``[T, HV, V]`` (q's dtype) and final states ``[N, HV, K, V]`` fp32 (None unless ``finals``).
+    """
+    if split.total != k.shape[0]:
+        raise ValueError(f"split covers {split.total} tokens, the batch has {k.shape[0]}")
+    if len(sink.T) != split.n:
+        raise ValueError(f"sink holds {len(sink.T)} pairs for {split.n} segments")
+    be = resolve_backend(backend, q.device)
+    if be == "fla":
+        out = _shared_fla(lambda m: m.gdn_with_pairs_fla(q, k, v, g, beta, split, use_qk_l2norm, scale, sink, finals))
+        if out is not None:
+            return out
+    o, fin, T, S = gdn_with_pairs_separate(q, k, v, g, beta, cu_seqlens, split, use_qk_l2norm, scale, be)
+    sink.fill(T, S)
+    return o, fin if finals else None
+
+
 def gated_delta_rule_with_pairs(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -67,23 +117,19 @@ def gated_delta_rule_with_pairs(
     scale: float | None = None,
     backend: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Whole-segment outputs plus body pairs, every segment from a zero state.
+    """``gated_delta_rule_into_pairs`` into fresh stacked fp32 pairs.
 
-    Args:
-        q, k: ``[T, H, K]``; v: ``[T, HV, V]``; g, beta: ``[T, HV]``; cu_seqlens ``[N+1]`` (the segments).
-        split: seam windows / bodies of the same N segments.
     Returns:
         o ``[T, HV, V]`` (q's dtype), final states ``[N, HV, K, V]``, T_body ``[N, HV, K, K]`` and
         S_body ``[N, HV, K, V]`` fp32 (``(I, 0)`` for a segment without a body).
     """
-    if split.total != k.shape[0]:
-        raise ValueError(f"split covers {split.total} tokens, the batch has {k.shape[0]}")
-    be = resolve_backend(backend, q.device)
-    if be == "fla":
-        out = _shared_fla(lambda m: m.gdn_with_pairs_fla(q, k, v, g, beta, split, use_qk_l2norm, scale))
-        if out is not None:
-            return out
-    return gdn_with_pairs_separate(q, k, v, g, beta, cu_seqlens, split, use_qk_l2norm, scale, be)
+    sink = PairSink.stacked(split.n, v.shape[1], k.shape[2], v.shape[2], q.device, torch.float32)
+    o, fin = gated_delta_rule_into_pairs(
+        q, k, v, g, beta, cu_seqlens=cu_seqlens, split=split, sink=sink, use_qk_l2norm=use_qk_l2norm, scale=scale,
+        backend=backend, finals=True,
+    )  # fmt: skip
+    assert fin is not None
+    return (o, fin, *sink.stacks())
 
 
 def gdn_with_pairs_separate(

@@ -4,9 +4,10 @@ One varlen pass over the split's sub-sequences (every segment cut into its seam 
 body), through fla's forward stages called one by one (as ``chunk_gated_delta_rule_fwd`` composes
 them): chunk-local cumsum of g (log2 space) -> WY factors ``w, u`` once for everything. The windows'
 rows of those factors give their zero-start states (a small gathered state pass): the states
-entering the bodies. The forward runs all sub-sequences from them; the same factors give every
-transition (fla's state pass on the identity with zero values), and a body's zero-start state is its
-final state less ``T_body S_win``. Chunk tables come from the host (``SeamSplit``): no device sync.
+entering the bodies. The forward runs all sub-sequences from them; the same factors and the
+forward's final states give the body pairs (``body_pairs``: each transition from the identity, and a
+body's zero-start state as its final state less ``T_body S_win``), written straight into the
+entries (``PairSink``). Chunk tables come from the host (``SeamSplit``): no device sync.
 q and k are L2-normalised once, up front.
 
 ``gdn_after_pairs_fla`` (combine): WY factors once -> the pieces' pairs -> caller's chain gives the
@@ -26,7 +27,9 @@ from fla.ops.utils.constant import RCP_LN2
 from fla.ops.utils.index import prepare_chunk_indices
 
 from ._varlen import as_int64
+from .body_pairs import body_pairs
 from .gdn_pairs import EnterFn
+from .pair_sink import PairSink
 from .seam_split import CHUNK, SeamSplit
 
 
@@ -92,25 +95,6 @@ def _window_states(
     return S_win
 
 
-def _transitions(k: torch.Tensor, w: torch.Tensor, gc: torch.Tensor, split: SeamSplit) -> torch.Tensor:
-    """Every sub-sequence's transition ``T [M, HV, K, K]`` fp32: fla's forward state pass run on the
-    identity with zero values (``h <- T_c h``), sharing the forward's WY factors; the state pass costs
-    a fifth of fla's summary kernel (``chunk_cp_fwd_h``, which runs a tf32x3 ``[K, K]`` product per chunk)
-    at the precision of the forward's own states."""
-    M, HV, K = split.cu_sub.numel() - 1, w.shape[2], w.shape[-1]
-    eye = split.constant(
-        ("eye", HV, K, w.device), lambda: torch.eye(K, dtype=torch.float32, device=w.device).expand(M, HV, K, K).clone()
-    )
-    zeros = split.constant(("zeros", w.shape, w.dtype, w.device), lambda: torch.zeros_like(w))
-    _, _, T = chunk_gated_delta_rule_fwd_h(
-        k=k, w=w, u=zeros, g=gc, initial_state=eye, output_final_state=True, chunk_size=CHUNK,
-        save_new_value=False, cu_seqlens=split.cu_sub, chunk_indices=split.sub_chunks,
-        chunk_offsets=split.sub_chunk_offsets,
-    )  # fmt: skip
-    assert T is not None
-    return T
-
-
 def gdn_with_pairs_fla(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -120,13 +104,16 @@ def gdn_with_pairs_fla(
     split: SeamSplit,
     use_qk_l2norm: bool,
     scale: float | None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """q, k ``[T, H, K]``; v ``[T, HV, V]``; g, beta ``[T, HV]`` -> (o ``[T, HV, V]``, finals
-    ``[N, HV, K, V]``, T_body ``[N, HV, K, K]``, S_body ``[N, HV, K, V]``), states fp32.
+    sink: PairSink,
+    finals: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """q, k ``[T, H, K]``; v ``[T, HV, V]``; g, beta ``[T, HV]`` -> (o ``[T, HV, V]``, the segments'
+    final states ``[N, HV, K, V]`` fp32 when ``finals``, else None); body pairs into ``sink``.
 
     WY factors once over the sub-sequences -> the windows' zero-start states (a small gathered pass)
-    -> the forward from them (bodies enter from their window) -> the transitions (state pass on the
-    identity) -> ``S_body = fin - T_body S_win``."""
+    -> the forward from them (bodies enter from their window) -> the body pairs from the same
+    factors and the forward's final states (``body_pairs``: transitions from the identity,
+    ``S_body = fin - T_body S_win``), written into the entries."""
     scale = k.shape[-1] ** -0.5 if scale is None else scale
     q, k = _l2norm_qk(q, k, use_qk_l2norm)
     qb, kb, vb = q[None].contiguous(), k[None].contiguous(), v[None].contiguous()
@@ -143,7 +130,8 @@ def gdn_with_pairs_fla(
     )  # fmt: skip
     o = chunk_fwd_o(q=qb, k=kb, v=v_new, h=h, g=gc, scale=scale, cu_seqlens=cu, chunk_size=CHUNK, chunk_indices=idx)
     assert fin is not None
-    return (o[0], *split.results_from_finals(fin, _transitions(kb, w, gc, split), S_win_z))
+    body_pairs(kb, w, gc, fin, S_win_z, split, sink, backend="fla")
+    return o[0], split.segment_finals(fin) if finals else None
 
 
 def gdn_after_pairs_fla(

@@ -11,6 +11,8 @@ L2-normalised if asked and q multiplied by ``scale`` (see ``prepare``).
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 
 CHUNK = 64
@@ -162,3 +164,29 @@ def chunked(
     real = tok < T
     o[tok[real]] = oc[real]
     return o, s
+
+
+def wy_factors(
+    k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, cu_seqlens: list[int], chunk: int = CHUNK
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """fla's per-chunk factors in fla's layout (the twin of ``chunk_local_cumsum`` (log2) +
+    ``chunk_gated_delta_rule_fwd_intra``), for kernels that consume them.
+
+    k ``[T, H, K]`` (already normalised), v ``[T, HV, V]``, g, beta ``[T, HV]``; ``cu_seqlens`` host
+    bounds (chunks restart at every sequence) -> w ``[T, HV, K]``, u ``[T, HV, V]`` and gc ``[T, HV]``
+    (cumulative log2 decay within each chunk), fp32: a chunk's state pass is
+    ``v_new = u - w h``, ``h <- exp2(gc_L) h + k^T (exp2(gc_L - gc) v_new)``.
+    """
+    T, H, K = k.shape
+    HV, V = v.shape[1], v.shape[2]
+    w = k.new_zeros(T, HV, K, dtype=torch.float32)
+    u = v.new_zeros(T, HV, V, dtype=torch.float32)
+    gc = g.new_zeros(T, HV, dtype=torch.float32)
+    for lo_seq, hi_seq in itertools.pairwise(cu_seqlens):
+        for lo in range(lo_seq, hi_seq, chunk):
+            s = slice(lo, min(lo + chunk, hi_seq))
+            kk = k[s].float().repeat_interleave(HV // H, 1).transpose(0, 1)
+            gg = g[s].float().T
+            uu, ww, *_ = _chunk_factors(kk, kk, v[s].float().transpose(0, 1), gg, beta[s].float().T)
+            w[s], u[s], gc[s] = ww.transpose(0, 1), uu.transpose(0, 1), (gg.cumsum(-1) * 1.4426950408889634).T
+    return w, u, gc

@@ -8,8 +8,8 @@ that needs: built once on the host (no device sync) and shared by all linear lay
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -46,6 +46,10 @@ class SeamSplit:
     the forward runs): ``win_idx [Tw]`` packed token indices of the Nw windows, ``cu_win [Nw+1]``,
     ``win_chunks`` / ``win_chunk_offsets`` their chunk tables; ``sub_enter_win [M]`` the window whose
     state enters each sub-sequence and ``body_enter_win [Nb]`` each body's, ``Nw`` for a zero state.
+
+    Per-segment tables (the pair kernels write segment j's pair): ``seg_body_sub [N]`` the body
+    sub-sequence of each segment (-1: no body, the pair is ``(I, 0)``) and ``seg_body_win [N]`` the
+    window entering it (``Nw``: none); host copies in ``seg_body_sub_host`` / ``seg_body_win_host``.
     """
 
     n: int
@@ -67,8 +71,10 @@ class SeamSplit:
     win_chunk_offsets: torch.Tensor
     sub_enter_win: torch.Tensor
     body_enter_win: torch.Tensor
-    # read-only operands the layers share (identity states, zero values), built by the first layer
-    shared: dict[tuple[object, ...], torch.Tensor] = field(default_factory=dict, compare=False, repr=False)
+    seg_body_sub: torch.Tensor
+    seg_body_win: torch.Tensor
+    seg_body_sub_host: list[int]
+    seg_body_win_host: list[int]
 
     @classmethod
     def build(cls, lengths: Sequence[int], seams: Sequence[int], device: torch.device) -> SeamSplit:
@@ -96,6 +102,10 @@ class SeamSplit:
                 sub_lens.append(n - s)
                 enter_win.append(win_no)
             last_sub.append(len(sub_lens) - 1)
+        seg_sub = [-1] * len(lengths)
+        seg_win = [nw] * len(lengths)
+        for j, sub in zip(body_segs, body_sub, strict=True):
+            seg_sub[j], seg_win[j] = sub, enter_win[sub]
         sub_chunks, sub_offsets = fla_chunk_tables(sub_lens, CHUNK)
         win_chunks, win_offsets = fla_chunk_tables([seams[j] for j in seam_segs], CHUNK)
 
@@ -125,14 +135,11 @@ class SeamSplit:
             win_chunk_offsets=dev(win_offsets),
             sub_enter_win=dev(enter_win),
             body_enter_win=dev([enter_win[i] for i in body_sub]),
+            seg_body_sub=dev(seg_sub),
+            seg_body_win=dev(seg_win),
+            seg_body_sub_host=seg_sub,
+            seg_body_win_host=seg_win,
         )
-
-    def constant(self, key: tuple[object, ...], make: Callable[[], torch.Tensor]) -> torch.Tensor:
-        """``make()`` once per batch for ``key``: every linear layer of the batch reads the same tensor
-        (callers must not write to it)."""
-        if key not in self.shared:
-            self.shared[key] = make()
-        return self.shared[key]
 
     @staticmethod
     def with_zero_row(S_win: torch.Tensor) -> torch.Tensor:
@@ -146,26 +153,7 @@ class SeamSplit:
         from its window's final state, which is the window's ``S`` (it starts from zero)."""
         return S_win_z.index_select(0, self.sub_enter_win)
 
-    def results_from_finals(
-        self, fin_sub: torch.Tensor, T_sub: torch.Tensor, S_win_z: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Per-sub-sequence finals ``[M, HV, K, V]`` and transitions ``[M, HV, K, K]`` of a pass whose
-        bodies ran from their windows' states (``S_win_z``: ``with_zero_row`` of ``[Nw, HV, K, V]``)
-        -> per-segment (finals ``[N, HV, K, V]``, T_body ``[N, HV, K, K]``, S_body ``[N, HV, K, V]``;
-        ``(I, 0)`` for a segment without a body). A body's zero-start state is its final state less
-        what its transition carried in: ``S_body = fin - T_body S_win``."""
-        Tb = T_sub.index_select(0, self.body_sub)
-        h_in = S_win_z.index_select(0, self.body_enter_win)
-        Sb = fin_sub.index_select(0, self.body_sub) - torch.matmul(Tb, h_in)
-        return self._per_segment(fin_sub, Tb, Sb)
-
-    def _per_segment(
-        self, fin_sub: torch.Tensor, Tb: torch.Tensor, Sb: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        finals = fin_sub.index_select(0, self.seg_last_sub)
-        if len(self.body_segs) == self.n:  # every segment has a body (the common case)
-            return finals, Tb, Sb
-        T, S = identity_pairs(self.n, Sb.shape[1], Tb.shape[2], Sb.shape[3], Sb.device, Sb.dtype)
-        if self.body_segs:
-            T[self.body_seg_idx], S[self.body_seg_idx] = Tb, Sb
-        return finals, T, S
+    def segment_finals(self, fin_sub: torch.Tensor) -> torch.Tensor:
+        """Per-sub-sequence final states ``[M, HV, K, V]`` -> each segment's ``[N, HV, K, V]`` (its last
+        sub-sequence's)."""
+        return fin_sub.index_select(0, self.seg_last_sub)

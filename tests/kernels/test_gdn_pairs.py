@@ -6,7 +6,12 @@ import pytest
 import torch
 
 from hypic_agent.kernels.gdn import gated_delta_rule
-from hypic_agent.kernels.gdn_pairs import SeamSplit, gated_delta_rule_with_pairs
+from hypic_agent.kernels.gdn_pairs import (
+    PairSink,
+    SeamSplit,
+    gated_delta_rule_into_pairs,
+    gated_delta_rule_with_pairs,
+)
 from hypic_agent.kernels.pairs import apply_pair
 from tests.kernels.helpers import gdn_inputs, rel_err
 
@@ -32,6 +37,9 @@ def test_seam_split_indices():
     assert sp.win_idx.tolist() == [*range(8), 40, 41, 42, 113, 114, 115, 116] and sp.cu_win.tolist() == [0, 8, 11, 15]
     assert sp.win_chunks.tolist() == [[0, 0], [1, 0], [2, 0]] and sp.win_chunk_offsets.tolist() == [0, 1, 2, 3]
     assert sp.sub_enter_win.tolist() == [3, 0, 3, 3, 3, 2] and sp.body_enter_win.tolist() == [0, 3, 2]
+    # per segment: its body sub-sequence (-1: none) and the window entering it (3: none)
+    assert sp.seg_body_sub.tolist() == sp.seg_body_sub_host == [1, -1, 3, 5]
+    assert sp.seg_body_win.tolist() == sp.seg_body_win_host == [0, 3, 3, 2]
     with pytest.raises(ValueError, match="seams"):
         SeamSplit.build([4], [5], torch.device("cpu"))
 
@@ -58,9 +66,11 @@ def test_outputs_finals_and_pairs_compose():
 
 def test_window_pass_plumbing_equals_the_reference():
     """The fla build's bookkeeping with torch ops: one varlen pass over windows and bodies as
-    sub-sequences, the windows' own zero-start pass giving the states entering the bodies, and
-    ``S_body = fin - T_body S_win``, equals the reference's outputs, finals and pairs."""
-    from hypic_agent.kernels.pairs import transition_pairs
+    sub-sequences, the windows' own zero-start pass giving the states entering the bodies, and the
+    body pairs from that pass's WY factors and final states (``body_pairs_torch``: T from the
+    identity, ``S_body = fin - T_body S_win``), equals the reference's outputs, finals and pairs."""
+    from hypic_agent.kernels import gdn_torch
+    from hypic_agent.kernels.body_pairs import body_pairs_torch
 
     x = {n: t.double() for n, t in gdn_inputs(sum(LENS), 2, 4, K=16, V=8, seed=7).items()}
     sp = SeamSplit.build(LENS, SEAMS, torch.device("cpu"))
@@ -69,12 +79,49 @@ def test_window_pass_plumbing_equals_the_reference():
     S_win = sp.with_zero_row(S_win.double())
     h0 = sp.enter_from_windows(S_win)
     o, fin_sub = gated_delta_rule(**x, cu_seqlens=sp.cu_sub, initial_state=h0, backend="torch")
-    T_sub, _ = transition_pairs(x["k"], x["v"], x["g"], x["beta"], cu_seqlens=sp.cu_sub, backend="torch")
     assert fin_sub is not None
-    got = (o, *sp.results_from_finals(fin_sub, T_sub.double(), S_win))
+    kn = gdn_torch.l2norm(x["k"])
+    w, _, gc = gdn_torch.wy_factors(kn, x["v"], x["g"], x["beta"], sp.cu_sub.tolist())
+    sink = PairSink.stacked(sp.n, 4, 16, 8, torch.device("cpu"), torch.float64)
+    body_pairs_torch(kn[None], w[None], gc[None], fin_sub, S_win, sp, sink)
+    got = (o, sp.segment_finals(fin_sub), *sink.stacks())
     ref = gated_delta_rule_with_pairs(**x, cu_seqlens=_cu(LENS), split=sp, backend="torch")
     for a, b in zip(got, ref, strict=True):
         assert rel_err(a.double(), b.double()) < 1e-5  # transition_pairs runs in fp32
+
+
+def test_into_pairs_writes_each_entrys_own_tensors():
+    """Entry building hands the entries' tensors over as a sink: every segment's pair lands in its
+    own (bf16 here) tensors, equal to the stacked fp32 result rounded."""
+    x = gdn_inputs(sum(LENS), 2, 4, K=16, V=8, seed=9)
+    sp = SeamSplit.build(LENS, SEAMS, torch.device("cpu"))
+    T_own = [torch.full((4, 16, 16), float("nan"), dtype=torch.bfloat16) for _ in LENS]
+    S_own = [torch.full((4, 16, 8), float("nan"), dtype=torch.bfloat16) for _ in LENS]
+    o, fin = gated_delta_rule_into_pairs(**x, cu_seqlens=_cu(LENS), split=sp, sink=PairSink.over(T_own, S_own))
+    ro, _, rT, rS = gated_delta_rule_with_pairs(**x, cu_seqlens=_cu(LENS), split=sp, backend="torch")
+    assert fin is None and torch.equal(o, ro)
+    for j in range(len(LENS)):
+        assert torch.equal(T_own[j], rT[j].bfloat16()) and torch.equal(S_own[j], rS[j].bfloat16()), j
+    with pytest.raises(ValueError, match="sink holds 2 pairs for 4 segments"):
+        gated_delta_rule_into_pairs(**x, cu_seqlens=_cu(LENS), split=sp, sink=PairSink.over(T_own[:2], S_own[:2]))
+
+
+def test_pair_sink_checks_its_tensors():
+    T, S = [torch.zeros(2, 4, 4)], [torch.zeros(2, 4, 3)]
+    sink = PairSink.over(T, S)
+    assert sink.pointers.tolist() == [[T[0].data_ptr(), S[0].data_ptr()]] and sink.dtype == torch.float32
+    assert torch.equal(sink.stacks()[0], T[0][None])
+    with pytest.raises(ValueError, match="one dtype"):
+        PairSink.over(T, [S[0].bfloat16()])
+    with pytest.raises(ValueError, match="contiguous"):
+        PairSink.over([torch.zeros(2, 4, 4).transpose(1, 2)], S)
+    with pytest.raises(ValueError, match="one T and one S"):
+        PairSink.over(T, [])
+    st = PairSink.stacked(3, 2, 4, 3, torch.device("cpu"), torch.bfloat16)
+    Ts, Ss = st.stacks()
+    assert Ts.shape == (3, 2, 4, 4) and st.T[1].data_ptr() == Ts[1].data_ptr()
+    st.fill(torch.ones(3, 2, 4, 4), torch.full((3, 2, 4, 3), 2.0))
+    assert bool((Ts == 1).all()) and bool((Ss == 2).all())
 
 
 def test_split_must_cover_the_batch():

@@ -136,6 +136,50 @@ def test_gdn_with_pairs_fla_matches_reference(dtype, tol):
     assert max(errs) < tol
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("pair_dtype", [torch.float32, torch.bfloat16])
+def test_body_pairs_triton_matches_twin(dtype, pair_dtype):
+    """The body-pair kernels on fla's own factors against the fp32 twin on the same factors; with
+    bf16 pairs ``S`` follows the stored (rounded) ``T``, so ``T S_win + S`` still gives ``fin``."""
+    from fla.ops.gated_delta_rule.chunk_fwd import chunk_gated_delta_rule_fwd_intra
+    from fla.ops.utils import chunk_local_cumsum
+    from fla.ops.utils.constant import RCP_LN2
+
+    from hypic_agent.kernels import gdn_torch
+    from hypic_agent.kernels.body_pairs import body_pairs_torch
+    from hypic_agent.kernels.body_pairs_triton import body_pairs_triton
+    from hypic_agent.kernels.gdn_pairs import PairSink, SeamSplit
+
+    lens, seams = [300, 1, 777, 64, 129, 8], [8, 1, 8, 0, 16, 8]
+    HV, K, V = 4, 128, 128
+    x = gdn_inputs(sum(lens), 2, HV, K=K, V=V, seed=8, device="cuda", dtype=dtype)
+    x["g"] = x["g"] * 0.01  # slow decay: T stays far from 0 over hundreds of tokens
+    sp = SeamSplit.build(lens, seams, torch.device("cuda"))
+    kn = gdn_torch.l2norm(x["k"].float()).to(dtype)[None].contiguous()
+    gc = chunk_local_cumsum(x["g"][None].contiguous(), chunk_size=64, scale=RCP_LN2, cu_seqlens=sp.cu_sub,
+                            chunk_indices=sp.sub_chunks)  # fmt: skip
+    w, _, _ = chunk_gated_delta_rule_fwd_intra(
+        k=kn, v=x["v"][None].contiguous(), g=gc, beta=x["beta"].to(dtype)[None].contiguous(), cu_seqlens=sp.cu_sub,
+        chunk_size=64, chunk_indices=sp.sub_chunks,
+    )  # fmt: skip
+    fin = torch.randn(len(sp.sub_lens), HV, K, V, device="cuda")
+    S_win_z = sp.with_zero_row(torch.randn(len(sp.seam_segs), HV, K, V, device="cuda"))
+    ref = PairSink.stacked(sp.n, HV, K, V, torch.device("cuda"), torch.float32)
+    body_pairs_torch(kn, w, gc, fin, S_win_z, sp, ref)
+    got = PairSink.stacked(sp.n, HV, K, V, torch.device("cuda"), pair_dtype)
+    body_pairs_triton(kn, w, gc, fin, S_win_z, sp, got)
+    (T, S), (rT, rS) = got.stacks(), ref.stacks()
+    eT = rel_err(T.float(), rT)
+    # S against the twin's formula on the stored T: the kernels' own S step, about fp32
+    S_own = fin[sp.seg_body_sub.clamp_min(0)] - T.float() @ S_win_z[sp.seg_body_win]
+    S_own[sp.seg_body_sub < 0] = 0
+    eS = rel_err(S.float(), S_own.to(pair_dtype).float())
+    print(f"body pairs {dtype} -> {pair_dtype}: T {eT:.2e} S(own T) {eS:.2e} S(twin) {rel_err(S.float(), rS):.2e}")
+    # fp32 inputs take tf32 dots (Triton's default, as in fla's state pass); a bf16 S can round apart
+    assert eT < (1e-2 if dtype == torch.bfloat16 else 5e-3) and eS < (1e-5 if pair_dtype == torch.float32 else 1e-3)
+    assert torch.equal(T[1].float(), torch.eye(K, device="cuda").expand(HV, K, K)) and not S[1].any()  # no body
+
+
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 5e-3), (torch.bfloat16, 3e-2)])
 def test_gdn_after_pairs_fla_matches_reference(dtype, tol):
     from hypic_agent.kernels.gdn_pairs import gated_delta_rule_after_pairs

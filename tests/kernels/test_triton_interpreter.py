@@ -73,7 +73,6 @@ assert rel_err(o, ro) < 1e-5 and rel_err(h, rh) < 1e-5, (rel_err(o, ro), rel_err
 """
 
 CHUNKED = """
-import math
 import torch
 from hypic_agent.kernels import gdn_torch
 from hypic_agent.kernels.combine_scan import Body, Piece, chain_tables, gdn_combine_scan_torch
@@ -83,16 +82,7 @@ H, HV, K, V = 2, 4, 32, 48
 
 def factors(q, k, v, g, beta, cu, chunks, l2norm):  # torch twin of piece_factors_fla (64-token chunks)
     qn, kn = gdn_torch.l2norm(q.float()), gdn_torch.l2norm(k.float())
-    w, u, gc = torch.zeros(len(k), HV, K), torch.zeros(len(k), HV, V), torch.zeros(len(k), HV)
-    b = cu.tolist()
-    for lo, hi in zip(b, b[1:]):
-        for c in range(lo, hi, 64):
-            s = slice(c, min(c + 64, hi))
-            kk = kn[s].repeat_interleave(HV // H, 1).transpose(0, 1)
-            gg = g[s].float().T
-            uu, ww, *_ = gdn_torch._chunk_factors(kk, kk, v[s].float().transpose(0, 1), gg, beta[s].float().T)
-            w[s], u[s], gc[s] = ww.transpose(0, 1), uu.transpose(0, 1), (gg.cumsum(-1) / math.log(2)).T
-    return qn, kn, w, u, gc
+    return (qn, kn, *gdn_torch.wy_factors(kn, v, g, beta, cu.tolist()))
 
 x = gdn_inputs(150, H, HV, K, V, seed=6)
 g = torch.Generator().manual_seed(1)
@@ -112,6 +102,33 @@ for dt in (torch.float32, torch.bfloat16):
                                         piece_chunks=piece_chunks, pair_dtype=tab.pair_dtype, transition=tr,
                                         bv=16, num_warps=2, factors=factors)
         assert rel_err(o, ro) < 1e-5 and rel_err(h, rh) < 1e-5, (dt, tr, rel_err(o, ro), rel_err(h, rh))
+"""
+
+BODY_PAIRS = """
+import torch
+from hypic_agent.kernels import gdn_torch
+from hypic_agent.kernels.body_pairs import body_pairs_torch
+from hypic_agent.kernels.body_pairs_triton import body_pairs_triton
+from hypic_agent.kernels.gdn import gated_delta_rule
+from hypic_agent.kernels.pair_sink import PairSink
+from hypic_agent.kernels.seam_split import SeamSplit
+from tests.kernels.helpers import gdn_inputs, rel_err
+lens, seams = [40, 3, 70, 9, 130], [8, 3, 0, 4, 2]  # window + body, window only, body only, 3-chunk body
+H, HV, K, V = 2, 4, 20, 16
+x = gdn_inputs(sum(lens), H, HV, K=K, V=V, seed=7)
+sp = SeamSplit.build(lens, seams, torch.device("cpu"))
+_, S_win = gated_delta_rule(**{n: t[sp.win_idx] for n, t in x.items()}, cu_seqlens=sp.cu_win, backend="torch")
+S_win_z = sp.with_zero_row(S_win)
+_, fin = gated_delta_rule(**x, cu_seqlens=sp.cu_sub, initial_state=sp.enter_from_windows(S_win_z), backend="torch")
+kn = gdn_torch.l2norm(x["k"].float())
+w, _, gc = gdn_torch.wy_factors(kn, x["v"], x["g"], x["beta"], sp.cu_sub.tolist())
+ref = PairSink.stacked(sp.n, HV, K, V, torch.device("cpu"), torch.float32)
+body_pairs_torch(kn[None], w[None], gc[None], fin, S_win_z, sp, ref)
+for bv in (16, 32):  # one and two column blocks of T per program
+    got = PairSink.stacked(sp.n, HV, K, V, torch.device("cpu"), torch.float32)
+    body_pairs_triton(kn[None], w[None], gc[None], fin, S_win_z, sp, got, bv=bv, num_warps=2)
+    for a, b in zip(got.stacks(), ref.stacks()):
+        assert rel_err(a, b) < 1e-6, (bv, rel_err(a, b))
 """
 
 SPLITK = """
@@ -156,6 +173,7 @@ for init in (h0, None):
         ("chain_scan", CHAIN),
         ("combine_scan", COMBINE),
         ("combine_scan_chunked", CHUNKED),
+        ("body_pairs", BODY_PAIRS),
         ("splitk_attention", SPLITK),
         ("conv", CONV),
     ],

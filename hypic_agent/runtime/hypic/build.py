@@ -2,7 +2,8 @@
 
 Every segment runs from a zero state at local positions 0..n-1 (that is what makes the entry
 position-independent). Each linear layer's body pair comes out of the same pass
-(``GatedDeltaNet.mix_with_pairs``: on CUDA one shared-WY fla pass over windows and bodies).
+(``GatedDeltaNet.mix_into_pairs``: on CUDA one shared-WY fla pass over windows and bodies, the
+pairs written straight into the entries' tensors).
 
 ``ColdBatch`` runs the batch one layer at a time into entries whose tensors exist before the first
 layer, so it can run on its own (``build_entries``) or inside the combine forward
@@ -18,7 +19,7 @@ from collections.abc import Sequence
 
 import torch
 
-from hypic_agent.kernels.gdn_pairs import SeamSplit
+from hypic_agent.kernels.gdn_pairs import PairSink, SeamSplit
 from hypic_agent.runtime.forward import cu_seqlens_of
 from hypic_agent.runtime.graphs import mixer_in, mixer_out
 from hypic_agent.runtime.hypic.entry import AttentionEntry, LinearEntry, SegmentEntry
@@ -63,6 +64,8 @@ class ColdBatch:
             SegmentEntry(tuple(int(t) for t in s), seams[j], self._empty_layers(model, pair_dtype, p.dtype, dev))
             for j, s in enumerate(segments)
         ]
+        # per linear layer: the entries' pair tensors as one sink (the pair kernels write into them)
+        self.sinks = {li: self._sink(li) for li, layer in enumerate(model.layers) if layer.linear_attn is not None}
 
     @staticmethod
     def _empty_layers(
@@ -85,6 +88,15 @@ class ColdBatch:
                 layers.append(AttentionEntry(empty, empty))
         return layers
 
+    def _linear(self, li: int) -> list[LinearEntry]:
+        out = [e.layers[li] for e in self.entries]
+        assert all(isinstance(x, LinearEntry) for x in out)
+        return out  # type: ignore[return-value]
+
+    def _sink(self, li: int) -> PairSink:
+        lin = self._linear(li)
+        return PairSink.over([x.T for x in lin], [x.S for x in lin])
+
     @property
     def n_tokens(self) -> int:
         return self.ids.shape[0]
@@ -102,13 +114,9 @@ class ColdBatch:
             mixer = layer.linear_attn
             mixed, z, g, beta = inputs
             ops, conv_final = mixer.convolve(mixed, z, g, beta, self.cu, None)
-            o, _, T, S = mixer.mix_with_pairs(ops, self.cu, self.split)
-            for j, e in enumerate(self.entries):
-                le = e.layers[li]
-                assert isinstance(le, LinearEntry)
-                le.T.copy_(T[j])
-                le.S.copy_(S[j])
-                le.conv_tail.copy_(conv_final[j])
+            o = mixer.mix_into_pairs(ops, self.cu, self.split, self.sinks[li])
+            tails = [x.conv_tail for x in self._linear(li)]
+            torch._foreach_copy_(tails, list(conv_final.unbind(0)))  # one launch, not one copy per entry
             return o, (z,)
         attn = layer.self_attn
         assert attn is not None

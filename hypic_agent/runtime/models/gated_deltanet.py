@@ -19,7 +19,7 @@ from torch import nn
 from hypic_agent.kernels import combine_scan, gdn_pairs
 from hypic_agent.kernels import conv as conv_ops
 from hypic_agent.kernels import gdn as gdn_ops
-from hypic_agent.kernels.gdn_pairs import SeamSplit
+from hypic_agent.kernels.gdn_pairs import PairSink, SeamSplit
 from hypic_agent.runtime.models.config import HybridConfig
 from hypic_agent.runtime.models.norms import GatedRMSNorm
 
@@ -154,15 +154,16 @@ class GatedDeltaNet(nn.Module):
         assert final is not None
         return o, final
 
-    def mix_with_pairs(
-        self, ops: GDNOperands, cu_seqlens: torch.Tensor, split: SeamSplit
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Isolated segments from zero states -> (o ``[T, HV, V]``, finals ``[N, HV, K, V]``, body pairs
-        T ``[N, HV, K, K]`` and S ``[N, HV, K, V]``, fp32); on CUDA one pass shares the WY factors."""
-        return gdn_pairs.gated_delta_rule_with_pairs(
-            ops.q, ops.k, ops.v, ops.g, ops.beta, cu_seqlens=cu_seqlens, split=split, use_qk_l2norm=True,
+    def mix_into_pairs(
+        self, ops: GDNOperands, cu_seqlens: torch.Tensor, split: SeamSplit, sink: PairSink
+    ) -> torch.Tensor:
+        """Isolated segments from zero states -> o ``[T, HV, V]``; each segment's body pair goes into
+        ``sink`` (the cache entries' tensors); on CUDA one pass shares the WY factors."""
+        o, _ = gdn_pairs.gated_delta_rule_into_pairs(
+            ops.q, ops.k, ops.v, ops.g, ops.beta, cu_seqlens=cu_seqlens, split=split, sink=sink, use_qk_l2norm=True,
             backend=self.backend,
         )  # fmt: skip
+        return o
 
     def mix_after_pairs(
         self, ops: GDNOperands, cu_seqlens: torch.Tensor, enter: gdn_pairs.EnterFn
