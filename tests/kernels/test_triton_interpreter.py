@@ -131,6 +131,28 @@ for bv in (16, 32):  # one and two column blocks of T per program
         assert rel_err(a, b) < 1e-6, (bv, rel_err(a, b))
 """
 
+MOE = """
+import torch
+from hypic_agent.kernels.moe import moe_experts
+from hypic_agent.kernels.moe_triton import align, moe_experts_triton
+from tests.kernels.helpers import rel_err
+g = torch.Generator().manual_seed(0)
+E, D, I = 6, 48, 40  # neither a multiple of the tiles
+gate_up = torch.randn(E, 2 * I, D, generator=g) * 0.2
+down = torch.randn(E, D, I, generator=g) * 0.2
+for T, K, E_used in ((9, 2, E), (1, 2, E), (40, 2, 3)):  # experts without rows; experts over several blocks
+    x = torch.randn(T, D, generator=g)
+    idx = torch.stack([torch.randperm(E_used, generator=g)[:K] for _ in range(T)])
+    w = torch.softmax(torch.randn(T, K, generator=g), -1)
+    ref = moe_experts(x, idx, w, gate_up, down, backend="torch")
+    for bm, bn, bk in ((16, 16, 16), (16, 32, 32)):
+        got = moe_experts_triton(x, idx, w, gate_up, down, block_m=bm, bn=bn, bk=bk, num_warps=2, stages=1)
+        assert rel_err(got, ref) < 1e-5, (T, K, bm, bn, bk, rel_err(got, ref))
+# rows sorted by expert, padded to whole blocks; blocks past the last used one are marked -1
+ids, be = align(torch.tensor([[2, 0], [2, 1], [2, 0]]), 4, 2)
+assert ids.tolist() == [1, 5, 3, 6, 0, 2, 4, 6] + [6] * 6 and be.tolist() == [0, 1, 2, 2, -1, -1, -1]
+"""
+
 SPLITK = """
 import torch
 from hypic_agent.kernels.attention import attention
@@ -174,6 +196,7 @@ for init in (h0, None):
         ("combine_scan", COMBINE),
         ("combine_scan_chunked", CHUNKED),
         ("body_pairs", BODY_PAIRS),
+        ("moe", MOE),
         ("splitk_attention", SPLITK),
         ("conv", CONV),
     ],
