@@ -64,3 +64,39 @@ def chain_scan(
         )
     states = chain_scan_torch(h0, T, S)
     return states[-1] if last_only else states
+
+
+def compose_bodies(chains: list[list[tuple[torch.Tensor, torch.Tensor]]], *, transition: bool = True) -> torch.Tensor:
+    """Reference: the state after each chain of pairs from a zero state.
+
+    Args:
+        chains: L chains of n >= 1 pairs ``(T [HV, K, K], S [HV, K, V])``: the pairs of a ``w = 0``
+            prompt's leading bodies, one chain per linear layer.
+        transition: ``h <- T @ h + S``; False: ``h <- h + S`` (the ``addition`` ablation).
+    Returns:
+        ``[L, HV, K, V]`` fp32.
+    """
+    if not chains or not all(chains):
+        raise ValueError("need at least one chain, each of at least one pair")
+    out = []
+    for chain in chains:
+        h = chain[0][1].float()  # T_0 @ 0 + S_0
+        for T, S in chain[1:]:
+            h = (torch.bmm(T.float(), h) if transition else h) + S.float()
+        out.append(h)
+    return torch.stack(out)
+
+
+def compose_body_pointers(
+    pointers: torch.Tensor, like: tuple[torch.Tensor, torch.Tensor], *, transition: bool = True
+) -> torch.Tensor:
+    """``compose_bodies`` in one Triton launch for chains given by their pairs' data pointers
+    ``[L, n, 2]`` int64 on CUDA (``ChainTables.ptrs``); ``like``: one of the pairs (shapes, dtype).
+    The pairs must be contiguous and of one dtype. Returns ``[L, HV, K, V]`` fp32."""
+    from .chain_triton import chain_pointers_triton
+
+    T, S = like
+    hv, k, v = S.shape
+    if T.shape != (hv, k, k) or T.dtype != S.dtype:
+        raise ValueError(f"need T [HV, K, K] and S [HV, K, V] of one dtype; got {tuple(T.shape)}, {tuple(S.shape)}")
+    return chain_pointers_triton(pointers, hv, k, v, S.dtype, transition=transition)

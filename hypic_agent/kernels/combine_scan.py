@@ -150,12 +150,15 @@ def tables_from_pointers(
     pointers: list[torch.Tensor | None],
     dtype: torch.dtype,
     device: torch.device,
+    n_layers: int | None = None,
 ) -> ChainTables:
     """The same tables as ``chain_tables`` from per-link pointer blocks: ``meta`` rows (kind, start,
     end) and, per link, None for a piece or a body's ``[L, 2]`` (T, S) pointers over the L layers
     (``SegmentEntry.pair_pointers``, cached per entry): one stack instead of a Python loop over
-    layers x links per request. Pairs must be contiguous, of ``dtype``, on ``device``."""
-    n_layers = next((p.shape[0] for p in pointers if p is not None), 0)
+    layers x links per request. Pairs must be contiguous, of ``dtype``, on ``device``. ``n_layers``:
+    L, needed when no link is a body (default: from the first body's block)."""
+    if n_layers is None:
+        n_layers = next((p.shape[0] for p in pointers if p is not None), 0)
     zero = torch.zeros(n_layers, 2, dtype=torch.int64)
     blocks = [zero if p is None else p for p in pointers]
     ptrs = torch.stack(blocks, dim=1) if blocks else torch.zeros(n_layers, 0, 2, dtype=torch.int64)

@@ -74,3 +74,22 @@ def test_chain_reference_and_shapes():
     assert chain_scan_torch(h0, T[:0], S[:0]).shape == (1, 3, 8, 5)
     with pytest.raises(ValueError):
         chain_scan(h0, T[:, :, :4], S, backend="torch")
+
+
+def test_compose_bodies_is_the_chain_from_zero():
+    from hypic_agent.kernels.chain import compose_bodies
+
+    g = torch.Generator().manual_seed(1)
+
+    def pair() -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.randn(2, 8, 8, generator=g) * 0.3, torch.randn(2, 8, 5, generator=g)
+
+    chains = [[pair() for _ in range(3)] for _ in range(2)]
+    got = compose_bodies(chains)
+    for c, h in zip(chains, got, strict=True):
+        T, S = torch.stack([p[0] for p in c]), torch.stack([p[1] for p in c])
+        assert torch.allclose(h, chain_scan_torch(torch.zeros(2, 8, 5), T, S)[-1], atol=1e-5)
+    summed = compose_bodies(chains, transition=False)
+    assert torch.allclose(summed[0], sum(p[1] for p in chains[0]), atol=1e-6)
+    with pytest.raises(ValueError, match="at least one pair"):
+        compose_bodies([[]])

@@ -39,6 +39,58 @@ for HV, K, V, n in ((3, 32, 24, 5), (2, 20, 16, 0)):
         assert last.shape == (HV, K, V) and rel_err(last, chain_scan_torch(h0, Tx, Sx)[-1]) < 1e-5
 """
 
+CHAIN_POINTERS = """
+import torch
+from hypic_agent.kernels.chain import compose_bodies, compose_body_pointers
+from tests.kernels.helpers import rel_err
+g = torch.Generator().manual_seed(3)
+L, n, HV, K, V = 3, 4, 2, 20, 24
+for dt in (torch.float32, torch.bfloat16):
+    pairs = [[((torch.eye(K) * 0.9 + 0.05 * torch.randn(HV, K, K, generator=g)).to(dt).contiguous(),
+               torch.randn(HV, K, V, generator=g).to(dt)) for _ in range(n)] for _ in range(L)]
+    ptrs = torch.tensor([[(T.data_ptr(), S.data_ptr()) for T, S in chain] for chain in pairs], dtype=torch.int64)
+    for tr in (True, False):
+        ref = compose_bodies(pairs, transition=tr)
+        got = compose_body_pointers(ptrs, pairs[0][0], transition=tr)
+        assert got.shape == (L, HV, K, V) and rel_err(got, ref) < 1e-5, (dt, tr, rel_err(got, ref))
+    one = compose_body_pointers(ptrs[:, :1].contiguous(), pairs[0][0])  # a single body: its S
+    assert torch.equal(one, torch.stack([c[0][1].float() for c in pairs]))
+"""
+
+COMBINE_TABLES = """
+# combine() through the Triton launch tables (pairs read by pointer; a w = 0 prompt's leading bodies
+# composed for all layers in one launch first) against the torch twin, on a tiny model
+import functools
+from unittest import mock
+import torch
+from hypic_agent.kernels import combine_scan, combine_scan_triton
+from hypic_agent.runtime.hypic import combine as comb
+from hypic_agent.runtime.hypic.build import build_entries
+from hypic_agent.runtime.hypic.layout import plan_layout
+from hypic_agent.runtime.hypic.modes import mode_spec
+from tests.kernels.helpers import rel_err
+from tests.runtime.conftest import make_model, rand_tokens
+model, _, _ = make_model("qwen3_5_text")
+segs = [tuple(rand_tokens(n, 3 + n)) for n in (30, 17, 40)]
+suffix = rand_tokens(5, 2)
+fixed = functools.partial(combine_scan_triton.gdn_combine_scan_triton, bv=16, body_chunk=0, num_warps=2)
+for mode, seams in (("hypic", [6, 6, 6]), ("transition", [0, 0, 0]), ("addition", [0, 0, 0])):
+    entries = build_entries(model, segs, seams)
+    lay = plan_layout(list(segs), list(entries), seams, suffix, torch.device("cpu"))
+    ref = comb.combine(model, lay, list(entries), mode_spec(mode), fused_scan=True)
+    with mock.patch.object(comb, "resolve_triton", lambda b, d: True), \
+            mock.patch.object(combine_scan, "resolve_triton", lambda b, d: True), \
+            mock.patch.object(combine_scan_triton, "gdn_combine_scan_triton", fixed):
+        plan = comb._scan_plan(model, lay, list(entries), True, mode != "addition")
+        assert all(p is not None and p.tables is not None for p in plan.values()), mode
+        assert all((p.h0 is not None) == (seams[0] == 0) for p in plan.values()), mode
+        got = comb.combine(model, lay, list(entries), mode_spec(mode), fused_scan=True)
+    assert rel_err(got.last_logits, ref.last_logits) < 1e-4, (mode, rel_err(got.last_logits, ref.last_logits))
+    for a, b in zip(got.layers, ref.layers):
+        if hasattr(a, "recurrent"):
+            assert rel_err(a.recurrent, b.recurrent) < 1e-4, mode
+"""
+
 COMBINE = """
 import torch
 from hypic_agent.kernels.combine_scan import Body, Piece, chain_tables, gdn_combine_scan_torch
@@ -193,7 +245,9 @@ for init in (h0, None):
     "name,script",
     [
         ("chain_scan", CHAIN),
+        ("chain_pointers", CHAIN_POINTERS),
         ("combine_scan", COMBINE),
+        ("combine_tables", COMBINE_TABLES),
         ("combine_scan_chunked", CHUNKED),
         ("body_pairs", BODY_PAIRS),
         ("moe", MOE),

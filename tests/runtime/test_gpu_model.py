@@ -67,8 +67,10 @@ def test_fla_hypic_combine_matches_cpu_reference():
     assert (outs[0] - outs[1]).abs().max().item() < 2e-2
 
 
-@pytest.mark.parametrize("mode", ["hypic", "addition"])
+@pytest.mark.parametrize("mode", ["hypic", "addition", "transition"])
 def test_fused_combine_scan_matches_chunked_on_gpu(mode):
+    """The fused scan (w = 0: the leading bodies of every layer composed first, in one launch) against
+    the chunked path."""
     _, gpu = _pair("qwen3_5_moe_text")
     segs = [tuple(rand_tokens(n, 11 + n)) for n in (60, 90, 33, 70)]
     seams = [8, 8, 8, 8] if mode == "hypic" else [0, 0, 0, 0]

@@ -164,13 +164,13 @@ def test_scan_tables_from_cached_entry_pointers_equal_the_chain_tables():
     seams = [3, 0, 4]
     entries = build_entries(model, segs, seams)
     lay = plan_layout(segs, [entries[0], None, entries[2]], seams, rand_tokens(5, 7), CPU)
-    got = _tables(lay, [entries[0], None, entries[2]], CPU)
     lin = [i for i, layer in enumerate(model.layers) if layer.linear_attn is not None]
+    got = _tables(lay, [entries[0], None, entries[2]], CPU, len(lin))
     ref = chain_tables([_chain(lay, [entries[0], None, entries[2]], li) for li in lin], CPU)
     assert torch.equal(got.meta, ref.meta) and torch.equal(got.ptrs, ref.ptrs) and got.pair_dtype == ref.pair_dtype
     assert entries[0].pair_pointers() is entries[0].pair_pointers()  # cached per entry
     with pytest.raises(ValueError, match="on meta"):
-        _tables(lay, [entries[0], None, entries[2]], torch.device("meta"))
+        _tables(lay, [entries[0], None, entries[2]], torch.device("meta"), len(lin))
 
 
 @pytest.mark.parametrize("arch", ["qwen3_5_moe_text", "qwen3_next", "llama"])
@@ -206,3 +206,35 @@ def test_cold_segments_built_inside_the_combine_equal_build_then_combine(arch, f
         for la, lb in zip(e.layers, r.layers, strict=True):
             for ta, tb in zip(vars(la).values(), vars(lb).values(), strict=True):
                 assert ta.shape == tb.shape and torch.allclose(ta, tb, atol=1e-5)
+
+
+@pytest.mark.parametrize("mode", ["transition", "addition"])
+@pytest.mark.parametrize("fused_scan", [True, False])
+def test_cold_segments_at_the_head_of_a_w0_prompt(mode, fused_scan):
+    """A w = 0 prompt whose first segments are cold and built inside the combine: their pairs exist
+    only once their layer has run, so the bodies composed before the forward must stop at the first
+    cold one. Same logits and states as build-then-combine."""
+    from hypic_agent.runtime.hypic.build import ColdBatch
+
+    model, _, _ = make_model("qwen3_5_text")
+    spec = mode_spec(mode)
+    segs = segments((30, 41, 26, 19), seed=5)
+    seams = [0, 0, 0, 0]
+    suffix = rand_tokens(6, 97)
+    for cold_idx, warm_idx in (([0, 2], [1, 3]), ([2, 3], [0, 1])):  # cold first; warm first, then cold
+        warm = build_entries(model, [segs[i] for i in warm_idx], [0, 0])
+        ref_cold = build_entries(model, [segs[i] for i in cold_idx], [0, 0])
+        ref_entries: list = [None] * 4
+        entries: list = [None] * 4
+        batch = ColdBatch(model, [segs[i] for i in cold_idx], [0, 0])
+        for j, i in enumerate(warm_idx):
+            ref_entries[i] = entries[i] = warm[j]
+        for j, i in enumerate(cold_idx):
+            ref_entries[i], entries[i] = ref_cold[j], batch.entries[j]
+        lay_ref, lay = (plan_layout(segs, e, seams, suffix, CPU) for e in (ref_entries, entries))
+        ref = combine(model, lay_ref, ref_entries, spec, fused_scan=fused_scan)
+        got = combine(model, lay, entries, spec, fused_scan=fused_scan, cold=batch)
+        assert (got.last_logits - ref.last_logits).abs().max().item() < 1e-4, cold_idx
+        for a, b in zip(got.layers, ref.layers, strict=True):
+            for ta, tb in zip(vars(a).values(), vars(b).values(), strict=True):
+                assert torch.allclose(ta, tb, atol=1e-4), cold_idx

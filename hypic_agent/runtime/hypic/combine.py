@@ -5,7 +5,9 @@ conv state is preloaded with the tail of the body before it. Two ways to run it,
 
 * fused (``kernels.combine_scan``, default on CUDA when the active tokens are few): one launch per
   layer walks the chain, token steps through pieces and ``T @ h + S`` over bodies, reading the
-  cached pairs through a pointer table built once per request;
+  cached pairs through a pointer table built once per request. The bodies at the head of a
+  ``w = 0`` prompt are composed for all layers before the forward, in one launch
+  (``chain.compose_body_pointers``), and each layer's scan starts from that state;
 * chunked: each piece's own pair (from a zero state) comes out of one varlen pass, one
   ``chain_scan`` gives the state entering every piece, and the pieces' outputs follow from those
   states with the same WY factors (``GatedDeltaNet.mix_after_pairs``).
@@ -59,13 +61,20 @@ def _chain(lay: CombineLayout, entries: list[SegmentEntry | None], li: int) -> l
     return out
 
 
+# Compose the bodies at the head of the prompt for all layers before the forward (see ``_scan_plan``);
+# False runs them inside each layer's scan (kept for A/B measurements).
+PRECOMPOSE_LEADING_BODIES = True
+
+
 @dataclass
 class _LayerScan:
-    """A linear layer's chain for the fused scan (read by the torch twin; empty with tables), and its
-    row of the Triton launch tables (None: the twin)."""
+    """A linear layer's chain for the fused scan (read by the torch twin; empty with tables), its
+    row of the Triton launch tables (None: the twin), and the state entering the chain (None: zero;
+    else the composed bodies at the head of the prompt, which the chain then leaves out)."""
 
     chain: list[combine_scan.ChainLink]
     tables: tuple[combine_scan.ChainTables, int] | None = None
+    h0: torch.Tensor | None = None
 
 
 def _linear(
@@ -83,7 +92,7 @@ def _linear(
     dev = mixed.device
     ops, conv_final = mixer.convolve(mixed, z, g, beta, lay.cu_pieces, _conv_init(mixer, lay, entries, li, mixed))
     if scan is not None:
-        o, final = mixer.mix_scan(ops, scan.chain, transition=spec.transition, tables=scan.tables)
+        o, final = mixer.mix_scan(ops, scan.chain, transition=spec.transition, tables=scan.tables, h0=scan.h0)
         return o, LinearLayerState(final, conv_final[-1])
     hv, kd, vd = mixer.hv, mixer.dk, mixer.dv
     h0 = torch.zeros(hv, kd, vd, device=dev, dtype=torch.float32)
@@ -149,10 +158,21 @@ def _attention(
 
 
 def _scan_plan(
-    model: HybridForCausalLM, lay: CombineLayout, entries: list[SegmentEntry | None], fused_scan: bool | None
+    model: HybridForCausalLM,
+    lay: CombineLayout,
+    entries: list[SegmentEntry | None],
+    fused_scan: bool | None,
+    transition: bool,
+    cold: ColdBatch | None = None,
 ) -> dict[int, _LayerScan | None]:
     """Per linear layer: its fused-scan chain, or None for the chunked path. ``fused_scan=None``
-    picks the fused Triton scan on CUDA when the active tokens are at most ``combine_scan.MAX_TOKENS``."""
+    picks the fused Triton scan on CUDA when the active tokens are at most ``combine_scan.MAX_TOKENS``.
+
+    Bodies at the head of the prompt (a ``w = 0`` request: every cached segment is all body) do not
+    depend on the forward: all layers' chains of them are composed before it in one launch
+    (``chain.compose_body_pointers``; the torch twin ``chain.compose_bodies``), and each layer's scan
+    starts from its composed state. The run stops at the first piece and at the first segment of
+    ``cold`` (built inside this forward: its pairs exist only once its layer has run)."""
     lin = [i for i, layer in enumerate(model.layers) if layer.linear_attn is not None]
     if not lin or fused_scan is False:
         return dict.fromkeys(lin)
@@ -162,22 +182,54 @@ def _scan_plan(
     triton = resolve_triton(mixer.backend, dev)
     if fused_scan is None and not (triton and lay.active_ids.numel() <= combine_scan.MAX_TOKENS):
         return dict.fromkeys(lin)
+    building = {id(e) for e in cold.entries} if cold is not None else set()
+    lead = next(
+        (i for i, item in enumerate(lay.chain) if item.kind != "body" or id(entries[item.index]) in building),
+        len(lay.chain),
+    )
+    lead = lead if PRECOMPOSE_LEADING_BODIES else 0
     if not triton:  # the torch twin
-        return {li: _LayerScan(_chain(lay, entries, li)) for li in lin}
+        heads = [[_pair(entries, item.index, li) for item in lay.chain[:lead]] for li in lin]
+        h0 = chain_ops.compose_bodies(heads, transition=transition) if lead else None
+        return {
+            li: _LayerScan(_chain(lay, entries, li)[lead:], None, None if h0 is None else h0[row])
+            for row, li in enumerate(lin)
+        }
     try:
-        tables = _tables(lay, entries, dev)
+        tables = _tables(lay, entries, dev, len(lin), start=lead)
+        ptrs = _tables(lay, entries, dev, len(lin), stop=lead).ptrs if lead else None
     except ValueError:  # mixed pair dtypes or devices: the chunked path converts as it goes
         return dict.fromkeys(lin)
-    return {li: _LayerScan([], (tables, row)) for row, li in enumerate(lin)}
+    h0 = None
+    if ptrs is not None:
+        h0 = chain_ops.compose_body_pointers(ptrs, _pair(entries, lay.chain[0].index, lin[0]), transition=transition)
+    return {li: _LayerScan([], (tables, row), None if h0 is None else h0[row]) for row, li in enumerate(lin)}
 
 
-def _tables(lay: CombineLayout, entries: list[SegmentEntry | None], dev: torch.device) -> combine_scan.ChainTables:
-    """The fused scan's launch tables for every linear layer at once, from the entries' cached pair
-    pointers (no per-layer, per-link Python work). Raises ``ValueError`` for pairs it cannot read."""
+def _pair(entries: list[SegmentEntry | None], seg: int, li: int) -> tuple[torch.Tensor, torch.Tensor]:
+    e = entries[seg]
+    assert e is not None
+    le = e.layers[li]
+    assert isinstance(le, LinearEntry)
+    return le.T, le.S
+
+
+def _tables(
+    lay: CombineLayout,
+    entries: list[SegmentEntry | None],
+    dev: torch.device,
+    n_layers: int,
+    *,
+    start: int = 0,
+    stop: int | None = None,
+) -> combine_scan.ChainTables:
+    """The fused scan's launch tables for all ``n_layers`` linear layers at once, for the chain's links
+    ``start:stop``, from the entries' cached pair pointers (no per-layer, per-link Python work).
+    Raises ``ValueError`` for pairs it cannot read."""
     meta: list[tuple[int, int, int]] = []
     blocks: list[torch.Tensor | None] = []
     dtypes: set[torch.dtype] = set()
-    for item in lay.chain:
+    for item in lay.chain[start:stop]:
         if item.kind == "piece":
             meta.append((0, lay.cu_host[item.index], lay.cu_host[item.index + 1]))
             blocks.append(None)
@@ -193,7 +245,7 @@ def _tables(lay: CombineLayout, entries: list[SegmentEntry | None], dev: torch.d
         dtypes.add(dtype)
     if len(dtypes) > 1:
         raise ValueError("combine scan needs pairs of one dtype")
-    return combine_scan.tables_from_pointers(meta, blocks, dtypes.pop() if dtypes else torch.float32, dev)
+    return combine_scan.tables_from_pointers(meta, blocks, dtypes.pop() if dtypes else torch.float32, dev, n_layers)
 
 
 @torch.no_grad()
@@ -215,7 +267,7 @@ def combine(
     already placed in ``entries``) are filled layer by layer before the active tokens read them, and
     both token sets share every token-local stage (one ``mixer_in`` / ``mixer_out`` over the cold rows
     followed by the active rows: one read of the expert weights per layer instead of two)."""
-    plan = _scan_plan(model, lay, entries, fused_scan)
+    plan = _scan_plan(model, lay, entries, fused_scan, spec.transition, cold)
     h = model.embed(lay.active_ids)
     hc = cold.embed() if cold is not None else None
     layers: list[LayerState] = []

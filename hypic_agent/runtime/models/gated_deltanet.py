@@ -181,10 +181,12 @@ class GatedDeltaNet(nn.Module):
         *,
         transition: bool,
         tables: tuple[combine_scan.ChainTables, int] | None = None,
+        h0: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Pieces and cached bodies in chain order from a zero state, fused (``kernels.combine_scan``)
-        -> (o ``[T, HV, V]``, final state ``[HV, K, V]`` fp32)."""
-        h0 = torch.zeros(self.hv, self.dk, self.dv, device=ops.v.device, dtype=torch.float32)
+        """Pieces and cached bodies in chain order from ``h0 [HV, K, V]`` (None: zero), fused
+        (``kernels.combine_scan``) -> (o ``[T, HV, V]``, final state ``[HV, K, V]`` fp32)."""
+        if h0 is None:
+            h0 = torch.zeros(self.hv, self.dk, self.dv, device=ops.v.device, dtype=torch.float32)
         return combine_scan.gdn_combine_scan(
             ops.q, ops.k, ops.v, ops.g, ops.beta, chain, h0, use_qk_l2norm=True, transition=transition,
             backend=self.backend, tables=tables,
