@@ -269,33 +269,25 @@ def combine(
     followed by the active rows: one read of the expert weights per layer instead of two)."""
     plan = _scan_plan(model, lay, entries, fused_scan, spec.transition, cold)
     h = model.embed(lay.active_ids)
-    hc = cold.embed() if cold is not None else None
+    rows = 0  # cold rows ahead of the active ones in every token-local stage
+    if cold is not None:
+        h, rows = torch.cat([cold.embed(), h]), cold.n_tokens
     layers: list[LayerState] = []
     for li, layer in enumerate(model.layers):
         # token-local stages replay from CUDA graphs where enabled
-        if hc is None:
-            inputs = mixer_in(model, li, h)
-        else:
-            assert cold is not None
-            rows = hc.shape[0]
-            both = mixer_in(model, li, torch.cat([hc, h]))
-            inputs = tuple(x[rows:] for x in both)
-            o_cold, extra_cold = cold.run_layer(li, layer, tuple(x[:rows] for x in both))
+        both = mixer_in(model, li, h)
+        inputs = tuple(x[rows:] for x in both) if rows else both
+        o_cold = cold.run_layer(li, layer, tuple(x[:rows] for x in both))[0] if cold is not None else None
         st: LayerState
         if layer.linear_attn is not None:
             o, st = _linear(layer.linear_attn, inputs, lay, entries, li, spec, plan[li])
-            extra = inputs[1:2]  # z
+            extra = both[1:2]  # z
         else:
             assert layer.self_attn is not None
             q, k, v = inputs[:3]
             o, st = _attention(layer.self_attn, q, k, v, lay, entries, li, spec)
-            extra = inputs[3:]  # the output gate, if any
+            extra = both[3:]  # the output gate, if any
         layers.append(st)
-        if hc is None:
-            h = mixer_out(model, li, h, o, *extra)
-        else:
-            both_extra = (torch.cat([a, b]) for a, b in zip(extra_cold, extra, strict=True))
-            out = mixer_out(model, li, torch.cat([hc, h]), torch.cat([o_cold, o]), *both_extra)
-            hc, h = out[:rows], out[rows:]
+        h = mixer_out(model, li, h, o if o_cold is None else torch.cat([o_cold, o]), *extra)
     logits = model.logits(h[-1:])[0]
     return RequestState(layers, lay.total, logits, tokens=list(lay.tokens))
