@@ -26,6 +26,22 @@ from .backend import interpreting
 
 
 @triton.jit
+def pair_step(b_t, b_h, b_s, SPLIT: tl.constexpr, ONE_PASS: tl.constexpr):
+    """One pair on a state block: ``T [K, K] @ h [K, BV] + S`` -> fp32 ``[K, BV]``. ``SPLIT`` (bf16 ``T``,
+    which is exact in bf16): two bf16 dots over ``h = hi + lo`` (~16 of its bits), or one over ``hi``
+    with ``ONE_PASS``; else ``T`` in fp32 and one tf32x3 dot (about fp32)."""
+    if SPLIT:
+        h_hi = b_h.to(tl.bfloat16)
+        h_lo = (b_h - h_hi.to(tl.float32)).to(tl.bfloat16)  # dead code with ONE_PASS
+        out = tl.dot(b_t, h_hi, b_s)
+        if not ONE_PASS:
+            out = tl.dot(b_t, h_lo, out)
+        return out
+    else:
+        return tl.dot(b_t.to(tl.float32), b_h, input_precision="tf32x3") + b_s
+
+
+@triton.jit
 def _chain_scan_kernel(
     h0, t, s, out, n,
     HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
@@ -61,14 +77,7 @@ def _chain_scan_kernel(
         else:
             b_t = tl.load(t + base * K * K + o_k[:, None] * K + o_k[None, :], mask=m_k[:, None] & m_k[None, :],
                           other=0.0)  # fmt: skip
-            if T_BF16:
-                h_hi = b_h.to(tl.bfloat16)
-                h_lo = (b_h - h_hi.to(tl.float32)).to(tl.bfloat16)  # dead code when ONE_PASS
-                b_h = tl.dot(b_t, h_hi, b_s)
-                if not ONE_PASS:
-                    b_h = tl.dot(b_t, h_lo, b_h)
-            else:
-                b_h = tl.dot(b_t.to(tl.float32), b_h, input_precision="tf32x3") + b_s
+            b_h = pair_step(b_t, b_h, b_s, T_BF16, ONE_PASS)
             if not LAST_ONLY:
                 tl.store(out + (base + HV) * K * V + off_kv, b_h, mask=m_kv)
     if LAST_ONLY:
@@ -158,12 +167,7 @@ def _chain_pointers_kernel(
             p_t = tl.load(ptrs + (i_l * n + i) * 2).to(tl.pointer_type(PAIR_TY))
             b_t = tl.load(p_t + i_hv * K * K + o_k[:, None] * K + o_k[None, :], mask=m_k[:, None] & m_k[None, :],
                           other=0.0)  # fmt: skip
-            if SPLIT:  # bf16 T is exact; h = hi + lo keeps ~16 of its bits
-                h_hi = b_h.to(tl.bfloat16)
-                h_lo = (b_h - h_hi.to(tl.float32)).to(tl.bfloat16)
-                b_h = tl.dot(b_t, h_lo, tl.dot(b_t, h_hi, b_s))
-            else:
-                b_h = tl.dot(b_t.to(tl.float32), b_h, input_precision="tf32x3") + b_s
+            b_h = pair_step(b_t, b_h, b_s, SPLIT, False)
         else:
             b_h = b_h + b_s
     tl.store(out + i_l * HV * K * V + off_kv, b_h, mask=m_kv)

@@ -30,6 +30,7 @@ import triton
 import triton.language as tl
 
 from .backend import interpreting
+from .chain_triton import pair_step
 
 BT = 64  # fla's chunk: the WY factors are chunk-local over 64 tokens from each piece's start
 Factors = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
@@ -99,12 +100,7 @@ def _chunked_scan_kernel(
                 p_t = tl.load(ptrs + i * 2).to(tl.pointer_type(pair_ty))
                 b_t = tl.load(p_t + i_hv * K * K + o_k[:, None] * K + o_k[None, :], mask=m_k[:, None] & m_k[None, :],
                               other=0.0)  # fmt: skip
-                if SPLIT:  # bf16 T is exact; h = hi + lo keeps ~16 of its bits
-                    h_hi = b_h.to(tl.bfloat16)
-                    h_lo = (b_h - h_hi.to(tl.float32)).to(tl.bfloat16)
-                    b_h = tl.dot(b_t, h_lo, tl.dot(b_t, h_hi, b_s))
-                else:
-                    b_h = tl.dot(b_t.to(tl.float32), b_h, input_precision="tf32x3") + b_s
+                b_h = pair_step(b_t, b_h, b_s, SPLIT, False)
             else:
                 b_h = b_h + b_s
     tl.store(ht + i_hv * K * V + off_kv, b_h, mask=m_kv)
