@@ -25,17 +25,33 @@ import triton.language as tl
 
 
 @triton.jit
+def _mm(a, w, acc, IEEE: tl.constexpr):
+    """``acc + a [BM, BK] @ w[BN, BK]^T`` (a weight tile as stored: rows of the output features);
+    ``IEEE``: fp32 inputs, exact fp32 products (the CPU interpreter test)."""
+    if IEEE:
+        return tl.dot(a, tl.trans(w), acc, input_precision="ieee")
+    else:
+        return tl.dot(a, tl.trans(w), acc)
+
+
+@triton.jit
+def _block(ids, block_expert, BM: tl.constexpr):
+    """This program's block: its expert (-1: past the last used block), its rows ``[BM]`` of the
+    sorted layout and their flat slot indices."""
+    pid_m = tl.program_id(0)
+    rows = pid_m * BM + tl.arange(0, BM)
+    return tl.load(block_expert + pid_m).to(tl.int64), rows, tl.load(ids + rows)
+
+
+@triton.jit
 def _gate_up_kernel(
     x, w, ids, block_expert, act, n_slots,
     TOPK: tl.constexpr, D: tl.constexpr, I: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
     IEEE: tl.constexpr,
 ):  # fmt: skip
-    pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
-    e = tl.load(block_expert + pid_m).to(tl.int64)
+    e, rows, slot = _block(ids, block_expert, BM)
     if e >= 0:
-        rows = pid_m * BM + tl.arange(0, BM)
-        slot = tl.load(ids + rows)
         m_row = slot < n_slots
         tok = (slot // TOPK).to(tl.int64)
         o_n = pid_n * BN + tl.arange(0, BN)
@@ -50,12 +66,8 @@ def _gate_up_kernel(
             m_w = m_n[:, None] & m_k[None, :]
             wg = tl.load(w_e + o_n[:, None] * D + o_k[None, :], mask=m_w, other=0.0)  # [BN, BK]
             wu = tl.load(w_e + (I + o_n)[:, None] * D + o_k[None, :], mask=m_w, other=0.0)
-            if IEEE:
-                acc_g = tl.dot(a, tl.trans(wg), acc_g, input_precision="ieee")
-                acc_u = tl.dot(a, tl.trans(wu), acc_u, input_precision="ieee")
-            else:
-                acc_g = tl.dot(a, tl.trans(wg), acc_g)
-                acc_u = tl.dot(a, tl.trans(wu), acc_u)
+            acc_g = _mm(a, wg, acc_g, IEEE)
+            acc_u = _mm(a, wu, acc_u, IEEE)
         h = acc_g * tl.sigmoid(acc_g) * acc_u
         tl.store(act + rows[:, None].to(tl.int64) * I + o_n[None, :], h.to(act.dtype.element_ty), mask=m_n[None, :])
 
@@ -65,12 +77,9 @@ def _down_kernel(
     act, w, ids, block_expert, topk_w, out, n_slots,
     D: tl.constexpr, I: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr,
 ):  # fmt: skip
-    pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
-    e = tl.load(block_expert + pid_m).to(tl.int64)
+    e, rows, slot = _block(ids, block_expert, BM)
     if e >= 0:
-        rows = pid_m * BM + tl.arange(0, BM)
-        slot = tl.load(ids + rows)
         m_row = slot < n_slots
         o_n = pid_n * BN + tl.arange(0, BN)
         m_n = o_n < D
@@ -81,10 +90,7 @@ def _down_kernel(
             m_k = o_k < I
             a = tl.load(act + rows[:, None].to(tl.int64) * I + o_k[None, :], mask=m_k[None, :], other=0.0)
             wd = tl.load(w_e + o_n[:, None] * I + o_k[None, :], mask=m_n[:, None] & m_k[None, :], other=0.0)
-            if IEEE:
-                acc = tl.dot(a, tl.trans(wd), acc, input_precision="ieee")
-            else:
-                acc = tl.dot(a, tl.trans(wd), acc)
+            acc = _mm(a, wd, acc, IEEE)
         rw = tl.load(topk_w + slot, mask=m_row, other=0.0).to(tl.float32)
         acc = acc * rw[:, None]
         dst = out + slot[:, None].to(tl.int64) * D + o_n[None, :]
