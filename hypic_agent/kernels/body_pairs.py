@@ -21,6 +21,8 @@ state) and the reference elsewhere.
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 
 from .backend import resolve_triton
@@ -41,7 +43,7 @@ def body_pairs_torch(
     S_win_z ``[Nw+1, HV, K, V]`` (the windows' zero-start states and a zero row) -> ``sink``."""
     H, K = k.shape[2], k.shape[3]
     HV = w.shape[2]
-    cu = split.cu_sub.tolist()
+    cu = [0, *itertools.accumulate(split.sub_lens)]  # host bounds: no device read
     eye = torch.eye(K, dtype=torch.float32, device=k.device).expand(HV, K, K)
     for j, (sub, win) in enumerate(zip(split.seg_body_sub_host, split.seg_body_win_host, strict=True)):
         if sub < 0:

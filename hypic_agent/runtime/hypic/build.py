@@ -19,6 +19,7 @@ from collections.abc import Sequence
 
 import torch
 
+from hypic_agent.kernels.backend import to_device_async
 from hypic_agent.kernels.gdn_pairs import PairSink, SeamSplit
 from hypic_agent.runtime.forward import cu_seqlens_of
 from hypic_agent.runtime.graphs import mixer_in, mixer_out
@@ -65,7 +66,7 @@ class ColdBatch:
             for j, s in enumerate(segments)
         ]
         # per linear layer: the entries' pair tensors as one sink (the pair kernels write into them)
-        self.sinks = {li: self._sink(li) for li, layer in enumerate(model.layers) if layer.linear_attn is not None}
+        self.sinks = self._sinks(model, dev)
 
     @staticmethod
     def _empty_layers(
@@ -93,9 +94,18 @@ class ColdBatch:
         assert all(isinstance(x, LinearEntry) for x in out)
         return out  # type: ignore[return-value]
 
-    def _sink(self, li: int) -> PairSink:
-        lin = self._linear(li)
-        return PairSink.over([x.T for x in lin], [x.S for x in lin])
+    def _sinks(self, model: HybridForCausalLM, dev: torch.device) -> dict[int, PairSink]:
+        """Per linear layer, the entries' pair tensors as one sink; the pointer tables of all layers come
+        from the entries' own cached pointers (``SegmentEntry.pair_pointers``, which the combine's scan
+        tables read as well) in one host->device copy."""
+        lin = [li for li, layer in enumerate(model.layers) if layer.linear_attn is not None]
+        if not lin:
+            return {}
+        table = to_device_async(torch.stack([e.pair_pointers()[0] for e in self.entries], dim=1), dev)  # [L, N, 2]
+        return {
+            li: PairSink(tuple(x.T for x in self._linear(li)), tuple(x.S for x in self._linear(li)), table[row])
+            for row, li in enumerate(lin)
+        }
 
     @property
     def n_tokens(self) -> int:
