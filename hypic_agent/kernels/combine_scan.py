@@ -25,12 +25,17 @@ import torch
 from . import gdn_torch
 from ._varlen import fla_chunk_tables
 from .backend import fla_available, on_device, resolve_triton, to_device_async
+from .combine_scan_wy import WYSteps, plan_steps
 
 MAX_TOKENS = 2048  # above this many active tokens the chunked (WY) path is faster
 # Above this many active tokens the scan takes its pieces in chunk form (``combine_scan_chunked_triton``):
 # on the H200 a 64-token chunk costs ~6 us of scan time against ~1.5 us per token in the token loop,
 # but fla's WY-factor ops add ~1.4 ms of host time per layer, which only long pieces repay.
 CHUNKED_FROM = 512
+# The Triton scan on CUDA: "wy" (``combine_scan_wy``: every chunk's factors in parallel, then a
+# pipelined chain of chunk + body steps) or "token" (the token loop of ``combine_scan_triton``, and
+# above ``CHUNKED_FROM`` tokens the fla-factor chunked scan), kept for A/B measurements.
+TRITON_SCAN = "wy"
 
 
 @dataclass(frozen=True)
@@ -87,13 +92,25 @@ class ChainTables:
     """Launch tables of the Triton kernels for the chains of several layers that share one layout:
     meta ``[n, 3]`` int32 (kind 0 = piece / 1 = body, start, end) and pointers ``[L, n, 2]`` int64
     (data pointers of each body's T and S per layer; 0 for pieces). Built on the host, copied once.
-    ``piece_bounds``: host piece boundaries, for ``piece_tables`` (the chunked scan only)."""
+    ``piece_bounds``: host piece boundaries, for ``piece_tables`` (the chunked scan only);
+    ``meta_host`` / ``ptrs_host``: the host copies, for ``wy_steps`` (the WY scan)."""
 
     meta: torch.Tensor
     ptrs: torch.Tensor
     pair_dtype: torch.dtype
     piece_bounds: list[int] = field(default_factory=list)
+    meta_host: list[tuple[int, int, int]] = field(default_factory=list)
+    ptrs_host: torch.Tensor | None = None
     _pieces: tuple[torch.Tensor, torch.Tensor] | None = field(default=None, repr=False)
+    _steps: WYSteps | None = field(default=None, repr=False)
+
+    def wy_steps(self) -> WYSteps:
+        """The WY scan's step tables for every layer of these tables (``combine_scan_wy.plan_steps``),
+        built on first use."""
+        if self._steps is None:
+            assert self.ptrs_host is not None
+            self._steps = plan_steps(self.meta_host, self.ptrs_host, self.meta.device)
+        return self._steps
 
     def piece_tables(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The pieces as packed sequences ``cu_pieces [P+1]`` int64 and fla's chunk indices
@@ -117,7 +134,8 @@ def _tables(
     """Copy the host tables to ``device``; the pieces are cut at every piece boundary."""
     bounds = sorted({0, *(x for kind, a, b in meta if kind == 0 for x in (a, b))})
     m = torch.tensor(meta, dtype=torch.int32).reshape(-1, 3)
-    return ChainTables(to_device_async(m, device), to_device_async(ptrs.contiguous(), device), dtype, bounds)
+    ptrs = ptrs.contiguous()
+    return ChainTables(to_device_async(m, device), to_device_async(ptrs, device), dtype, bounds, list(meta), ptrs)
 
 
 def chain_tables(chains: list[list[ChainLink]], device: torch.device) -> ChainTables:
@@ -182,8 +200,8 @@ def gdn_combine_scan(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One linear layer's combine (see module doc). Shapes as ``gdn_combine_scan_torch``.
 
-    ``backend``: ``"torch"`` (token loop), ``"fla"`` or ``"auto"`` (on CUDA the token-loop Triton
-    kernel; above ``CHUNKED_FROM`` active bf16/fp16 tokens with fla-core installed, the chunked scan).
+    ``backend``: ``"torch"`` (token loop), ``"fla"`` or ``"auto"`` (on CUDA the Triton scan that
+    ``TRITON_SCAN`` names).
     ``tables``: prebuilt ``(ChainTables, row)`` for this chain (saves a host->device copy per layer);
     with tables the Triton kernel reads the chain from them and ``chain`` may be empty (it is only
     validated and used when the torch twin runs)."""
@@ -202,9 +220,19 @@ def gdn_combine_scan(
                 f"body pair must be T [HV, K, K], S [HV, K, V]; got {tuple(link.T.shape)}, {tuple(link.S.shape)}"
             )
     if resolve_triton(backend, q.device):
+        tab, row = tables if tables is not None else (chain_tables([chain], q.device), 0)
+        if TRITON_SCAN == "wy":
+            from .combine_scan_wy_triton import wy_chain_triton, wy_factors_triton
+
+            steps = tab.wy_steps()
+            factors = wy_factors_triton(q, k, v, g, beta, steps.chunks, steps.chunk_size, use_qk_l2norm=use_qk_l2norm,
+                                        scale=scale)  # fmt: skip
+            return wy_chain_triton(
+                factors, steps.meta, steps.ptrs[row], h0, v.dtype, steps.chunk_size, pair_dtype=tab.pair_dtype,
+                transition=transition,
+            )  # fmt: skip
         from .combine_scan_triton import gdn_combine_scan_triton
 
-        tab, row = tables if tables is not None else (chain_tables([chain], q.device), 0)
         if T > CHUNKED_FROM and q.dtype in (torch.bfloat16, torch.float16) and fla_available():
             from .combine_scan_chunked_triton import gdn_combine_scan_chunked
 

@@ -298,3 +298,59 @@ def test_combine_scan_chunked_matches_twin(dtype, pair_dtype):
             **{n: t.float() for n, t in x.items()}, meta=tab.meta, ptrs=tab.ptrs[0], h0=h0, cu_pieces=cu_p,
             piece_chunks=chunks_p, pair_dtype=pair_dtype,
         )  # fmt: skip
+
+
+@pytest.mark.parametrize("pair_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("transition", [True, False])
+def test_combine_scan_wy_matches_twin(pair_dtype, transition):
+    """The WY scan (chunk factors in parallel, then a chain of chunk + body steps) against the token-loop
+    twin at the Qwen3.5 shape (20 seams of 8 tokens around cached bodies, a 50-token question); prints
+    its launch timings (chunk size, launch shape) next to the token-loop kernel's."""
+    import triton
+
+    from hypic_agent.kernels.combine_scan import chain_tables, gdn_combine_scan_torch
+    from hypic_agent.kernels.combine_scan_triton import gdn_combine_scan_triton
+    from hypic_agent.kernels.combine_scan_wy import plan_steps
+    from hypic_agent.kernels.combine_scan_wy_triton import wy_chain_triton, wy_factors_triton
+
+    HV, K, V = 32, 128, 128
+    x = gdn_inputs(20 * 8 + 50, 16, HV, K=K, V=V, seed=10, device="cuda", dtype=torch.bfloat16)
+    g = torch.Generator(device="cuda").manual_seed(2)
+    chain = _seam_chain(HV, K, V, 20, 50, pair_dtype, g)
+    h0 = torch.randn(HV, K, V, device="cuda", generator=g)
+    tab = chain_tables([chain], torch.device("cuda"))
+    ro, rh = gdn_combine_scan_torch(**{n: t.float() for n, t in x.items()}, chain=chain, h0=h0, transition=transition)
+    sweep = [(None, None, 2), (16, 4, 1), (32, 4, 1), (32, 4, 2), (32, 8, 1), (64, 8, 1)]
+    for cs in (16, 64):
+        st = plan_steps(tab.meta_host, tab.ptrs_host, torch.device("cuda"), cs)
+
+        def factors(st=st, cs=cs):
+            return wy_factors_triton(**x, chunks=st.chunks, chunk_size=cs)
+
+        f = factors()
+        for bv, nw, stages in sweep if cs == 16 and transition else sweep[:1]:
+
+            def chain_run(f=f, st=st, cs=cs, bv=bv, nw=nw, stages=stages):
+                return wy_chain_triton(
+                    f, st.meta, st.ptrs[0], h0, torch.bfloat16, cs, pair_dtype=pair_dtype, transition=transition,
+                    bv=bv, num_warps=nw, stages=stages,
+                )  # fmt: skip
+
+            try:
+                o, h = chain_run()
+            except triton.runtime.errors.OutOfResources as exc:
+                print(f"wy scan chunk={cs} bv={bv} warps={nw} stages={stages}: {exc}"[:200])
+                continue
+            eo, eh = rel_err(o.float(), ro.float()), rel_err(h, rh)
+            ms_f = triton.testing.do_bench(factors, warmup=3, rep=20)
+            ms_c = triton.testing.do_bench(chain_run, warmup=3, rep=20)
+            print(f"wy scan {pair_dtype} transition={transition} chunk={cs} steps={st.meta.shape[0]} bv={bv} "
+                  f"warps={nw} stages={stages}: factors {ms_f:.3f} + chain {ms_c:.3f} ms, "
+                  f"rel err o {eo:.2e} h {eh:.2e}")  # fmt: skip
+            assert o.dtype == torch.bfloat16 and eo < 2e-2 and eh < 1e-3
+    tok = triton.testing.do_bench(
+        lambda: gdn_combine_scan_triton(**x, meta=tab.meta, ptrs=tab.ptrs[0], h0=h0, pair_dtype=pair_dtype,
+                                        transition=transition),
+        warmup=3, rep=20,
+    )  # fmt: skip
+    print(f"token-loop scan (autotuned) {pair_dtype} transition={transition}: {tok:.3f} ms")

@@ -63,7 +63,7 @@ COMBINE_TABLES = """
 import functools
 from unittest import mock
 import torch
-from hypic_agent.kernels import combine_scan, combine_scan_triton
+from hypic_agent.kernels import combine_scan, combine_scan_triton, combine_scan_wy_triton
 from hypic_agent.runtime.hypic import combine as comb
 from hypic_agent.runtime.hypic.build import build_entries
 from hypic_agent.runtime.hypic.layout import plan_layout
@@ -74,21 +74,74 @@ model, _, _ = make_model("qwen3_5_text")
 segs = [tuple(rand_tokens(n, 3 + n)) for n in (30, 17, 40)]
 suffix = rand_tokens(5, 2)
 fixed = functools.partial(combine_scan_triton.gdn_combine_scan_triton, bv=16, body_chunk=0, num_warps=2)
-for mode, seams in (("hypic", [6, 6, 6]), ("transition", [0, 0, 0]), ("addition", [0, 0, 0])):
+fixed_wy = functools.partial(combine_scan_wy_triton.wy_chain_triton, bv=16, num_warps=2)
+cases = [(scan, mode, seams) for scan in ("wy", "token")
+         for mode, seams in (("hypic", [6, 6, 6]), ("transition", [0, 0, 0]), ("addition", [0, 0, 0]))]
+for scan, mode, seams in cases:
     entries = build_entries(model, segs, seams)
     lay = plan_layout(list(segs), list(entries), seams, suffix, torch.device("cpu"))
     ref = comb.combine(model, lay, list(entries), mode_spec(mode), fused_scan=True)
     with mock.patch.object(comb, "resolve_triton", lambda b, d: True), \
             mock.patch.object(combine_scan, "resolve_triton", lambda b, d: True), \
+            mock.patch.object(combine_scan, "TRITON_SCAN", scan), \
+            mock.patch.object(combine_scan_wy_triton, "wy_chain_triton", fixed_wy), \
             mock.patch.object(combine_scan_triton, "gdn_combine_scan_triton", fixed):
         plan = comb._scan_plan(model, lay, list(entries), True, mode != "addition")
         assert all(p is not None and p.tables is not None for p in plan.values()), mode
         assert all((p.h0 is not None) == (seams[0] == 0) for p in plan.values()), mode
         got = comb.combine(model, lay, list(entries), mode_spec(mode), fused_scan=True)
-    assert rel_err(got.last_logits, ref.last_logits) < 1e-4, (mode, rel_err(got.last_logits, ref.last_logits))
+    assert rel_err(got.last_logits, ref.last_logits) < 1e-4, (scan, mode, rel_err(got.last_logits, ref.last_logits))
     for a, b in zip(got.layers, ref.layers):
         if hasattr(a, "recurrent"):
-            assert rel_err(a.recurrent, b.recurrent) < 1e-4, mode
+            assert rel_err(a.recurrent, b.recurrent) < 1e-4, (scan, mode)
+"""
+
+COMBINE_WY = """
+# the WY scan: its factor kernel against the torch twin, the whole scan against the token-loop twin
+import torch
+from hypic_agent.kernels.combine_scan import Body, Piece, chain_tables, gdn_combine_scan_torch
+from hypic_agent.kernels.combine_scan_wy import plan_steps, wy_factors_torch
+from hypic_agent.kernels.combine_scan_wy_triton import wy_chain_triton, wy_factors_triton
+from tests.kernels.helpers import gdn_inputs, rel_err
+H, HV, K, V = 2, 4, 32, 48
+x = gdn_inputs(100, H, HV, K, V, seed=5)
+g = torch.Generator().manual_seed(0)
+for dt in (torch.float32, torch.bfloat16):
+    def body():
+        T = (torch.eye(K) * 0.9 + 0.01 * torch.randn(HV, K, K, generator=g)).to(dt).contiguous()
+        return Body(T, torch.randn(HV, K, V, generator=g).to(dt))
+    # a leading body, a window, two bodies in a row, an empty piece, an 18-token and a 70-token piece
+    chain = [body(), Piece(0, 5), body(), Piece(5, 12), body(), body(), Piece(12, 12), Piece(12, 30), Piece(30, 100)]
+    h0 = torch.randn(HV, K, V, generator=g)
+    tab = chain_tables([chain], torch.device("cpu"))
+    for cs in (16, 64):
+        st = plan_steps(tab.meta_host, tab.ptrs_host, torch.device("cpu"), cs)
+        f = wy_factors_triton(**x, chunks=st.chunks, chunk_size=cs)
+        for a, b in zip(f, wy_factors_torch(**x, chunks=st.chunks, chunk_size=cs)):
+            assert rel_err(a, b) < 1e-5, (dt, cs, rel_err(a, b))
+        for tr in (True, False):
+            ro, rh = gdn_combine_scan_torch(**x, chain=chain, h0=h0, transition=tr)
+            for bv, stages in ((16, 1), (32, 2)):
+                o, h = wy_chain_triton(f, st.meta, st.ptrs[0], h0, torch.float32, cs, pair_dtype=tab.pair_dtype,
+                                       transition=tr, bv=bv, num_warps=2, stages=stages)
+                assert rel_err(o, ro) < 1e-5 and rel_err(h, rh) < 1e-5, (dt, cs, tr, bv, rel_err(o, ro), rel_err(h, rh))
+# q, k, v as row-strided views of one packed tensor (the conv output split into heads): read in place
+qkv = torch.cat([x["q"].reshape(100, -1), x["k"].reshape(100, -1), x["v"].reshape(100, -1)], dim=1)
+q_, k_, v_ = torch.split(qkv, [H * K, H * K, HV * V], dim=1)
+views = dict(x, q=q_.view(100, H, K), k=k_.view(100, H, K), v=v_.view(100, HV, V))
+assert not views["q"].is_contiguous()
+for a, b in zip(wy_factors_triton(**views, chunks=st.chunks, chunk_size=64), f):
+    assert torch.equal(a, b)
+# the dispatcher's WY branch (chunk size picked by the planner), at a fixed launch shape
+import functools
+from unittest import mock
+from hypic_agent.kernels import combine_scan, combine_scan_wy_triton
+fixed = functools.partial(wy_chain_triton, bv=16, num_warps=2)
+with mock.patch.object(combine_scan, "resolve_triton", lambda b, d: True), \
+        mock.patch.object(combine_scan_wy_triton, "wy_chain_triton", fixed):
+    o, h = combine_scan.gdn_combine_scan(**x, chain=chain, h0=h0)
+ro, rh = gdn_combine_scan_torch(**x, chain=chain, h0=h0)
+assert rel_err(o, ro) < 1e-5 and rel_err(h, rh) < 1e-5, (rel_err(o, ro), rel_err(h, rh))
 """
 
 COMBINE = """
@@ -118,6 +171,7 @@ from unittest import mock
 from hypic_agent.kernels import combine_scan, combine_scan_triton
 fixed = functools.partial(gdn_combine_scan_triton, bv=16, body_chunk=16, num_warps=2)
 with mock.patch.object(combine_scan, "resolve_triton", lambda b, d: True), \
+        mock.patch.object(combine_scan, "TRITON_SCAN", "token"), \
         mock.patch.object(combine_scan_triton, "gdn_combine_scan_triton", fixed):
     o, h = combine_scan.gdn_combine_scan(**x, chain=chain, h0=h0)
 ro, rh = gdn_combine_scan_torch(**x, chain=chain, h0=h0)
@@ -248,6 +302,7 @@ for init in (h0, None):
         ("chain_pointers", CHAIN_POINTERS),
         ("combine_scan", COMBINE),
         ("combine_tables", COMBINE_TABLES),
+        ("combine_scan_wy", COMBINE_WY),
         ("combine_scan_chunked", CHUNKED),
         ("body_pairs", BODY_PAIRS),
         ("moe", MOE),
