@@ -14,12 +14,15 @@ import torch.nn.functional as F
 
 from .backend import triton_available
 
-# (token, slot) pairs up to which CUDA runs the Triton kernels, above it the grouped GEMM. The Triton
-# kernels read an expert's weights once per 16 of its rows: with uniform routing they beat the
-# grouped GEMM up to 512 tokens (0.51 against 0.66 ms per layer at 210 tokens), but a request's
-# routing is skewed (many rows on few experts), and in a warm 210-token combine on the H200 they
-# cost 60.5 ms of GPU time against 52.8; at 50 tokens (400 pairs) they save 3 ms (37.3 against 40.3).
-TRITON_MAX_SLOTS = 512
+# (token, slot) pairs up to which CUDA runs the Triton kernels, above it the grouped GEMM. The
+# Triton kernels read an expert's weights once per 16 of its rows; with the routing tables from one
+# sort (``moe_triton.align``) a warm 210-token combine (1,680 pairs) on the H200 took 41.8 ms of GPU
+# time against 47.6 ms with the grouped GEMM (2026-12-01; with the earlier one-hot tables, whose scan
+# cost more than the GEMM, 60.5 against 52.8 ms, which is why the limit was 512).
+TRITON_MAX_SLOTS = 2048
+# Rows per block of the Triton kernels (an expert's weights are read once per block of its rows);
+# None: the kernels' default.
+TRITON_BLOCK_M: int | None = None
 
 
 def _sorted(topk_idx: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -86,7 +89,8 @@ def moe_experts(
     if backend != "torch" and x.is_cuda and few and triton_available():
         from .moe_triton import moe_experts_triton
 
-        return moe_experts_triton(x.to(gate_up.dtype), topk_idx, topk_w, gate_up, down).to(x.dtype)
+        extra = {} if TRITON_BLOCK_M is None else {"block_m": TRITON_BLOCK_M}
+        return moe_experts_triton(x.to(gate_up.dtype), topk_idx, topk_w, gate_up, down, **extra).to(x.dtype)
     order, token, counts = _sorted(topk_idx, E)
     xs = x[token].to(gate_up.dtype)
     use_grouped = backend != "torch" and x.is_cuda and hasattr(torch, "_grouped_mm") and gate_up.dtype == torch.bfloat16
