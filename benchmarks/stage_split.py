@@ -28,9 +28,29 @@ from hypic_agent.runtime.hypic.build import build_entries
 CALLS = ("prefill_cold", "build", "prefill_prompt", "continuation", "combine", "prefix_hit")
 
 
-def measure(name: str, fn: Callable[[], Any], reps: int = 3) -> dict[str, Any]:
+def host_profile(name: str, fn: Callable[[], Any], top: int = 22) -> None:
+    """Python's profiler over one warm call: where the host time goes (a blocking CUDA call shows as
+    the Python function that made it)."""
+    import cProfile
+    import pstats
+
+    torch.cuda.synchronize()
+    prof = cProfile.Profile()
+    prof.enable()
+    fn()
+    prof.disable()
+    torch.cuda.synchronize()
+    print(f"== host profile: {name}")
+    pstats.Stats(prof).sort_stats("tottime").print_stats(top)
+    pstats.Stats(prof).sort_stats("cumulative").print_stats(top)
+
+
+def measure(name: str, fn: Callable[[], Any], reps: int = 3, host: bool = False) -> dict[str, Any]:
     fn()
     torch.cuda.synchronize()
+    if host:
+        fn()  # a first warm call may still capture CUDA graphs for new buckets
+        host_profile(name, fn)
     walls, hosts = [], []
     for _ in range(reps):
         torch.cuda.synchronize()
@@ -69,6 +89,7 @@ def main() -> None:
     ap.add_argument("--segments", type=int, default=20)
     ap.add_argument("--seg-len", type=int, default=1024)
     ap.add_argument("--query-len", type=int, default=50)
+    ap.add_argument("--host-profile", action="store_true", help="also print cProfile's top functions per call")
     ap.add_argument("--out", default="bench_out/stage_split.json")
     args = ap.parse_args()
     if not args.device.startswith("cuda"):
@@ -103,9 +124,10 @@ def main() -> None:
             )
         elif call == "combine":
             engine.prepare(plan, mode="hypic")  # builds the entries
-            rows.append(measure("warm hypic prepare", lambda: engine.prepare(plan, mode="hypic")))
+            hp = args.host_profile
+            rows.append(measure("warm hypic prepare", lambda: engine.prepare(plan, mode="hypic"), host=hp))
             # the same cached entries without seam windows: what the 8-token windows cost
-            rows.append(measure("warm transition prepare", lambda: engine.prepare(plan, mode="transition")))
+            rows.append(measure("warm transition prepare", lambda: engine.prepare(plan, mode="transition"), host=hp))
         elif call == "prefix_hit":  # the warm-up call stores the prefix: timed calls resume from it
             rows.append(
                 measure(

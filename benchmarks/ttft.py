@@ -6,6 +6,10 @@ plus a ``--query-len``-token question. ``--hit-rate 1.0`` = warm (all documents 
 
     python benchmarks/ttft.py --shape qwen3_5_35b_a3b --requests 8 --hit-rates 1.0 0.8
     python benchmarks/ttft.py --shape tiny:qwen3_5_text --device cpu --seg-len 64 --segments 6 --requests 3
+
+A mode may set runtime knobs after an ``@`` for an A/B in one run (CUDA graphs are recaptured per
+mode): ``hypic@scan=token`` (``combine_scan.TRITON_SCAN``: the token-loop scan),
+``hypic@moe_slots=4096,moe_bm=64`` (``moe.TRITON_MAX_SLOTS`` / ``moe.TRITON_BLOCK_M``).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import torch
 from _common import gpu_busy_ms, load_shape, model_args, print_table, random_model, sync, write_json
 
 from hypic_agent.config import MODES, Settings
+from hypic_agent.kernels import combine_scan, moe
 from hypic_agent.runtime.engine import Engine
 
 
@@ -61,6 +66,20 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, round(q * (len(xs) - 1)))]
 
 
+KNOBS = {"scan": (combine_scan, "TRITON_SCAN", str), "moe_slots": (moe, "TRITON_MAX_SLOTS", int),
+         "moe_bm": (moe, "TRITON_BLOCK_M", int)}  # fmt: skip
+DEFAULTS = {name: getattr(mod, attr) for name, (mod, attr, _) in KNOBS.items()}
+
+
+def set_knobs(spec: str) -> None:
+    """``"scan=token,moe_bm=64"`` -> the runtime knobs (the rest back to their defaults)."""
+    given = dict(kv.split("=", 1) for kv in spec.split(",") if kv)
+    if unknown := set(given) - set(KNOBS):
+        raise SystemExit(f"unknown knobs {sorted(unknown)}; use {sorted(KNOBS)}")
+    for name, (mod, attr, cast) in KNOBS.items():
+        setattr(mod, attr, cast(given[name]) if name in given else DEFAULTS[name])
+
+
 def main() -> None:
     ap = model_args(argparse.ArgumentParser(description=__doc__))
     ap.add_argument("--pool", type=int, default=200)
@@ -71,7 +90,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--seam", type=float, default=8)
     ap.add_argument("--hit-rates", type=float, nargs="+", default=[1.0, 0.8])
-    ap.add_argument("--modes", nargs="+", default=list(MODES))
+    ap.add_argument("--modes", nargs="+", default=list(MODES), help="modes, each optionally @knob=value,...")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="bench_out/ttft.json")
     args = ap.parse_args()
@@ -80,7 +99,10 @@ def main() -> None:
     rows = []
     for hit in args.hit_rates:
         plans, warm_docs = make_requests(args, model.config.vocab_size, hit)
-        for mode in args.modes:
+        for label in args.modes:
+            mode, _, knobs = label.partition("@")
+            set_knobs(knobs)
+            model.ffn_graphs = None  # graphs capture the knobs' paths: recaptured per mode
             engine = Engine(model, None, "bench", settings)  # fresh caches per mode
             if mode not in ("full_recompute", "prefix_cache"):
                 for i in range(0, len(warm_docs), 16):
@@ -103,7 +125,7 @@ def main() -> None:
             rows.append(
                 {
                     "hit_rate": hit,
-                    "mode": mode,
+                    "mode": label,
                     "p50_ms": pct(times, 0.5),
                     "gpu_busy_ms": busy,
                     "p90_ms": pct(times, 0.9),
@@ -113,7 +135,7 @@ def main() -> None:
                     "timings": prep.timings_ms,
                 }
             )
-            print(f"hit={hit} {mode}: p50 {rows[-1]['p50_ms']:.1f} ms", flush=True)
+            print(f"hit={hit} {label}: p50 {rows[-1]['p50_ms']:.1f} ms", flush=True)
             write_json(args.out, {"args": vars(args), "rows": rows, "partial": True})
             del engine
             if args.device.startswith("cuda"):
