@@ -15,6 +15,7 @@ mode): ``hypic@scan=token`` (``combine_scan.TRITON_SCAN``: the token-loop scan),
 from __future__ import annotations
 
 import argparse
+import gc
 import random
 import time
 from dataclasses import dataclass, field
@@ -59,6 +60,13 @@ def make_requests(args: argparse.Namespace, vocab: int, hit_rate: float) -> tupl
 
 def _gpu_busy(engine: Engine, plan: Plan, mode: str, seam: float) -> float:
     return gpu_busy_ms(lambda: engine.prepare(plan, mode=mode, seam=seam))
+
+
+def _device_allocs(device: str) -> tuple[int, int]:
+    if not device.startswith("cuda"):
+        return (0, 0)
+    st = torch.cuda.memory_stats()
+    return (st.get("num_device_alloc", 0), st.get("num_device_free", 0))
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -108,6 +116,8 @@ def main() -> None:
                 for i in range(0, len(warm_docs), 16):
                     chunk = warm_docs[i : i + 16]
                     engine.prewarm([s.token_ids for s in chunk], [s.kind for s in chunk], mode=mode, seam=args.seam)
+            gc.collect()  # the previous modes' engines: free their memory now, not inside a timed request
+            allocs = _device_allocs(args.device)
             times = []
             for j, plan in enumerate(plans):
                 sync()
@@ -121,6 +131,7 @@ def main() -> None:
             # GPU time of one more request (a warm one repeats the last plan; at < 100% hit its cold
             # segments are cached by now, so only warm requests get this column): steadier across
             # machines than the wall time, which the host can set
+            allocs_after = _device_allocs(args.device)
             busy = _gpu_busy(engine, plan, mode, args.seam) if hit == 1.0 else 0.0
             rows.append(
                 {
@@ -133,6 +144,9 @@ def main() -> None:
                     "cached_tokens": cached,
                     "prompt_tokens": prep.prompt_tokens,
                     "timings": prep.timings_ms,
+                    "times_ms": times,
+                    # cudaMalloc / cudaFree calls of the caching allocator during the requests (each a sync)
+                    "device_allocs": [b - a for a, b in zip(allocs, allocs_after, strict=True)],
                 }
             )
             print(f"hit={hit} {label}: p50 {rows[-1]['p50_ms']:.1f} ms", flush=True)
