@@ -62,11 +62,25 @@ def _gpu_busy(engine: Engine, plan: Plan, mode: str, seam: float) -> float:
     return gpu_busy_ms(lambda: engine.prepare(plan, mode=mode, seam=seam))
 
 
-def _device_allocs(device: str) -> tuple[int, int]:
+def _device_allocs(device: str) -> tuple[int, int, int]:
+    """The caching allocator's cudaMalloc, cudaFree and out-of-memory-retry counts so far."""
     if not device.startswith("cuda"):
-        return (0, 0)
+        return (0, 0, 0)
     st = torch.cuda.memory_stats()
-    return (st.get("num_device_alloc", 0), st.get("num_device_free", 0))
+    return (st.get("num_device_alloc", 0), st.get("num_device_free", 0), st.get("num_alloc_retries", 0))
+
+
+def _memory(device: str) -> dict[str, float]:
+    if not device.startswith("cuda"):
+        return {}
+    free, total = torch.cuda.mem_get_info()
+    st = torch.cuda.memory_stats()
+    gib = 1 << 30
+    out = {"free_gib": free / gib, "total_gib": total / gib}
+    for name, key in (("allocated", "current"), ("peak", "peak")):
+        out[f"{name}_gib"] = st[f"allocated_bytes.all.{key}"] / gib
+    out["reserved_gib"] = st["reserved_bytes.all.current"] / gib
+    return out
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -145,8 +159,9 @@ def main() -> None:
                     "prompt_tokens": prep.prompt_tokens,
                     "timings": prep.timings_ms,
                     "times_ms": times,
-                    # cudaMalloc / cudaFree calls of the caching allocator during the requests (each a sync)
+                    # cudaMalloc / cudaFree / OOM-retry counts of the caching allocator during the requests
                     "device_allocs": [b - a for a, b in zip(allocs, allocs_after, strict=True)],
+                    "memory": _memory(args.device),
                 }
             )
             print(f"hit={hit} {label}: p50 {rows[-1]['p50_ms']:.1f} ms", flush=True)
