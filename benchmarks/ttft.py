@@ -132,15 +132,17 @@ def main() -> None:
                     engine.prewarm([s.token_ids for s in chunk], [s.kind for s in chunk], mode=mode, seam=args.seam)
             gc.collect()  # the previous modes' engines: free their memory now, not inside a timed request
             allocs = _device_allocs(args.device)
-            times = []
+            times, hosts = [], []
             for j, plan in enumerate(plans):
                 sync()
                 w0 = time.perf_counter()
                 prep = engine.prepare(plan, mode=mode, seam=args.seam)
+                host = (time.perf_counter() - w0) * 1e3  # until prepare returns: host work, no sync
                 sync()
                 ms = (time.perf_counter() - w0) * 1e3
                 if j >= args.warmup:
                     times.append(ms)
+                    hosts.append(host)
                     cached = prep.cached_tokens
             # GPU time of one more request (a warm one repeats the last plan; at < 100% hit its cold
             # segments are cached by now, so only warm requests get this column): steadier across
@@ -159,6 +161,7 @@ def main() -> None:
                     "prompt_tokens": prep.prompt_tokens,
                     "timings": prep.timings_ms,
                     "times_ms": times,
+                    "host_ms": hosts,
                     # cudaMalloc / cudaFree / OOM-retry counts of the caching allocator during the requests
                     "device_allocs": [b - a for a, b in zip(allocs, allocs_after, strict=True)],
                     "memory": _memory(args.device),
