@@ -19,11 +19,12 @@ Rows that see no key get zeros, as in the twin.
 from __future__ import annotations
 
 import functools
-import inspect
 
 import torch
 import triton
 import triton.language as tl
+
+from .backend import autotune_cache
 
 
 @triton.jit
@@ -102,8 +103,7 @@ _CONFIGS = [
     triton.Config({"BM": bm, "BN": bn}, num_warps=nw, num_stages=ns)
     for bm, bn, nw, ns in ((64, 64, 8, 2), (64, 32, 4, 2), (32, 64, 4, 2), (128, 32, 8, 2), (64, 64, 4, 3))
 ]
-_TUNE_CACHE = {"cache_results": True} if "cache_results" in inspect.signature(triton.autotune).parameters else {}
-_tuned_kernel = triton.autotune(configs=_CONFIGS, key=["HQ", "HKV", "D", "DV"], **_TUNE_CACHE)(_splitk_attn_kernel)
+_tuned_kernel = triton.autotune(configs=_CONFIGS, key=["HQ", "HKV", "D", "DV"], **autotune_cache())(_splitk_attn_kernel)
 
 
 @functools.cache

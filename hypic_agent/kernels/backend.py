@@ -102,6 +102,16 @@ def resolve_triton(name: str, device: torch.device | str | None) -> bool:
     return True
 
 
+def autotune_cache() -> dict[str, bool]:
+    """``triton.autotune`` keyword that keeps tuning results in Triton's on-disk cache, where the
+    installed Triton has it (so a warm cache skips re-tuning in a new process)."""
+    import inspect
+
+    import triton
+
+    return {"cache_results": True} if "cache_results" in inspect.signature(triton.autotune).parameters else {}
+
+
 def interpreting() -> bool:
     """True under Triton's CPU interpreter (``TRITON_INTERPRET=1``, the CI kernel tests). Triton 3.6's
     interpreter miscomputes ``tl.dot`` on bf16 values converted inside a kernel, so kernels that split

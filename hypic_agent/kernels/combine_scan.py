@@ -92,13 +92,12 @@ class ChainTables:
     """Launch tables of the Triton kernels for the chains of several layers that share one layout:
     meta ``[n, 3]`` int32 (kind 0 = piece / 1 = body, start, end) and pointers ``[L, n, 2]`` int64
     (data pointers of each body's T and S per layer; 0 for pieces). Built on the host, copied once.
-    ``piece_bounds``: host piece boundaries, for ``piece_tables`` (the chunked scan only);
-    ``meta_host`` / ``ptrs_host``: the host copies, for ``wy_steps`` (the WY scan)."""
+    ``meta_host`` / ``ptrs_host``: the host copies, for ``piece_tables`` (the chunked scan) and
+    ``wy_steps`` (the WY scan)."""
 
     meta: torch.Tensor
     ptrs: torch.Tensor
     pair_dtype: torch.dtype
-    piece_bounds: list[int] = field(default_factory=list)
     meta_host: list[tuple[int, int, int]] = field(default_factory=list)
     ptrs_host: torch.Tensor | None = None
     _pieces: tuple[torch.Tensor, torch.Tensor] | None = field(default=None, repr=False)
@@ -117,8 +116,8 @@ class ChainTables:
         ``piece_chunks [NC, 2]`` for them, on the tables' device; built on first use (only the
         chunked scan reads them). A token outside every piece, if any, falls in a sequence of its own
         that no link reads."""
-        if self._pieces is None:
-            b = self.piece_bounds
+        if self._pieces is None:  # the pieces are cut at every piece boundary
+            b = sorted({0, *(x for kind, lo, hi in self.meta_host if kind == 0 for x in (lo, hi))})
             chunks, _ = fla_chunk_tables([hi - lo for lo, hi in itertools.pairwise(b)])
             dev = self.meta.device
             self._pieces = (
@@ -131,11 +130,10 @@ class ChainTables:
 def _tables(
     meta: list[tuple[int, int, int]], ptrs: torch.Tensor, dtype: torch.dtype, device: torch.device
 ) -> ChainTables:
-    """Copy the host tables to ``device``; the pieces are cut at every piece boundary."""
-    bounds = sorted({0, *(x for kind, a, b in meta if kind == 0 for x in (a, b))})
+    """Copy the host tables to ``device`` (the host copies stay with them)."""
     m = torch.tensor(meta, dtype=torch.int32).reshape(-1, 3)
     ptrs = ptrs.contiguous()
-    return ChainTables(to_device_async(m, device), to_device_async(ptrs, device), dtype, bounds, list(meta), ptrs)
+    return ChainTables(to_device_async(m, device), to_device_async(ptrs, device), dtype, list(meta), ptrs)
 
 
 def chain_tables(chains: list[list[ChainLink]], device: torch.device) -> ChainTables:

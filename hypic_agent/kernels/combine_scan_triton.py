@@ -13,11 +13,11 @@ pointer table and applies ``h <- T @ h + S`` as one ``[K, K] x [K, BV]`` tensor-
 
 from __future__ import annotations
 
-import inspect
-
 import torch
 import triton
 import triton.language as tl
+
+from .backend import autotune_cache
 
 
 @triton.jit
@@ -122,8 +122,7 @@ _CONFIGS = [
     triton.Config({"BV": bv, "BC": bc}, num_warps=nw)
     for bv, nw, bc in ((32, 4, 0), (16, 4, 0), (16, 2, 32), (16, 1, 16), (32, 2, 32), (64, 4, 32))
 ]
-_TUNE_CACHE = {"cache_results": True} if "cache_results" in inspect.signature(triton.autotune).parameters else {}
-_tuned_kernel = triton.autotune(configs=_CONFIGS, key=["H", "HV", "K", "V", "PAIR_BF16"], **_TUNE_CACHE)(
+_tuned_kernel = triton.autotune(configs=_CONFIGS, key=["H", "HV", "K", "V", "PAIR_BF16"], **autotune_cache())(
     _gdn_combine_scan_kernel
 )
 

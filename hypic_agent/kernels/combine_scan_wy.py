@@ -1,4 +1,5 @@
-"""Combine scan in WY form: host plan, torch twin of the factors, entry point.
+"""Combine scan in WY form: the host step plan and the torch twin of the chunk factors (the kernels:
+``combine_scan_wy_triton``; the dispatch: ``combine_scan.gdn_combine_scan``).
 
 A layer's chain (pieces of active tokens and cached bodies, ``combine_scan``) becomes a list of
 *steps* for ``combine_scan_wy_triton``: each step is one chunk of at most ``chunk_size`` tokens of a

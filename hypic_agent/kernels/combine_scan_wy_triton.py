@@ -16,9 +16,9 @@ heads in parallel (``_wy_factors_kernel``, grid ``(chunks, HV)``), from a zero e
 so that a chunk entered with state ``h [K, V]`` gives ``o = ol + qp h`` and leaves
 ``h' = gam h + kd^T (u - w h)``. The chain (``_wy_chain_kernel``, grid ``(cdiv(V, BV), HV)``) then
 walks *steps*: a step is one chunk (or none) followed by one cached body (or none,
-``h <- T h + S``), so every step has the same shape and the loop is software-pipelined: the next
-step's factors and pair are loaded while this one computes. Per step the state sees three dots
-(``w h``, ``kd^T d``, ``T h``), not one reduction round per token.
+``h <- T h + S``), so every step has the same shape and the loop can be software-pipelined (the
+autotuner picks 1 or 2 stages). Per step the state sees three dots (``w h``, ``kd^T d``, ``T h``),
+not one reduction round per token.
 
 Precision: factors and the state are fp32, dots in tf32x3 (about fp32, as ``chain_triton``); bf16
 pairs take two bf16 dots over a hi/lo split of the state (``pair_step``).
@@ -26,13 +26,11 @@ pairs take two bf16 dots over a hi/lo split of the state (``pair_step``).
 
 from __future__ import annotations
 
-import inspect
-
 import torch
 import triton
 import triton.language as tl
 
-from .backend import interpreting
+from .backend import autotune_cache, interpreting
 from .chain_triton import pair_step
 
 
@@ -204,9 +202,8 @@ _CHAIN_CONFIGS = [
     for bv, nw in ((16, 4), (32, 4), (32, 8), (64, 8))  # 16 warps: 3-4x slower (H200, 2026-12-01)
     for st in (1, 2)
 ]
-_TUNE_CACHE = {"cache_results": True} if "cache_results" in inspect.signature(triton.autotune).parameters else {}
 _tuned_chain = triton.autotune(configs=_CHAIN_CONFIGS, key=["HV", "K", "V", "BT", "PAIR_BF16", "TRANSITION"],
-                               **_TUNE_CACHE)(_wy_chain_kernel)  # fmt: skip
+                               **autotune_cache())(_wy_chain_kernel)  # fmt: skip
 
 
 def wy_chain_triton(
@@ -226,8 +223,7 @@ def wy_chain_triton(
     """``factors`` (``wy_factors_triton``), meta ``[NS, 4]`` int32 and ptrs ``[NS, 2]`` int64
     (``combine_scan_wy.WYSteps``), h0 ``[HV, K, V]`` -> (o ``[T, HV, V]`` in ``out_dtype``, final state
     ``[HV, K, V]`` fp32). Launch: autotuned (value columns per program, warps, pipeline stages) unless
-    ``bv`` is given;
-    then ``num_warps`` and ``stages`` of software pipelining over the steps."""
+    ``bv`` is given, then ``num_warps`` and ``stages`` of software pipelining over the steps."""
     if pair_dtype not in (torch.float32, torch.bfloat16):
         raise ValueError(f"pairs must be float32 or bfloat16, got {pair_dtype}")
     w, kd, qp, u, ol, gam = factors

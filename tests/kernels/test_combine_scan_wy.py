@@ -58,5 +58,5 @@ def test_factors_twin_reproduces_the_chunk_from_any_state(n):
 
 def test_factors_twin_rejects_oversized_chunks():
     x = gdn_inputs(20, 2, 4, 16, 8)
-    with pytest.raises(ValueError, match="1..16 tokens"):
+    with pytest.raises(ValueError, match=r"1\.\.16 tokens"):
         wy_factors_torch(**x, chunks=torch.tensor([[0, 20]]), chunk_size=16)
