@@ -25,7 +25,7 @@ from hypic_agent.runtime.engine import Engine
 from hypic_agent.runtime.forward import prefill
 from hypic_agent.runtime.hypic.build import build_entries
 
-CALLS = ("prefill_cold", "build", "prefill_prompt", "continuation", "combine", "prefix_hit")
+CALLS = ("prefill_cold", "build", "prefill_prompt", "continuation", "combine", "combine_cold", "prefix_hit")
 
 
 def host_profile(name: str, fn: Callable[[], Any], top: int = 22) -> None:
@@ -128,6 +128,14 @@ def main() -> None:
             rows.append(measure("warm hypic prepare", lambda: engine.prepare(plan, mode="hypic"), host=hp))
             # the same cached entries without seam windows: what the 8-token windows cost
             rows.append(measure("warm transition prepare", lambda: engine.prepare(plan, mode="transition"), host=hp))
+        elif call == "combine_cold":  # 80% hit: each call brings --cold new documents among the cached ones
+            engine.prepare(plan, mode="hypic")
+
+            def partly_cold() -> None:
+                new = [Seg(tuple(toks(args.seg_len))) for _ in range(args.cold)]
+                engine.prepare(Plan(docs[: args.segments - args.cold] + new, query), mode="hypic")
+
+            rows.append(measure(f"hypic prepare, {args.cold} cold", partly_cold, host=args.host_profile))
         elif call == "prefix_hit":  # the warm-up call stores the prefix: timed calls resume from it
             rows.append(
                 measure(

@@ -93,13 +93,18 @@ KNOBS = {"scan": (combine_scan, "TRITON_SCAN", str), "moe_slots": (moe, "TRITON_
 DEFAULTS = {name: getattr(mod, attr) for name, (mod, attr, _) in KNOBS.items()}
 
 
-def set_knobs(spec: str) -> None:
-    """``"scan=token,moe_bm=64"`` -> the runtime knobs (the rest back to their defaults)."""
+SETTING_KNOBS = {"graph_after": "combine_graph_after"}  # knobs that are Settings fields
+
+
+def set_knobs(spec: str, settings: Settings) -> Settings:
+    """``"scan=token,moe_bm=64,graph_after=0"`` -> the runtime knobs (the rest back to their defaults);
+    returns ``settings`` with the Settings knobs applied."""
     given = dict(kv.split("=", 1) for kv in spec.split(",") if kv)
-    if unknown := set(given) - set(KNOBS):
-        raise SystemExit(f"unknown knobs {sorted(unknown)}; use {sorted(KNOBS)}")
+    if unknown := set(given) - set(KNOBS) - set(SETTING_KNOBS):
+        raise SystemExit(f"unknown knobs {sorted(unknown)}; use {sorted({*KNOBS, *SETTING_KNOBS})}")
     for name, (mod, attr, cast) in KNOBS.items():
         setattr(mod, attr, cast(given[name]) if name in given else DEFAULTS[name])
+    return settings.model_copy(update={SETTING_KNOBS[k]: int(v) for k, v in given.items() if k in SETTING_KNOBS})
 
 
 def main() -> None:
@@ -123,9 +128,9 @@ def main() -> None:
         plans, warm_docs = make_requests(args, model.config.vocab_size, hit)
         for label in args.modes:
             mode, _, knobs = label.partition("@")
-            set_knobs(knobs)
-            model.ffn_graphs = None  # graphs capture the knobs' paths: recaptured per mode
-            engine = Engine(model, None, "bench", settings)  # fresh caches per mode
+            mode_settings = set_knobs(knobs, settings)
+            model.ffn_graphs = model.combine_graphs = None  # graphs capture the knobs' paths: recaptured per mode
+            engine = Engine(model, None, "bench", mode_settings)  # fresh caches per mode
             if mode not in ("full_recompute", "prefix_cache"):
                 for i in range(0, len(warm_docs), 16):
                     chunk = warm_docs[i : i + 16]
@@ -165,6 +170,8 @@ def main() -> None:
                     # cudaMalloc / cudaFree / OOM-retry counts of the caching allocator during the requests
                     "device_allocs": [b - a for a, b in zip(allocs, allocs_after, strict=True)],
                     "memory": _memory(args.device),
+                    # requests served by a CUDA graph of the whole combine forward (incl. the GPU-time one)
+                    "combine_graph_replays": getattr(model.combine_graphs, "replays", 0),
                 }
             )
             print(f"hit={hit} {label}: p50 {rows[-1]['p50_ms']:.1f} ms", flush=True)

@@ -39,6 +39,13 @@ class Settings(BaseSettings):
     cuda_graphs: bool = Field(
         default=True, description="replay short forwards' feed-forward blocks from CUDA graphs (CUDA only)"
     )
+    combine_graph_after: int = Field(
+        default=2,
+        ge=0,
+        description="replay a whole combine forward from a CUDA graph once its layout (segment lengths, "
+        "seams, question length) has been seen this many times; 0 = never (CUDA only, with cuda_graphs)",
+    )
+    combine_graphs_max: int = Field(default=4, ge=1, description="combine layouts kept as CUDA graphs (LRU)")
     seed: int = 0
 
     # --- HYPIC -----------------------------------------------------------------------

@@ -66,6 +66,16 @@ def to_device_async(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     return t.to(device)
 
 
+def refill_async(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """Overwrite the device tensor ``dst`` with the host tensor ``src`` (same shape), without waiting
+    for the stream on CUDA (pinned, non-blocking): how launch tables that a CUDA graph reads are
+    rewritten between replays."""
+    if dst.is_cuda:
+        dst.copy_(src.pin_memory(), non_blocking=True)
+    else:
+        dst.copy_(src)
+
+
 def resolve_backend(name: str, device: torch.device | str | None) -> Backend:
     """Map a requested backend name to the one that will run.
 

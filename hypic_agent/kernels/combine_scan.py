@@ -127,10 +127,11 @@ class ChainTables:
         return self._pieces
 
 
-def _tables(
+def tables_from_host(
     meta: list[tuple[int, int, int]], ptrs: torch.Tensor, dtype: torch.dtype, device: torch.device
 ) -> ChainTables:
-    """Copy the host tables to ``device`` (the host copies stay with them)."""
+    """Tables from the host rows ``meta`` (kind, start, end) and pointers ``[L, n, 2]`` int64, copied
+    to ``device`` (the host copies stay with them)."""
     m = torch.tensor(meta, dtype=torch.int32).reshape(-1, 3)
     ptrs = ptrs.contiguous()
     return ChainTables(to_device_async(m, device), to_device_async(ptrs, device), dtype, list(meta), ptrs)
@@ -158,27 +159,7 @@ def chain_tables(chains: list[list[ChainLink]], device: torch.device) -> ChainTa
                 raise ValueError(f"pairs must be on {device}")
             ptrs.append((c.T.data_ptr(), c.S.data_ptr()))
     p = torch.tensor(ptrs, dtype=torch.int64).reshape(len(chains), -1, 2)
-    return _tables(meta, p, dtype or torch.float32, device)
-
-
-def tables_from_pointers(
-    meta: list[tuple[int, int, int]],
-    pointers: list[torch.Tensor | None],
-    dtype: torch.dtype,
-    device: torch.device,
-    n_layers: int | None = None,
-) -> ChainTables:
-    """The same tables as ``chain_tables`` from per-link pointer blocks: ``meta`` rows (kind, start,
-    end) and, per link, None for a piece or a body's ``[L, 2]`` (T, S) pointers over the L layers
-    (``SegmentEntry.pair_pointers``, cached per entry): one stack instead of a Python loop over
-    layers x links per request. Pairs must be contiguous, of ``dtype``, on ``device``. ``n_layers``:
-    L, needed when no link is a body (default: from the first body's block)."""
-    if n_layers is None:
-        n_layers = next((p.shape[0] for p in pointers if p is not None), 0)
-    zero = torch.zeros(n_layers, 2, dtype=torch.int64)
-    blocks = [zero if p is None else p for p in pointers]
-    ptrs = torch.stack(blocks, dim=1) if blocks else torch.zeros(n_layers, 0, 2, dtype=torch.int64)
-    return _tables(meta, ptrs, dtype, device)
+    return tables_from_host(meta, p, dtype or torch.float32, device)
 
 
 def gdn_combine_scan(

@@ -13,7 +13,7 @@ factors); the whole scan's twin is ``combine_scan.gdn_combine_scan_torch``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -32,12 +32,23 @@ FACTOR_US = {16: 25.0, 64: 120.0}
 class WYSteps:
     """Launch tables: chunks ``[NC, 2]`` int32 (start, end) for the factors; meta ``[NS, 4]`` int32
     (chunk start, end, chunk index or -1, has a body) and ptrs ``[L, NS, 2]`` int64 (each step's body
-    T, S pointers per layer, 0 without a body) for the chain; ``chunk_size`` the largest chunk."""
+    T, S pointers per layer, 0 without a body) for the chain; ``chunk_size`` the largest chunk;
+    ``body_of``: per step the chain link whose pair it applies, or -1 (host)."""
 
     chunk_size: int
     chunks: torch.Tensor
     meta: torch.Tensor
     ptrs: torch.Tensor
+    body_of: list[int] = field(default_factory=list)
+
+    def step_pointers(self, ptrs: torch.Tensor) -> torch.Tensor:
+        """The chain's host pointer table ``[L, n, 2]`` -> the steps' ``[L, NS, 2]`` (host), for
+        rewriting ``ptrs`` when only the pairs change (same chain layout)."""
+        out = torch.zeros(ptrs.shape[0], len(self.body_of), 2, dtype=torch.int64)
+        has = [s for s, link in enumerate(self.body_of) if link >= 0]
+        if has:
+            out[:, has] = ptrs[:, [self.body_of[s] for s in has]]
+        return out
 
 
 def _chunks(lo: int, hi: int, size: int) -> list[tuple[int, int]]:
@@ -75,17 +86,15 @@ def plan_steps(
         else:
             steps.append([0, 0, -1, 1])
             body_of.append(i)
-    n_layers = ptrs.shape[0]
-    step_ptrs = torch.zeros(n_layers, len(steps), 2, dtype=torch.int64)
-    has = [s for s, link in enumerate(body_of) if link >= 0]
-    if has:
-        step_ptrs[:, has] = ptrs[:, [body_of[s] for s in has]]
-    return WYSteps(
+    out = WYSteps(
         chunk_size,
         to_device_async(torch.tensor(chunks, dtype=torch.int32).reshape(-1, 2), device),
         to_device_async(torch.tensor(steps, dtype=torch.int32).reshape(-1, 4), device),
-        to_device_async(step_ptrs, device),
+        torch.empty(0),
+        body_of,
     )
+    out.ptrs = to_device_async(out.step_pointers(ptrs), device)
+    return out
 
 
 def wy_factors_torch(

@@ -27,6 +27,7 @@ from hypic_agent.runtime.graphs import enable_cuda_graphs
 from hypic_agent.runtime.hypic.build import ColdBatch
 from hypic_agent.runtime.hypic.cache import EntryCache, MemoryEntryCache
 from hypic_agent.runtime.hypic.combine import combine
+from hypic_agent.runtime.hypic.combine_graphs import enable_combine_graphs
 from hypic_agent.runtime.hypic.entry import SegmentEntry
 from hypic_agent.runtime.hypic.layout import plan_layout
 from hypic_agent.runtime.hypic.modes import mode_spec, seam_tokens, validate_seam
@@ -81,6 +82,8 @@ class Engine:
         self.max_context = min(self.settings.max_context, model.config.max_position_embeddings)
         if self.settings.cuda_graphs and self.device.type == "cuda" and model.ffn_graphs is None:
             enable_cuda_graphs(model)
+        if self.settings.cuda_graphs and self.device.type == "cuda" and model.combine_graphs is None:
+            enable_combine_graphs(model, self.settings.combine_graph_after, self.settings.combine_graphs_max)
 
     @property
     def eos_ids(self) -> tuple[int, ...]:

@@ -30,9 +30,10 @@ driver without graphs) log once and leave the runner eager.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -145,8 +146,25 @@ def enable_cuda_graphs(model: HybridForCausalLM, buckets: tuple[int, ...] = BUCK
     return runner
 
 
+_EAGER = threading.local()  # set while this thread captures a bigger graph (no replay inside a capture)
+
+
+@contextlib.contextmanager
+def eager_stages() -> Iterator[None]:
+    """Within this context the stage functions below run eagerly in this thread (how a CUDA graph
+    of a whole forward, ``hypic.combine_graphs``, captures them)."""
+    before = getattr(_EAGER, "on", False)
+    _EAGER.on = True
+    try:
+        yield
+    finally:
+        _EAGER.on = before
+
+
 def _runner(model: HybridForCausalLM) -> LayerGraphs | None:
     runner = model.ffn_graphs
+    if getattr(_EAGER, "on", False):
+        return None
     return runner if isinstance(runner, LayerGraphs) else None
 
 

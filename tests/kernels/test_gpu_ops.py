@@ -108,3 +108,18 @@ def test_rope_cuda_matches_cpu():
     ref = apply_rope(x, pos, rotary_dim=64, theta=1e7)
     out = apply_rope(x.cuda(), pos.cuda(), rotary_dim=64, theta=1e7).cpu()
     assert (out - ref).abs().max() < 1e-3
+
+
+def test_gather_spans_cuda_matches_twin():
+    """The span gather (conv tails and attention bodies by pointer) on CUDA against its torch twin."""
+    from hypic_agent.kernels.gather_spans import gather_spans, gather_spans_torch, span_table
+
+    g = torch.Generator().manual_seed(0)
+    for dt in (torch.bfloat16, torch.float32):
+        srcs = [torch.randn(n, generator=g).to("cuda", dt) for n in (520_192, 24_576, 3)] + [None]
+        numels, offsets = [520_192, 24_576, 3, 24_576], [0, 520_192, 544_768, 544_771]
+        table = span_table([(0 if s is None else s.data_ptr(), o, n) for s, o, n in zip(srcs, offsets, numels)])
+        dst = torch.full((569_347,), 7.0, dtype=dt, device="cuda")
+        ref = gather_spans_torch(srcs, offsets, numels, dst.clone())
+        got = gather_spans(table.cuda(), dst, max(numels))
+        assert torch.equal(got, ref)

@@ -63,8 +63,11 @@ COMBINE_TABLES = """
 import functools
 from unittest import mock
 import torch
-from hypic_agent.kernels import combine_scan, combine_scan_triton, combine_scan_wy_triton
+from hypic_agent.kernels import combine_scan, combine_scan_triton, combine_scan_wy_triton, gather_spans
 from hypic_agent.runtime.hypic import combine as comb
+from hypic_agent.runtime.hypic import splice
+from hypic_agent.runtime.hypic import combine_inputs as combine_inputs_mod
+from hypic_agent.runtime.hypic.combine_inputs import combine_inputs
 from hypic_agent.runtime.hypic.build import build_entries
 from hypic_agent.runtime.hypic.layout import plan_layout
 from hypic_agent.runtime.hypic.modes import mode_spec
@@ -81,14 +84,17 @@ for scan, mode, seams in cases:
     entries = build_entries(model, segs, seams)
     lay = plan_layout(list(segs), list(entries), seams, suffix, torch.device("cpu"))
     ref = comb.combine(model, lay, list(entries), mode_spec(mode), fused_scan=True)
-    with mock.patch.object(comb, "resolve_triton", lambda b, d: True), \
+    with mock.patch.object(combine_inputs_mod, "resolve_triton", lambda b, d: True), \
+            mock.patch.object(splice, "resolve_triton", lambda b, d: True), \
+            mock.patch.object(gather_spans, "resolve_triton", lambda b, d: True), \
             mock.patch.object(combine_scan, "resolve_triton", lambda b, d: True), \
             mock.patch.object(combine_scan, "TRITON_SCAN", scan), \
             mock.patch.object(combine_scan_wy_triton, "wy_chain_triton", fixed_wy), \
             mock.patch.object(combine_scan_triton, "gdn_combine_scan_triton", fixed):
-        plan = comb._scan_plan(model, lay, list(entries), True, mode != "addition")
-        assert all(p is not None and p.tables is not None for p in plan.values()), mode
-        assert all((p.h0 is not None) == (seams[0] == 0) for p in plan.values()), mode
+        inputs = combine_inputs(model, lay, list(entries), mode != "addition", True)
+        assert all(p is not None and p.tables is not None for p in inputs.plan.values()), mode
+        assert (inputs.lead is not None) == (seams[0] == 0), mode
+        assert inputs.by_pointer(), mode  # conv tails and attention bodies by pointer too
         got = comb.combine(model, lay, list(entries), mode_spec(mode), fused_scan=True)
     assert rel_err(got.last_logits, ref.last_logits) < 1e-4, (scan, mode, rel_err(got.last_logits, ref.last_logits))
     for a, b in zip(got.layers, ref.layers):
@@ -294,6 +300,22 @@ for init in (h0, None):
         assert torch.allclose(y, ry, atol=1e-5) and torch.equal(f, rf), ((y - ry).abs().max(), (f - rf).abs().max())
 """
 
+GATHER = """
+# span gather by pointer (conv tails, attention bodies): zero spans, offsets, partial blocks, bf16
+import torch
+from hypic_agent.kernels.gather_spans import gather_spans_torch, span_table
+from hypic_agent.kernels.gather_spans_triton import gather_spans_triton
+g = torch.Generator().manual_seed(0)
+for dt in (torch.float32, torch.bfloat16):
+    srcs = [torch.randn(n, generator=g).to(dt) for n in (5000, 3, 4096)] + [None]
+    numels, offsets = [4100, 3, 4096, 7], [0, 4100, 4110, 8300]
+    table = span_table([(0 if s is None else s.data_ptr(), o, n) for s, o, n in zip(srcs, offsets, numels)])
+    ref = gather_spans_torch(srcs, offsets, numels, torch.full((8307,), 7.0, dtype=dt))
+    got = gather_spans_triton(table, torch.full((8307,), 7.0, dtype=dt), max(numels))
+    assert torch.equal(got, ref), (dt, (got.float() - ref.float()).abs().max())
+    assert torch.equal(got[4103:4110], torch.full((7,), 7.0, dtype=dt))  # gaps between spans untouched
+"""
+
 
 @pytest.mark.parametrize(
     "name,script",
@@ -308,6 +330,7 @@ for init in (h0, None):
         ("moe", MOE),
         ("splitk_attention", SPLITK),
         ("conv", CONV),
+        ("gather_spans", GATHER),
     ],
 )
 def test_triton_kernel_matches_torch_twin(name, script):

@@ -176,3 +176,44 @@ def test_cold_build_inside_combine_matches_separate_build_on_gpu():
         for la, lb in zip(e.layers, r.layers, strict=True):
             for ta, tb in zip(vars(la).values(), vars(lb).values(), strict=True):
                 assert (ta.float() - tb.float()).abs().max().item() < 2e-2 * max(tb.float().abs().max().item(), 1.0)
+
+
+@pytest.mark.parametrize("mode,seam", [("hypic", 6), ("transition", 0)])
+def test_combine_graph_replays_match_eager(mode, seam):
+    """Whole-forward graphs: requests of one layout (other segments, other order, other question)
+    replayed from one capture give the eager logits and states, decode on like eager ones, and a
+    returned state is not overwritten by the next replay."""
+    from hypic_agent.runtime.forward import decode_step
+    from hypic_agent.runtime.graphs import enable_cuda_graphs
+    from hypic_agent.runtime.hypic.combine_graphs import enable_combine_graphs
+
+    model, _, _ = make_model("qwen3_5_moe_text")
+    model = model.to("cuda", torch.bfloat16)
+    pool = [tuple(rand_tokens(40, 200 + i)) for i in range(6)]
+    entries = build_entries(model, pool, [seam] * len(pool))
+    orders = [[0, 1, 2], [3, 1, 5], [4, 0, 2], [2, 5, 3], [1, 4, 0]]
+    requests = []
+    for j, order in enumerate(orders):
+        es = [entries[i] for i in order]
+        lay = plan_layout([pool[i] for i in order], es, [seam] * 3, rand_tokens(7, 50 + j), torch.device("cuda"))
+        requests.append((lay, es))
+    spec = mode_spec(mode)
+    eager = [combine(model, lay, es, spec) for lay, es in requests]
+    enable_cuda_graphs(model)
+    runner = enable_combine_graphs(model, capture_after=2)
+    got = [combine(model, lay, es, spec) for lay, es in requests]
+    assert runner.disabled is None, runner.disabled
+    assert len(runner.graphs) == 1 and runner.replays == len(orders) - 2  # eager, capture, replays
+    for ref, out in zip(eager, got, strict=True):
+        scale = ref.last_logits.abs().max().item()
+        assert (ref.last_logits - out.last_logits).abs().max().item() < 2e-2 * scale
+        for a, b in zip(ref.layers, out.layers, strict=True):
+            for ta, tb in zip(vars(a).values(), vars(b).values(), strict=True):
+                assert ta.shape == tb.shape and (ta.float() - tb.float()).abs().max().item() < 5e-2 * max(
+                    ta.float().abs().max().item(), 1e-6
+                )
+        assert out.length == ref.length and out.tokens == ref.tokens
+    decode_step(model, [eager[-1]], [5])
+    decode_step(model, [got[-1]], [5])
+    scale = eager[-1].last_logits.abs().max().item()
+    assert (eager[-1].last_logits - got[-1].last_logits).abs().max().item() < 2e-2 * scale

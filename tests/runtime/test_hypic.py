@@ -157,7 +157,7 @@ def test_scan_tables_from_cached_entry_pointers_equal_the_chain_tables():
     """The fused scan's tables come from each entry's cached pair pointers: the same tables as built
     link by link from the chains, and an entry whose pairs moved devices is refused."""
     from hypic_agent.kernels.combine_scan import chain_tables
-    from hypic_agent.runtime.hypic.combine import _chain, _tables
+    from hypic_agent.runtime.hypic.combine_inputs import chain_links, pair_tables
 
     model, _, _ = make_model("qwen3_5_text")
     segs = [rand_tokens(n, 20 + n) for n in (12, 9, 15)]
@@ -165,12 +165,12 @@ def test_scan_tables_from_cached_entry_pointers_equal_the_chain_tables():
     entries = build_entries(model, segs, seams)
     lay = plan_layout(segs, [entries[0], None, entries[2]], seams, rand_tokens(5, 7), CPU)
     lin = [i for i, layer in enumerate(model.layers) if layer.linear_attn is not None]
-    got = _tables(lay, [entries[0], None, entries[2]], CPU, len(lin))
-    ref = chain_tables([_chain(lay, [entries[0], None, entries[2]], li) for li in lin], CPU)
+    got = pair_tables(lay, [entries[0], None, entries[2]], CPU, len(lin))
+    ref = chain_tables([chain_links(lay, [entries[0], None, entries[2]], li) for li in lin], CPU)
     assert torch.equal(got.meta, ref.meta) and torch.equal(got.ptrs, ref.ptrs) and got.pair_dtype == ref.pair_dtype
     assert entries[0].pair_pointers() is entries[0].pair_pointers()  # cached per entry
     with pytest.raises(ValueError, match="on meta"):
-        _tables(lay, [entries[0], None, entries[2]], torch.device("meta"), len(lin))
+        pair_tables(lay, [entries[0], None, entries[2]], torch.device("meta"), len(lin))
 
 
 @pytest.mark.parametrize("arch", ["qwen3_5_moe_text", "qwen3_next", "llama"])

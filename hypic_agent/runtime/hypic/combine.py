@@ -19,18 +19,17 @@ active rows. Feed-forward blocks replay from CUDA graphs where enabled (``runtim
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from hypic_agent.kernels import chain as chain_ops
-from hypic_agent.kernels import combine_scan
-from hypic_agent.kernels.backend import resolve_triton, same_device
 from hypic_agent.runtime.graphs import mixer_in, mixer_out
 from hypic_agent.runtime.hypic.build import ColdBatch
+from hypic_agent.runtime.hypic.combine_graphs import CombineGraphs
+from hypic_agent.runtime.hypic.combine_inputs import CombineInputs, LayerScan, combine_inputs
 from hypic_agent.runtime.hypic.entry import AttentionEntry, LinearEntry, SegmentEntry
 from hypic_agent.runtime.hypic.layout import CombineLayout
 from hypic_agent.runtime.hypic.modes import ModeSpec
+from hypic_agent.runtime.hypic.splice import SpliceTables
 from hypic_agent.runtime.models.attention import FullAttention
 from hypic_agent.runtime.models.gated_deltanet import GatedDeltaNet
 from hypic_agent.runtime.models.hybrid import HybridForCausalLM
@@ -38,43 +37,23 @@ from hypic_agent.runtime.state import AttentionLayerState, LayerState, LinearLay
 
 
 def _conv_init(
-    mixer: GatedDeltaNet, lay: CombineLayout, entries: list[SegmentEntry | None], li: int, like: torch.Tensor
+    mixer: GatedDeltaNet,
+    lay: CombineLayout,
+    entries: list[SegmentEntry | None],
+    li: int,
+    like: torch.Tensor,
+    tails: torch.Tensor | None,
 ) -> torch.Tensor:
-    """Conv state entering each piece ``[P, C, W-1]``: the tail of the body before it, or zeros."""
+    """Conv state entering each piece ``[P, C, W-1]``: the tail of the body before it, or zeros;
+    ``tails``: this layer's row of ``SpliceTables.conv_tails`` (None: stacked from the entries)."""
+    if tails is not None:
+        return tails.to(like.dtype)
     zero = like.new_zeros(mixer.conv_dim, mixer.kernel - 1)
-    tails = [
+    stacked = [
         zero if seg is None else entries[seg].layers[li].conv_tail  # type: ignore[union-attr]
         for seg in lay.piece_conv_from
     ]
-    return torch.stack(tails).to(like.dtype)
-
-
-def _chain(lay: CombineLayout, entries: list[SegmentEntry | None], li: int) -> list[combine_scan.ChainLink]:
-    """Layer ``li``'s chain in prompt order: pieces (active token ranges) and cached body pairs."""
-    out: list[combine_scan.ChainLink] = []
-    for item in lay.chain:
-        if item.kind == "piece":
-            out.append(combine_scan.Piece(lay.cu_host[item.index], lay.cu_host[item.index + 1]))
-        else:
-            le: LinearEntry = entries[item.index].layers[li]  # type: ignore[union-attr,assignment]
-            out.append(combine_scan.Body(le.T, le.S))
-    return out
-
-
-# Compose the bodies at the head of the prompt for all layers before the forward (see ``_scan_plan``);
-# False runs them inside each layer's scan (kept for A/B measurements).
-PRECOMPOSE_LEADING_BODIES = True
-
-
-@dataclass
-class _LayerScan:
-    """A linear layer's chain for the fused scan (read by the torch twin; empty with tables), its
-    row of the Triton launch tables (None: the twin), and the state entering the chain (None: zero;
-    else the composed bodies at the head of the prompt, which the chain then leaves out)."""
-
-    chain: list[combine_scan.ChainLink]
-    tables: tuple[combine_scan.ChainTables, int] | None = None
-    h0: torch.Tensor | None = None
+    return torch.stack(stacked).to(like.dtype)
 
 
 def _linear(
@@ -84,15 +63,21 @@ def _linear(
     entries: list[SegmentEntry | None],
     li: int,
     spec: ModeSpec,
-    scan: _LayerScan | None,
+    scan: LayerScan | None,
+    tails: torch.Tensor | None,
+    h0: torch.Tensor | None,
 ) -> tuple[torch.Tensor, LinearLayerState]:
     """``inputs``: ``GatedDeltaNet.inputs`` of the active tokens; ``scan``: the layer's chain for the
-    fused scan (None: the chunked path) -> (o ``[T, HV, V]`` before the output projection, state)."""
+    fused scan (None: the chunked path); ``tails``: the conv states entering the pieces (None: from
+    the entries); ``h0``: the composed leading bodies (None: the scan's own or zero) -> (o
+    ``[T, HV, V]`` before the output projection, state)."""
     mixed, z, g, beta = inputs
     dev = mixed.device
-    ops, conv_final = mixer.convolve(mixed, z, g, beta, lay.cu_pieces, _conv_init(mixer, lay, entries, li, mixed))
+    init = _conv_init(mixer, lay, entries, li, mixed, tails)
+    ops, conv_final = mixer.convolve(mixed, z, g, beta, lay.cu_pieces, init)
     if scan is not None:
-        o, final = mixer.mix_scan(ops, scan.chain, transition=spec.transition, tables=scan.tables, h0=scan.h0)
+        h0 = scan.h0 if h0 is None else h0
+        o, final = mixer.mix_scan(ops, scan.chain, transition=spec.transition, tables=scan.tables, h0=h0)
         return o, LinearLayerState(final, conv_final[-1])
     hv, kd, vd = mixer.hv, mixer.dk, mixer.dv
     h0 = torch.zeros(hv, kd, vd, device=dev, dtype=torch.float32)
@@ -131,15 +116,20 @@ def _attention(
     entries: list[SegmentEntry | None],
     li: int,
     spec: ModeSpec,
+    splice: SpliceTables | None,
 ) -> tuple[torch.Tensor, AttentionLayerState]:
-    """Un-rotated q, k, v of the active tokens -> (o ``[T, Hq, D]`` before the output projection, state)."""
+    """Un-rotated q, k, v of the active tokens -> (o ``[T, Hq, D]`` before the output projection,
+    state); the bodies' keys and values by ``splice`` (None: from the entries)."""
     q = attn.rotate(q, lay.active_pos)
     k = attn.rotate(k, lay.active_pos)
     k_full = k.new_empty(lay.total, attn.hkv, attn.d)
     v_full = v.new_empty(lay.total, attn.hkv, attn.d)
     k_full[lay.active_pos] = k
     v_full[lay.active_pos] = v
-    if lay.body_segments:
+    rot_pos = lay.body_pos if spec.rerotate else lay.body_local_pos
+    if lay.body_segments and splice is not None:
+        k_full[lay.body_pos] = attn.rotate(splice.bodies(li, v_full), rot_pos)
+    elif lay.body_segments:
         bk, bv = [], []
         for s, n_body in zip(lay.body_segments, lay.body_lens, strict=True):
             e = entries[s]
@@ -147,7 +137,6 @@ def _attention(
             ae: AttentionEntry = e.layers[li]  # type: ignore[assignment]
             bk.append(ae.k[-n_body:])
             bv.append(ae.v[-n_body:])
-        rot_pos = lay.body_pos if spec.rerotate else lay.body_local_pos
         k_full[lay.body_pos] = attn.rotate(torch.cat(bk).to(k.dtype), rot_pos)
         v_full[lay.body_pos] = torch.cat(bv).to(v.dtype)
     cu_q = torch.tensor([0, q.shape[0]], dtype=torch.int32)  # host tensors: no device sync
@@ -155,97 +144,6 @@ def _attention(
     k_pos = lay.all_pos
     o = attn.attend(q, k_full, v_full, cu_q, cu_k, q_positions=lay.active_pos, k_positions=k_pos)
     return o, AttentionLayerState(k_full, v_full)
-
-
-def _scan_plan(
-    model: HybridForCausalLM,
-    lay: CombineLayout,
-    entries: list[SegmentEntry | None],
-    fused_scan: bool | None,
-    transition: bool,
-    cold: ColdBatch | None = None,
-) -> dict[int, _LayerScan | None]:
-    """Per linear layer: its fused-scan chain, or None for the chunked path. ``fused_scan=None``
-    picks the fused Triton scan on CUDA when the active tokens are at most ``combine_scan.MAX_TOKENS``.
-
-    Bodies at the head of the prompt (a ``w = 0`` request: every cached segment is all body) do not
-    depend on the forward: all layers' chains of them are composed before it in one launch
-    (``chain.compose_body_pointers``; the torch twin ``chain.compose_bodies``), and each layer's scan
-    starts from its composed state. The run stops at the first piece and at the first segment of
-    ``cold`` (built inside this forward: its pairs exist only once its layer has run)."""
-    lin = [i for i, layer in enumerate(model.layers) if layer.linear_attn is not None]
-    if not lin or fused_scan is False:
-        return dict.fromkeys(lin)
-    dev = lay.active_ids.device
-    mixer = model.layers[lin[0]].linear_attn
-    assert mixer is not None
-    triton = resolve_triton(mixer.backend, dev)
-    if fused_scan is None and not (triton and lay.active_ids.numel() <= combine_scan.MAX_TOKENS):
-        return dict.fromkeys(lin)
-    building = {id(e) for e in cold.entries} if cold is not None else set()
-    lead = next(
-        (i for i, item in enumerate(lay.chain) if item.kind != "body" or id(entries[item.index]) in building),
-        len(lay.chain),
-    )
-    lead = lead if PRECOMPOSE_LEADING_BODIES else 0
-    if not triton:  # the torch twin
-        heads = [[_pair(entries, item.index, li) for item in lay.chain[:lead]] for li in lin]
-        h0 = chain_ops.compose_bodies(heads, transition=transition) if lead else None
-        return {
-            li: _LayerScan(_chain(lay, entries, li)[lead:], None, None if h0 is None else h0[row])
-            for row, li in enumerate(lin)
-        }
-    try:
-        tables = _tables(lay, entries, dev, len(lin), start=lead)
-        ptrs = _tables(lay, entries, dev, len(lin), stop=lead).ptrs if lead else None
-    except ValueError:  # mixed pair dtypes or devices: the chunked path converts as it goes
-        return dict.fromkeys(lin)
-    h0 = None
-    if ptrs is not None:
-        h0 = chain_ops.compose_body_pointers(ptrs, _pair(entries, lay.chain[0].index, lin[0]), transition=transition)
-    return {li: _LayerScan([], (tables, row), None if h0 is None else h0[row]) for row, li in enumerate(lin)}
-
-
-def _pair(entries: list[SegmentEntry | None], seg: int, li: int) -> tuple[torch.Tensor, torch.Tensor]:
-    e = entries[seg]
-    assert e is not None
-    le = e.layers[li]
-    assert isinstance(le, LinearEntry)
-    return le.T, le.S
-
-
-def _tables(
-    lay: CombineLayout,
-    entries: list[SegmentEntry | None],
-    dev: torch.device,
-    n_layers: int,
-    *,
-    start: int = 0,
-    stop: int | None = None,
-) -> combine_scan.ChainTables:
-    """The fused scan's launch tables for all ``n_layers`` linear layers at once, for the chain's links
-    ``start:stop``, from the entries' cached pair pointers (no per-layer, per-link Python work).
-    Raises ``ValueError`` for pairs it cannot read."""
-    meta: list[tuple[int, int, int]] = []
-    blocks: list[torch.Tensor | None] = []
-    dtypes: set[torch.dtype] = set()
-    for item in lay.chain[start:stop]:
-        if item.kind == "piece":
-            meta.append((0, lay.cu_host[item.index], lay.cu_host[item.index + 1]))
-            blocks.append(None)
-            continue
-        e = entries[item.index]
-        assert e is not None
-        here = e.device()
-        if here is None or not same_device(here, dev):
-            raise ValueError(f"pairs must be on {dev}")
-        ptrs, dtype = e.pair_pointers()
-        meta.append((1, 0, 0))
-        blocks.append(ptrs)
-        dtypes.add(dtype)
-    if len(dtypes) > 1:
-        raise ValueError("combine scan needs pairs of one dtype")
-    return combine_scan.tables_from_pointers(meta, blocks, dtypes.pop() if dtypes else torch.float32, dev, n_layers)
 
 
 @torch.no_grad()
@@ -266,26 +164,58 @@ def combine(
     ``cold``: segments without an entry yet, built in the same forward. Their entries (``cold.entries``,
     already placed in ``entries``) are filled layer by layer before the active tokens read them, and
     both token sets share every token-local stage (one ``mixer_in`` / ``mixer_out`` over the cold rows
-    followed by the active rows: one read of the expert weights per layer instead of two)."""
-    plan = _scan_plan(model, lay, entries, fused_scan, spec.transition, cold)
+    followed by the active rows: one read of the expert weights per layer instead of two).
+
+    Without ``cold``, a layout seen before may replay from a CUDA graph of the whole forward
+    (``combine_graphs``; enabled with the layer graphs)."""
+    graphs = model.combine_graphs if cold is None else None
+    if isinstance(graphs, CombineGraphs):
+        state = graphs.replay(lay, entries, spec, fused_scan)
+        if state is not None:
+            return state
+    inputs = combine_inputs(model, lay, entries, spec.transition, fused_scan, cold)
+    if isinstance(graphs, CombineGraphs) and graphs.should_capture(lay, spec, fused_scan):
+        state = graphs.capture(lay, entries, spec, fused_scan, inputs, forward)
+        if state is not None:
+            return state
+    return forward(model, lay, entries, spec, inputs, cold)
+
+
+def forward(
+    model: HybridForCausalLM,
+    lay: CombineLayout,
+    entries: list[SegmentEntry | None],
+    spec: ModeSpec,
+    inputs: CombineInputs,
+    cold: ColdBatch | None = None,
+) -> RequestState:
+    """The combine forward on planned ``inputs`` (``combine_inputs``). With ``inputs.by_pointer()`` it
+    reads no entry tensor directly: every cached tensor comes through a pointer table."""
+    h0_all = inputs.lead.compose() if inputs.lead is not None else None
+    tails = inputs.splice.conv_tails() if inputs.splice is not None else None
     h = model.embed(lay.active_ids)
     rows = 0  # cold rows ahead of the active ones in every token-local stage
     if cold is not None:
         h, rows = torch.cat([cold.embed(), h]), cold.n_tokens
+    lin_row = {li: r for r, li in enumerate(inputs.plan)}
     layers: list[LayerState] = []
     for li, layer in enumerate(model.layers):
         # token-local stages replay from CUDA graphs where enabled
         both = mixer_in(model, li, h)
-        inputs = tuple(x[rows:] for x in both) if rows else both
+        xs = tuple(x[rows:] for x in both) if rows else both
         o_cold = cold.run_layer(li, layer, tuple(x[:rows] for x in both))[0] if cold is not None else None
         st: LayerState
         if layer.linear_attn is not None:
-            o, st = _linear(layer.linear_attn, inputs, lay, entries, li, spec, plan[li])
+            row = lin_row[li]
+            o, st = _linear(
+                layer.linear_attn, xs, lay, entries, li, spec, inputs.plan[li],
+                None if tails is None else tails[row], None if h0_all is None else h0_all[row],
+            )  # fmt: skip
             extra = both[1:2]  # z
         else:
             assert layer.self_attn is not None
-            q, k, v = inputs[:3]
-            o, st = _attention(layer.self_attn, q, k, v, lay, entries, li, spec)
+            q, k, v = xs[:3]
+            o, st = _attention(layer.self_attn, q, k, v, lay, entries, li, spec, inputs.splice)
             extra = both[3:]  # the output gate, if any
         layers.append(st)
         h = mixer_out(model, li, h, o if o_cold is None else torch.cat([o_cold, o]), *extra)

@@ -29,6 +29,16 @@ class AttentionEntry:
     v: torch.Tensor  # [n, Hkv, D]
 
 
+@dataclass(frozen=True)
+class SplicePointers:
+    """One entry's data pointers for the splice tables: per linear layer its conv tail, per attention
+    layer its (keys, values), and their one dtype."""
+
+    conv: torch.Tensor  # [n_linear] int64 (host)
+    kv: torch.Tensor  # [n_attention, 2] int64 (host)
+    dtype: torch.dtype
+
+
 @dataclass
 class SegmentEntry:
     token_ids: tuple[int, ...]
@@ -39,6 +49,7 @@ class SegmentEntry:
     # or not checked yet) and the linear layers' pair pointers for the fused combine scan
     _device: torch.device | None = field(default=None, init=False, repr=False, compare=False)
     _pointers: tuple[torch.Tensor, torch.dtype] | None = field(default=None, init=False, repr=False, compare=False)
+    _splice: SplicePointers | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def n_tokens(self) -> int:
@@ -95,7 +106,7 @@ class SegmentEntry:
 
     def pair_pointers(self) -> tuple[torch.Tensor, torch.dtype]:
         """``[n_linear, 2]`` int64 host tensor of each linear layer's (T, S) data pointers, and the pairs'
-        dtype; computed once per entry (what ``combine_scan.tables_from_pointers`` stacks per request).
+        dtype; computed once per entry (what ``combine_inputs.pair_tables`` stacks per request).
         Raises ``ValueError`` for non-contiguous pairs or mixed dtypes."""
         if self._pointers is None:
             lin = [e for e in self.layers if isinstance(e, LinearEntry)]
@@ -105,6 +116,25 @@ class SegmentEntry:
             ptrs = torch.tensor([(e.T.data_ptr(), e.S.data_ptr()) for e in lin], dtype=torch.int64)
             self._pointers = (ptrs.reshape(-1, 2), dtypes.pop() if dtypes else torch.float32)
         return self._pointers
+
+    def splice_pointers(self) -> SplicePointers:
+        """Data pointers of the conv tails and attention keys / values (``runtime.hypic.splice``);
+        computed once per entry. Raises ``ValueError`` for non-contiguous tensors or mixed dtypes."""
+        if self._splice is None:
+            lin = [e for e in self.layers if isinstance(e, LinearEntry)]
+            att = [e for e in self.layers if isinstance(e, AttentionEntry)]
+            tails, kv = [e.conv_tail for e in lin], [t for e in att for t in (e.k, e.v)]
+            if not all(t.is_contiguous() for t in (*tails, *kv)):
+                raise ValueError("splicing by pointer needs contiguous conv tails, keys and values")
+            dtypes = {t.dtype for t in (*tails, *kv)}
+            if len(dtypes) > 1:
+                raise ValueError(f"splicing by pointer needs one dtype, got {sorted(map(str, dtypes))}")
+            self._splice = SplicePointers(
+                torch.tensor([t.data_ptr() for t in tails], dtype=torch.int64),
+                torch.tensor([(e.k.data_ptr(), e.v.data_ptr()) for e in att], dtype=torch.int64).reshape(-1, 2),
+                dtypes.pop() if dtypes else torch.float32,
+            )
+        return self._splice
 
     def device(self) -> torch.device | None:
         """The device every tensor lives on (None when they are spread over several); checked once."""

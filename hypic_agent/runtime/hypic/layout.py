@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from hypic_agent.kernels.backend import to_device_async
@@ -38,13 +39,21 @@ class CombineLayout:
     piece_conv_from: list[int | None]  # per piece: segment whose body precedes it (conv tail), or None
     all_pos: torch.Tensor  # [L] 0..L-1 (key positions of the spliced KV)
     tokens: list[int] = field(default_factory=list)  # all prompt tokens
+    body_starts: list[int] = field(default_factory=list)  # global position of each body's first token (host)
+    # what every tensor above except active_ids follows from: per segment (length, active head or -1
+    # without an entry), then the suffix length; equal keys give equal layouts up to the token ids
+    shape_key: tuple[int, ...] = ()
 
 
 def _ranges(spans: list[tuple[int, int]]) -> torch.Tensor:
     """``[(a, b), ...]`` -> concatenated ``arange(a, b)`` (int64, host)."""
     if not spans:
         return torch.zeros(0, dtype=torch.long)
-    return torch.cat([torch.arange(a, b) for a, b in spans])
+    starts = np.array([a for a, _ in spans], dtype=np.int64)
+    lens = np.array([b - a for a, b in spans], dtype=np.int64)
+    # element j of the output, in span i: j + start_i - (tokens of the spans before i); no per-span ops
+    shift = np.repeat(starts - np.cumsum(lens) + lens, lens)
+    return torch.from_numpy(np.arange(int(lens.sum()), dtype=np.int64) + shift)
 
 
 def plan_layout(
@@ -82,10 +91,12 @@ def plan_layout(
         active_spans.append((start, start + len(ids)))
         piece_lens[-1] += len(ids)
 
+    shape_key: list[int] = []
     for i, seg in enumerate(segments):
         n = len(seg)
         e = entries[i]
         w = n if e is None else min(seams[i], n)
+        shape_key += [n, -1 if e is None else w]
         add_active(seg[:w], offset)
         if w < n:
             body_segments.append(i)
@@ -116,5 +127,7 @@ def plan_layout(
         chain=chain,
         piece_conv_from=conv_from,
         tokens=tokens,
+        body_starts=[a for a, _ in body_spans],
+        shape_key=(*shape_key, len(suffix)),
         all_pos=torch.arange(offset, device=device),
     )

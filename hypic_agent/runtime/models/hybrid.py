@@ -75,6 +75,7 @@ class HybridForCausalLM(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.ffn_graphs: object | None = None  # runtime.graphs.LayerGraphs when enabled
+        self.combine_graphs: object | None = None  # runtime.hypic.combine_graphs.CombineGraphs when enabled
 
     @property
     def layers(self) -> list[DecoderLayer]:

@@ -1,0 +1,143 @@
+"""One CUDA graph per combine layout: the whole combine forward replayed as one launch.
+
+A warm combine over a few hundred active tokens is bound by the host: some 600 launches and 80
+stage-graph replays, each with Python and dispatcher time (measured on the H200 for the
+Qwen3.5-35B-A3B shape: 36 ms of host time against 42 ms of GPU work, and slower whenever the host
+is). In a RAG or agent workload the layout repeats (same segment lengths, seams and question
+length) while the segments change: what differs between such requests is which entries the forward
+reads and the active token ids. With every cached tensor read through a pointer table
+(``combine_inputs.CombineInputs.by_pointer``), the forward of one layout is a fixed sequence of
+kernels over fixed addresses, so it is captured once and replayed with
+
+1. the new active token ids copied into the captured layout's ``active_ids``,
+2. the pointer tables rewritten in place (``CombineInputs.refresh``), and
+3. the outputs (per-layer states, logits) cloned out of the graph's memory into the request's
+   ``RequestState``: the next replay overwrites them.
+
+A layout is captured once it has been seen ``capture_after`` times (its first run is eager: it
+autotunes the Triton kernels, which cannot happen inside a capture); up to ``max_graphs`` graphs
+are kept, least recently used first out (each holds its forward's activations and the spliced KV
+of every attention layer). Capture failures log once and turn the runner off; a request the graph
+cannot serve (pairs of another dtype, fused scan off, cold segments) runs eagerly.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from hypic_agent.kernels import combine_scan
+from hypic_agent.runtime.graphs import eager_stages
+from hypic_agent.runtime.hypic.combine_inputs import CombineInputs
+from hypic_agent.runtime.hypic.entry import SegmentEntry
+from hypic_agent.runtime.hypic.layout import CombineLayout
+from hypic_agent.runtime.hypic.modes import ModeSpec
+from hypic_agent.runtime.models.hybrid import HybridForCausalLM
+from hypic_agent.runtime.state import RequestState
+
+log = logging.getLogger(__name__)
+
+Forward = Callable[[HybridForCausalLM, CombineLayout, list[SegmentEntry | None], ModeSpec, CombineInputs], RequestState]
+
+
+@dataclass
+class _Captured:
+    graph: torch.cuda.CUDAGraph
+    lay: CombineLayout  # the layout the graph reads (its tensors are the graph's inputs)
+    inputs: CombineInputs
+    out: RequestState  # in the graph's memory
+
+
+class CombineGraphs:
+    """Per (layout, mode) CUDA graphs of ``combine.forward``; attach with ``enable_combine_graphs``."""
+
+    def __init__(self, model: HybridForCausalLM, capture_after: int = 2, max_graphs: int = 4) -> None:
+        self.model = model
+        self.capture_after = capture_after
+        self.max_graphs = max_graphs
+        self.disabled: str | None = None  # why graphs are off (a capture failed), or None
+        self.seen: collections.OrderedDict[tuple[Any, ...], int] = collections.OrderedDict()
+        self.graphs: collections.OrderedDict[tuple[Any, ...], _Captured] = collections.OrderedDict()
+        self.replays = 0
+
+    def key(self, lay: CombineLayout, spec: ModeSpec, fused_scan: bool | None) -> tuple[Any, ...]:
+        return (lay.shape_key, spec, fused_scan, combine_scan.TRITON_SCAN)
+
+    def usable(self, lay: CombineLayout) -> bool:
+        return self.disabled is None and self.capture_after > 0 and lay.active_ids.is_cuda and bool(lay.shape_key)
+
+    def replay(
+        self, lay: CombineLayout, entries: list[SegmentEntry | None], spec: ModeSpec, fused_scan: bool | None
+    ) -> RequestState | None:
+        """The request's state from its layout's graph, or None (no graph yet, or one it cannot use)."""
+        if not self.usable(lay):
+            return None
+        key = self.key(lay, spec, fused_scan)
+        cap = self.graphs.get(key)
+        if cap is None:
+            return None
+        try:
+            cap.inputs.refresh(self.model, lay, entries)
+        except ValueError as err:  # entries the graph cannot read (another dtype, another device)
+            log.debug("combine graph skipped: %s", err)
+            return None
+        self.graphs.move_to_end(key)
+        cap.lay.active_ids.copy_(lay.active_ids)
+        cap.graph.replay()
+        self.replays += 1
+        out = cap.out.clone()
+        out.length, out.tokens = lay.total, list(lay.tokens)
+        return out
+
+    def should_capture(self, lay: CombineLayout, spec: ModeSpec, fused_scan: bool | None) -> bool:
+        """Count a sighting of this layout; True once it has been seen ``capture_after`` times."""
+        if not self.usable(lay):
+            return False
+        key = self.key(lay, spec, fused_scan)
+        n = self.seen.pop(key, 0) + 1
+        self.seen[key] = n
+        while len(self.seen) > 1024:
+            self.seen.popitem(last=False)
+        return n >= self.capture_after
+
+    def capture(
+        self,
+        lay: CombineLayout,
+        entries: list[SegmentEntry | None],
+        spec: ModeSpec,
+        fused_scan: bool | None,
+        inputs: CombineInputs,
+        forward: Forward,
+    ) -> RequestState | None:
+        """Capture ``forward`` on ``inputs`` (planned for ``lay``) and replay it; None when the inputs
+        are not all by pointer or the capture fails (the caller runs eagerly)."""
+        if not inputs.by_pointer() or not self.usable(lay):
+            return None
+        dev = lay.active_ids.device
+        graph = torch.cuda.CUDAGraph()
+        try:
+            torch.cuda.current_stream(dev).synchronize()  # the tables' host copies have landed
+            with eager_stages(), torch.cuda.graph(graph, capture_error_mode="thread_local"):
+                out = forward(self.model, lay, entries, spec, inputs)
+        except Exception as err:  # never fail a request over a graph
+            self.disabled = f"{type(err).__name__}: {err}"
+            log.warning("CUDA graph capture of a combine forward failed (%s); running eagerly", self.disabled)
+            return None
+        key = self.key(lay, spec, fused_scan)
+        self.graphs[key] = _Captured(graph, lay, inputs, out)
+        while len(self.graphs) > self.max_graphs:
+            self.graphs.popitem(last=False)
+        graph.replay()
+        return out.clone()
+
+
+def enable_combine_graphs(model: HybridForCausalLM, capture_after: int = 2, max_graphs: int = 4) -> CombineGraphs:
+    """Attach a combine graph runner to ``model`` (``combine.combine`` uses it); returns it."""
+    runner = CombineGraphs(model, capture_after, max_graphs)
+    model.combine_graphs = runner
+    return runner

@@ -1,0 +1,110 @@
+"""Combine graphs on CPU: layout keys, pointer tables and their in-place refresh, eager fallbacks
+(capture and replay on the H200: test_gpu_model.py)."""
+
+from __future__ import annotations
+
+from unittest import mock
+
+import pytest
+import torch
+
+from hypic_agent.runtime.hypic import combine_inputs as ci
+from hypic_agent.runtime.hypic import splice
+from hypic_agent.runtime.hypic.build import build_entries
+from hypic_agent.runtime.hypic.combine import combine
+from hypic_agent.runtime.hypic.combine_graphs import enable_combine_graphs
+from hypic_agent.runtime.hypic.layout import plan_layout
+from hypic_agent.runtime.hypic.modes import mode_spec
+
+from .conftest import make_model, rand_tokens
+
+CPU = torch.device("cpu")
+
+
+def _pool(model, n=5, length=20, seam=4):
+    segs = [tuple(rand_tokens(length, 100 + i)) for i in range(n)]
+    return segs, build_entries(model, segs, [seam] * n)
+
+
+def test_shape_key_follows_lengths_seams_and_hits_not_tokens():
+    model, _, _ = make_model("qwen3_5_text")
+    segs, entries = _pool(model)
+    q1, q2 = rand_tokens(6, 1), rand_tokens(6, 2)
+    a = plan_layout([segs[0], segs[1]], [entries[0], entries[1]], [4, 4], q1, CPU)
+    b = plan_layout([segs[3], segs[2]], [entries[3], entries[2]], [4, 4], q2, CPU)
+    assert a.shape_key == b.shape_key  # other segments, other order, other question: one layout
+    assert torch.equal(a.active_pos, b.active_pos) and torch.equal(a.body_pos, b.body_pos)
+    assert a.body_starts == b.body_starts == [4, 24]
+    other = [
+        plan_layout([segs[0], segs[1]], [entries[0], entries[1]], [4, 4], q1[:5], CPU),  # question length
+        plan_layout([segs[0], segs[1]], [entries[0], None], [4, 4], q1, CPU),  # a miss
+        plan_layout([segs[0], segs[1]], [entries[0], entries[1]], [4, 3], q1, CPU),  # a seam
+        plan_layout([segs[0], segs[1][:10]], [entries[0], None], [4, 4], q1, CPU),  # a length
+    ]
+    assert len({a.shape_key, *(x.shape_key for x in other)}) == 5
+
+
+@pytest.mark.parametrize("mode,seam", [("hypic", 4), ("transition", 0)])
+def test_refreshed_tables_equal_freshly_planned_ones(mode, seam):
+    """The pointer tables of one request rewritten in place for another request of the same layout
+    equal the tables planned for that request (what a graph replay reads), and every pointer is
+    the right entry tensor (plus the seam rows it skips)."""
+    model, _, _ = make_model("qwen3_5_text")
+    segs, entries = _pool(model, seam=seam)
+    q = rand_tokens(6, 3)
+    lay_a = plan_layout([segs[0], segs[1], segs[2]], [entries[0], entries[1], entries[2]], [seam] * 3, q, CPU)
+    order = [4, 0, 3]
+    e_b = [entries[i] for i in order]
+    lay_b = plan_layout([segs[i] for i in order], e_b, [seam] * 3, q, CPU)
+    spec = mode_spec(mode)
+    with (
+        mock.patch.object(ci, "resolve_triton", lambda b, d: True),
+        mock.patch.object(splice, "resolve_triton", lambda b, d: True),
+        mock.patch.object(ci.combine_scan, "TRITON_SCAN", "wy"),
+    ):
+        planned = ci.combine_inputs(model, lay_a, [entries[0], entries[1], entries[2]], spec.transition, True)
+        fresh = ci.combine_inputs(model, lay_b, e_b, spec.transition, True)
+    assert planned.by_pointer() and (planned.lead is not None) == (seam == 0)
+    planned.refresh(model, lay_b, e_b)
+    ta, tb = planned.tables(), fresh.tables()
+    assert ta is not None and tb is not None and ta._steps is not None and tb._steps is not None
+    assert torch.equal(ta.ptrs, tb.ptrs) and torch.equal(ta._steps.ptrs, tb._steps.ptrs)
+    if seam == 0:
+        assert planned.lead is not None and fresh.lead is not None
+        assert torch.equal(planned.lead.ptrs, fresh.lead.ptrs)
+    sa, sb = planned.splice, fresh.splice
+    assert sa is not None and sb is not None
+    for x, y in ((sa.conv, sb.conv), (sa.keys, sb.keys), (sa.values, sb.values)):
+        assert torch.equal(x, y)
+    att = [i for i, layer in enumerate(model.layers) if layer.self_attn is not None]
+    k0 = e_b[0].layers[att[0]].k  # type: ignore[union-attr]
+    row = k0.shape[1] * k0.shape[2] * k0.element_size()
+    assert sb.keys[0, 0, 0].item() == k0.data_ptr() + seam * row  # the body starts after the seam rows
+    assert sb.values[0, 1, 1].item() == lay_b.body_starts[1] * k0.shape[1] * k0.shape[2]
+
+
+def test_refresh_refuses_entries_of_another_dtype():
+    model, _, _ = make_model("qwen3_5_text")
+    segs, entries = _pool(model)
+    q = rand_tokens(6, 3)
+    lay = plan_layout([segs[0], segs[1]], [entries[0], entries[1]], [4, 4], q, CPU)
+    bf16 = build_entries(model, [segs[2], segs[3]], [4, 4], pair_dtype=torch.bfloat16)
+    with (
+        mock.patch.object(ci, "resolve_triton", lambda b, d: True),
+        mock.patch.object(splice, "resolve_triton", lambda b, d: True),
+    ):
+        planned = ci.combine_inputs(model, lay, [entries[0], entries[1]], True, True)
+    with pytest.raises(ValueError, match="planned for"):
+        planned.refresh(model, plan_layout([segs[2], segs[3]], list(bf16), [4, 4], q, CPU), list(bf16))
+
+
+def test_graph_runner_stays_eager_off_cuda():
+    model, _, _ = make_model("qwen3_5_moe_text")
+    segs, entries = _pool(model)
+    lay = plan_layout([segs[0], segs[1]], [entries[0], entries[1]], [4, 4], rand_tokens(5, 9), CPU)
+    ref = combine(model, lay, [entries[0], entries[1]], mode_spec("hypic"))
+    runner = enable_combine_graphs(model, capture_after=1)
+    for _ in range(2):
+        got = combine(model, lay, [entries[0], entries[1]], mode_spec("hypic"))
+        assert torch.equal(ref.last_logits, got.last_logits)
+    assert runner.graphs == {} and runner.seen == {} and runner.disabled is None
