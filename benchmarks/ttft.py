@@ -26,6 +26,7 @@ from _common import gpu_busy_ms, load_shape, model_args, print_table, random_mod
 
 from hypic_agent.config import MODES, Settings
 from hypic_agent.kernels import combine_scan, moe
+from hypic_agent.runtime import graphs
 from hypic_agent.runtime.engine import Engine
 
 
@@ -89,7 +90,8 @@ def pct(xs: list[float], q: float) -> float:
 
 
 KNOBS = {"scan": (combine_scan, "TRITON_SCAN", str), "moe_slots": (moe, "TRITON_MAX_SLOTS", int),
-         "moe_bm": (moe, "TRITON_BLOCK_M", int)}  # fmt: skip
+         "moe_bm": (moe, "TRITON_BLOCK_M", int),
+         "bucket_step": (graphs, "BUCKETS", lambda v: graphs.bucket_sizes(int(v)))}  # fmt: skip
 DEFAULTS = {name: getattr(mod, attr) for name, (mod, attr, _) in KNOBS.items()}
 
 

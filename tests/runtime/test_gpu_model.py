@@ -178,15 +178,18 @@ def test_cold_build_inside_combine_matches_separate_build_on_gpu():
                 assert (ta.float() - tb.float()).abs().max().item() < 2e-2 * max(tb.float().abs().max().item(), 1.0)
 
 
-@pytest.mark.parametrize("mode,seam", [("hypic", 6), ("transition", 0)])
-def test_combine_graph_replays_match_eager(mode, seam):
+@pytest.mark.parametrize("mode,seam,per_graph", [("hypic", 6, 8), ("transition", 0, 8), ("hypic", 6, 1)])
+def test_combine_graph_replays_match_eager(mode, seam, per_graph, monkeypatch):
     """Whole-forward graphs: requests of one layout (other segments, other order, other question)
     replayed from one capture give the eager logits and states, decode on like eager ones, and a
-    returned state is not overwritten by the next replay."""
+    returned state is not overwritten by the next replay. ``per_graph``: layers per graph (1: the
+    forward as one graph per layer, replayed in order from one memory pool)."""
     from hypic_agent.runtime.forward import decode_step
     from hypic_agent.runtime.graphs import enable_cuda_graphs
+    from hypic_agent.runtime.hypic import combine_graphs
     from hypic_agent.runtime.hypic.combine_graphs import enable_combine_graphs
 
+    monkeypatch.setattr(combine_graphs, "LAYERS_PER_GRAPH", per_graph)
     model, _, _ = make_model("qwen3_5_moe_text")
     model = model.to("cuda", torch.bfloat16)
     pool = [tuple(rand_tokens(40, 200 + i)) for i in range(6)]
@@ -204,6 +207,8 @@ def test_combine_graph_replays_match_eager(mode, seam):
     got = [combine(model, lay, es, spec) for lay, es in requests]
     assert runner.disabled is None, runner.disabled
     assert len(runner.graphs) == 1 and runner.replays == len(orders) - 2  # eager, capture, replays
+    n_graphs = len(next(iter(runner.graphs.values())).graphs)
+    assert n_graphs == -(-len(model.layers) // per_graph)
     for ref, out in zip(eager, got, strict=True):
         scale = ref.last_logits.abs().max().item()
         assert (ref.last_logits - out.last_logits).abs().max().item() < 2e-2 * scale

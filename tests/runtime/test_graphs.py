@@ -15,8 +15,9 @@ def test_buckets():
     model, _, _ = make_model("qwen3_5_text")
     r = LayerGraphs(model, buckets=(64, 8, 16))
     assert [r.bucket(n) for n in (1, 8, 9, 64, 65)] == [8, 8, 16, 64, None]
-    default = LayerGraphs(model)  # powers of two, then 512-token steps: a cold batch pads by < 512
-    assert [default.bucket(n) for n in (200, 513, 4096, 4097, 8192, 8193)] == [256, 1024, 4096, 4608, 8192, None]
+    default = LayerGraphs(model)  # powers of two, 512-token steps, then 128: a cold batch pads by < 128
+    got = [default.bucket(n) for n in (200, 513, 1600, 4096, 4097, 4306, 8192, 8193)]
+    assert got == [256, 1024, 2048, 4096, 4224, 4352, 8192, None]
 
 
 def test_cpu_runs_eagerly_and_matches():

@@ -19,6 +19,8 @@ active rows. Feed-forward blocks replay from CUDA graphs where enabled (``runtim
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import torch
 
 from hypic_agent.kernels import chain as chain_ops
@@ -175,22 +177,28 @@ def combine(
             return state
     inputs = combine_inputs(model, lay, entries, spec.transition, fused_scan, cold)
     if isinstance(graphs, CombineGraphs) and graphs.should_capture(lay, spec, fused_scan):
-        state = graphs.capture(lay, entries, spec, fused_scan, inputs, forward)
+        state = graphs.capture(lay, entries, spec, fused_scan, inputs, forward_steps)
         if state is not None:
             return state
-    return forward(model, lay, entries, spec, inputs, cold)
+    *_, state = forward_steps(model, lay, entries, spec, inputs, cold)
+    assert isinstance(state, RequestState)
+    return state
 
 
-def forward(
+def forward_steps(
     model: HybridForCausalLM,
     lay: CombineLayout,
     entries: list[SegmentEntry | None],
     spec: ModeSpec,
     inputs: CombineInputs,
     cold: ColdBatch | None = None,
-) -> RequestState:
-    """The combine forward on planned ``inputs`` (``combine_inputs``). With ``inputs.by_pointer()`` it
-    reads no entry tensor directly: every cached tensor comes through a pointer table."""
+    every: int = 0,
+) -> Iterator[RequestState | None]:
+    """The combine forward on planned ``inputs`` (``combine_inputs``), in steps: yields None after
+    every ``every`` layers (0: never), then the request's state. With ``inputs.by_pointer()`` it reads
+    no entry tensor directly: every cached tensor comes through a pointer table, which is what lets
+    ``combine_graphs`` capture it (as a few graphs, one per step: the GPU starts on the first while
+    the host launches the rest)."""
     h0_all = inputs.lead.compose() if inputs.lead is not None else None
     tails = inputs.splice.conv_tails() if inputs.splice is not None else None
     h = model.embed(lay.active_ids)
@@ -200,6 +208,8 @@ def forward(
     lin_row = {li: r for r, li in enumerate(inputs.plan)}
     layers: list[LayerState] = []
     for li, layer in enumerate(model.layers):
+        if every and li and li % every == 0:
+            yield None
         # token-local stages replay from CUDA graphs where enabled
         both = mixer_in(model, li, h)
         xs = tuple(x[rows:] for x in both) if rows else both
@@ -220,4 +230,4 @@ def forward(
         layers.append(st)
         h = mixer_out(model, li, h, o if o_cold is None else torch.cat([o_cold, o]), *extra)
     logits = model.logits(h[-1:])[0]
-    return RequestState(layers, lay.total, logits, tokens=list(lay.tokens))
+    yield RequestState(layers, lay.total, logits, tokens=list(lay.tokens))

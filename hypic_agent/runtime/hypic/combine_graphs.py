@@ -1,4 +1,4 @@
-"""One CUDA graph per combine layout: the whole combine forward replayed as one launch.
+"""CUDA graphs per combine layout: the whole combine forward replayed in a few launches.
 
 A warm combine over a few hundred active tokens is bound by the host: some 600 launches and 80
 stage-graph replays, each with Python and dispatcher time (measured on the H200 for the
@@ -7,7 +7,8 @@ is). In a RAG or agent workload the layout repeats (same segment lengths, seams 
 length) while the segments change: what differs between such requests is which entries the forward
 reads and the active token ids. With every cached tensor read through a pointer table
 (``combine_inputs.CombineInputs.by_pointer``), the forward of one layout is a fixed sequence of
-kernels over fixed addresses, so it is captured once and replayed with
+kernels over fixed addresses, so it is captured once (as graphs of ``LAYERS_PER_GRAPH`` layers in
+one memory pool, replayed in order) and replayed with
 
 1. the new active token ids copied into the captured layout's ``active_ids``,
 2. the pointer tables rewritten in place (``CombineInputs.refresh``), and
@@ -25,7 +26,7 @@ from __future__ import annotations
 
 import collections
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,19 +43,23 @@ from hypic_agent.runtime.state import RequestState
 
 log = logging.getLogger(__name__)
 
-Forward = Callable[[HybridForCausalLM, CombineLayout, list[SegmentEntry | None], ModeSpec, CombineInputs], RequestState]
+# ``combine.forward_steps``: (model, lay, entries, spec, inputs, cold, every) -> None per step, then the state
+ForwardSteps = Callable[..., Iterator[RequestState | None]]
+# Layers per graph: the forward is captured as a few graphs replayed in order, so the GPU starts on
+# the first while the host still launches the rest (one graph of ~4,000 kernels took ~2 ms to launch).
+LAYERS_PER_GRAPH = 8
 
 
 @dataclass
 class _Captured:
-    graph: torch.cuda.CUDAGraph
+    graphs: list[torch.cuda.CUDAGraph]  # replayed in order (one memory pool)
     lay: CombineLayout  # the layout the graph reads (its tensors are the graph's inputs)
     inputs: CombineInputs
     out: RequestState  # in the graph's memory
 
 
 class CombineGraphs:
-    """Per (layout, mode) CUDA graphs of ``combine.forward``; attach with ``enable_combine_graphs``."""
+    """Per (layout, mode) CUDA graphs of ``combine.forward_steps``; attach with ``enable_combine_graphs``."""
 
     def __init__(self, model: HybridForCausalLM, capture_after: int = 2, max_graphs: int = 4) -> None:
         self.model = model
@@ -88,7 +93,8 @@ class CombineGraphs:
             return None
         self.graphs.move_to_end(key)
         cap.lay.active_ids.copy_(lay.active_ids)
-        cap.graph.replay()
+        for graph in cap.graphs:
+            graph.replay()
         self.replays += 1
         out = cap.out.clone()
         out.length, out.tokens = lay.total, list(lay.tokens)
@@ -112,27 +118,34 @@ class CombineGraphs:
         spec: ModeSpec,
         fused_scan: bool | None,
         inputs: CombineInputs,
-        forward: Forward,
+        forward_steps: ForwardSteps,
     ) -> RequestState | None:
-        """Capture ``forward`` on ``inputs`` (planned for ``lay``) and replay it; None when the inputs
-        are not all by pointer or the capture fails (the caller runs eagerly)."""
+        """Capture ``forward_steps`` on ``inputs`` (planned for ``lay``) and replay it; None when the
+        inputs are not all by pointer or the capture fails (the caller runs eagerly)."""
         if not inputs.by_pointer() or not self.usable(lay):
             return None
         dev = lay.active_ids.device
-        graph = torch.cuda.CUDAGraph()
+        graphs: list[torch.cuda.CUDAGraph] = []
+        pool = torch.cuda.graph_pool_handle()
         try:
             torch.cuda.current_stream(dev).synchronize()  # the tables' host copies have landed
-            with eager_stages(), torch.cuda.graph(graph, capture_error_mode="thread_local"):
-                out = forward(self.model, lay, entries, spec, inputs)
+            steps = forward_steps(self.model, lay, entries, spec, inputs, None, LAYERS_PER_GRAPH)
+            out = None
+            with eager_stages():
+                while out is None:
+                    graphs.append(torch.cuda.CUDAGraph())
+                    with torch.cuda.graph(graphs[-1], pool=pool, capture_error_mode="thread_local"):
+                        out = next(steps)
         except Exception as err:  # never fail a request over a graph
             self.disabled = f"{type(err).__name__}: {err}"
             log.warning("CUDA graph capture of a combine forward failed (%s); running eagerly", self.disabled)
             return None
         key = self.key(lay, spec, fused_scan)
-        self.graphs[key] = _Captured(graph, lay, inputs, out)
+        self.graphs[key] = _Captured(graphs, lay, inputs, out)
         while len(self.graphs) > self.max_graphs:
             self.graphs.popitem(last=False)
-        graph.replay()
+        for graph in graphs:
+            graph.replay()
         return out.clone()
 
 
