@@ -108,3 +108,35 @@ def test_graph_runner_stays_eager_off_cuda():
         got = combine(model, lay, [entries[0], entries[1]], mode_spec("hypic"))
         assert torch.equal(ref.last_logits, got.last_logits)
     assert runner.graphs == {} and runner.seen == {} and runner.disabled is None
+
+
+def test_capture_admission_keeps_hot_layouts():
+    """Layouts are captured on their second sighting while slots are free; once full, a layout
+    replaces the least-seen kept one only when it has been seen more often, so a stream of new
+    layouts (new question lengths) never makes every request capture."""
+    from hypic_agent.runtime.hypic import combine_graphs as cg
+
+    model, _, _ = make_model("qwen3_5_text")
+    r = cg.CombineGraphs(model, capture_after=2, max_graphs=2)
+
+    def sight(key, n=1):
+        out = False
+        for _ in range(n):
+            out = r.note(key)
+            if out:  # what a capture does with the slots
+                if len(r.graphs) >= r.max_graphs:
+                    del r.graphs[r._victim()]
+                r.graphs[key] = None
+        return out
+
+    assert not sight("a") and sight("a") and "a" in r.graphs  # second sighting: captured
+    sight("a", 5)  # replays count as sightings
+    sight("b", 2)
+    assert set(r.graphs) == {"a", "b"}
+    for k in ("c", "d", "e", "f"):  # one-offs seen twice: b (seen twice) is not beaten
+        assert not sight(k, 2)
+    assert set(r.graphs) == {"a", "b"}
+    assert sight("c", 1)  # c's third sighting beats b's two: it takes b's slot
+    assert set(r.graphs) == {"a", "c"}
+    r.capture_after = 0
+    assert not r.usable(plan_layout([(1, 2, 3)], [None], [0], [4], CPU))  # 0 turns graphs off (and CPU)

@@ -16,9 +16,11 @@ one memory pool, replayed in order) and replayed with
    ``RequestState``: the next replay overwrites them.
 
 A layout is captured once it has been seen ``capture_after`` times (its first run is eager: it
-autotunes the Triton kernels, which cannot happen inside a capture); up to ``max_graphs`` graphs
-are kept, least recently used first out (each holds its forward's activations and the spliced KV
-of every attention layer). Capture failures log once and turn the runner off; a request the graph
+autotunes the Triton kernels, which cannot happen inside a capture); up to ``max_graphs`` layouts
+are kept, and a new one replaces the least-seen kept one only when it has been seen more often
+(``CombineGraphs.note``), so one-off layouts (a new question length is a new layout) never make
+the runner capture on every request. Each kept layout holds its forward's activations and the
+spliced KV of every attention layer. Capture failures log once and turn the runner off; a request the graph
 cannot serve (pairs of another dtype, fused scan off, cold segments) runs eagerly.
 """
 
@@ -48,6 +50,8 @@ ForwardSteps = Callable[..., Iterator[RequestState | None]]
 # Layers per graph: the forward is captured as a few graphs replayed in order, so the GPU starts on
 # the first while the host still launches the rest (one graph of ~4,000 kernels took ~2 ms to launch).
 LAYERS_PER_GRAPH = 8
+MAX_TRACKED = 1024  # layouts whose sightings are counted (least recently seen dropped first)
+AGE_EVERY = 4096  # sightings between halvings of every count
 
 
 @dataclass
@@ -67,8 +71,9 @@ class CombineGraphs:
         self.max_graphs = max_graphs
         self.disabled: str | None = None  # why graphs are off (a capture failed), or None
         self.seen: collections.OrderedDict[tuple[Any, ...], int] = collections.OrderedDict()
-        self.graphs: collections.OrderedDict[tuple[Any, ...], _Captured] = collections.OrderedDict()
+        self.graphs: dict[tuple[Any, ...], _Captured] = {}
         self.replays = 0
+        self._sightings = 0
 
     def key(self, lay: CombineLayout, spec: ModeSpec, fused_scan: bool | None) -> tuple[Any, ...]:
         return (lay.shape_key, spec, fused_scan, combine_scan.TRITON_SCAN)
@@ -91,7 +96,7 @@ class CombineGraphs:
         except ValueError as err:  # entries the graph cannot read (another dtype, another device)
             log.debug("combine graph skipped: %s", err)
             return None
-        self.graphs.move_to_end(key)
+        self.note(key)
         cap.lay.active_ids.copy_(lay.active_ids)
         for graph in cap.graphs:
             graph.replay()
@@ -101,15 +106,30 @@ class CombineGraphs:
         return out
 
     def should_capture(self, lay: CombineLayout, spec: ModeSpec, fused_scan: bool | None) -> bool:
-        """Count a sighting of this layout; True once it has been seen ``capture_after`` times."""
-        if not self.usable(lay):
-            return False
-        key = self.key(lay, spec, fused_scan)
+        """Count a sighting of this layout (one without a graph); True when it should be captured now."""
+        return self.usable(lay) and self.note(self.key(lay, spec, fused_scan))
+
+    def note(self, key: tuple[Any, ...]) -> bool:
+        """Count a sighting of ``key``; whether to capture it now: seen ``capture_after`` times, and
+        either a slot is free or it has been seen more often than the least-seen kept graph (which
+        it then replaces). So layouts seen once or twice do not push out the ones traffic keeps
+        hitting. Counts halve every ``AGE_EVERY`` sightings: a layout that stops coming loses its
+        place."""
         n = self.seen.pop(key, 0) + 1
         self.seen[key] = n
-        while len(self.seen) > 1024:
+        self._sightings += 1
+        if self._sightings % AGE_EVERY == 0:
+            for k in self.seen:
+                self.seen[k] //= 2
+        while len(self.seen) > MAX_TRACKED:
             self.seen.popitem(last=False)
-        return n >= self.capture_after
+        if n < self.capture_after or key in self.graphs:
+            return False
+        return len(self.graphs) < self.max_graphs or n > self.seen.get(self._victim(), 0)
+
+    def _victim(self) -> tuple[Any, ...]:
+        """The kept graph seen least often (the next to go)."""
+        return min(self.graphs, key=lambda k: self.seen.get(k, 0))
 
     def capture(
         self,
@@ -140,10 +160,9 @@ class CombineGraphs:
             self.disabled = f"{type(err).__name__}: {err}"
             log.warning("CUDA graph capture of a combine forward failed (%s); running eagerly", self.disabled)
             return None
-        key = self.key(lay, spec, fused_scan)
-        self.graphs[key] = _Captured(graphs, lay, inputs, out)
-        while len(self.graphs) > self.max_graphs:
-            self.graphs.popitem(last=False)
+        while len(self.graphs) >= self.max_graphs:
+            del self.graphs[self._victim()]
+        self.graphs[self.key(lay, spec, fused_scan)] = _Captured(graphs, lay, inputs, out)
         for graph in graphs:
             graph.replay()
         return out.clone()
