@@ -9,7 +9,9 @@ plus a ``--query-len``-token question. ``--hit-rate 1.0`` = warm (all documents 
 
 A mode may set runtime knobs after an ``@`` for an A/B in one run (CUDA graphs are recaptured per
 mode): ``hypic@scan=token`` (``combine_scan.TRITON_SCAN``: the token-loop scan),
-``hypic@moe_slots=4096,moe_bm=64`` (``moe.TRITON_MAX_SLOTS`` / ``moe.TRITON_BLOCK_M``).
+``hypic@moe_slots=4096,moe_bm=64`` (``moe.TRITON_MAX_SLOTS`` / ``moe.TRITON_BLOCK_M``),
+``hypic@graph_after=0`` (``Settings.combine_graph_after``: combine graphs off),
+``hypic@bucket_step=512`` (``graphs.BUCKETS``: the layer graphs' token buckets above 2,048).
 """
 
 from __future__ import annotations
