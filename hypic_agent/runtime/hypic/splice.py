@@ -41,8 +41,7 @@ class SpliceTables:
     kv_row: tuple[int, int]  # (Hkv, D): one key row
     body_rows: int  # Tb
     kv_max: int  # elements of the longest body (launch grid)
-    lin_rows: dict[int, int]  # layer index -> row among linear / attention layers
-    attn_rows: dict[int, int]
+    attn_rows: dict[int, int]  # attention layer index -> its row of ``keys`` / ``values``
 
     def conv_tails(self) -> torch.Tensor:
         """Conv state entering every piece of every linear layer ``[L_lin, P, C, W-1]``."""
@@ -151,6 +150,5 @@ def build(
         kv,
         sum(lay.body_lens),
         max(lay.body_lens, default=0) * kv[0] * kv[1],
-        {li: r for r, li in enumerate(lin)},
         {li: r for r, li in enumerate(att)},
     )
