@@ -71,14 +71,13 @@ def _linear(
 ) -> tuple[torch.Tensor, LinearLayerState]:
     """``inputs``: ``GatedDeltaNet.inputs`` of the active tokens; ``scan``: the layer's chain for the
     fused scan (None: the chunked path); ``tails``: the conv states entering the pieces (None: from
-    the entries); ``h0``: the composed leading bodies (None: the scan's own or zero) -> (o
+    the entries); ``h0``: the composed leading bodies (None: zero) -> (o
     ``[T, HV, V]`` before the output projection, state)."""
     mixed, z, g, beta = inputs
     dev = mixed.device
     init = _conv_init(mixer, lay, entries, li, mixed, tails)
     ops, conv_final = mixer.convolve(mixed, z, g, beta, lay.cu_pieces, init)
     if scan is not None:
-        h0 = scan.h0 if h0 is None else h0
         o, final = mixer.mix_scan(ops, scan.chain, transition=spec.transition, tables=scan.tables, h0=h0)
         return o, LinearLayerState(final, conv_final[-1])
     hv, kd, vd = mixer.hv, mixer.dk, mixer.dv

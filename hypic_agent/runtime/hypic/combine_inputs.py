@@ -5,8 +5,8 @@ request (``combine_inputs``):
   pointer on CUDA (``kernels.combine_scan.ChainTables``, one table for all layers) or as links for
   the torch twin; None runs the chunked path;
 * ``lead``: the bodies at the head of a ``w = 0`` prompt do not depend on the forward, so all layers'
-  chains of them are composed in one launch (``chain.compose_body_pointers``) and each layer's scan
-  starts from its composed state (the twin composes them here, ``chain.compose_bodies``);
+  chains of them are composed first, in one launch (``chain.compose_body_pointers``; the twin
+  ``chain.compose_bodies``), and each layer's scan starts from its composed state;
 * ``splice``: the conv tails and attention bodies by pointer (``splice.SpliceTables``).
 
 Everything on the device that the forward reads is either layout (equal for equal
@@ -37,27 +37,30 @@ PRECOMPOSE_LEADING_BODIES = True
 
 @dataclass
 class LayerScan:
-    """A linear layer's chain for the fused scan (read by the torch twin; empty with tables), its
-    row of the Triton launch tables (None: the twin), and, for the twin, the state entering the
-    chain (None: zero, or the Triton path's ``Lead``)."""
+    """A linear layer's chain for the fused scan (read by the torch twin; empty with tables) and its
+    row of the Triton launch tables (None: the twin)."""
 
     chain: list[combine_scan.ChainLink]
     tables: tuple[combine_scan.ChainTables, int] | None = None
-    h0: torch.Tensor | None = None
 
 
 @dataclass
 class Lead:
-    """Leading bodies composed at the start of the forward: their pair pointers ``[L_lin, n, 2]`` on
-    the device and one pair for shapes and dtype."""
+    """Leading bodies composed at the start of the forward, for every linear layer: by their pair
+    pointers ``[L_lin, n, 2]`` on the device (Triton, ``ptrs``) or from the pairs themselves (the
+    torch twin, ``pairs``: L_lin chains); ``like``: one pair for shapes and dtype."""
 
-    ptrs: torch.Tensor
     like: tuple[torch.Tensor, torch.Tensor]
     transition: bool
+    ptrs: torch.Tensor | None = None
+    pairs: list[list[tuple[torch.Tensor, torch.Tensor]]] | None = None
 
     def compose(self) -> torch.Tensor:
         """``[L_lin, HV, K, V]`` fp32"""
-        return chain_ops.compose_body_pointers(self.ptrs, self.like, transition=self.transition)
+        if self.ptrs is not None:
+            return chain_ops.compose_body_pointers(self.ptrs, self.like, transition=self.transition)
+        assert self.pairs is not None
+        return chain_ops.compose_bodies(self.pairs, transition=self.transition)
 
 
 @dataclass
@@ -87,7 +90,7 @@ class CombineInputs:
             tab.ptrs_host = ptrs
             if tab._steps is not None:
                 refill_async(tab._steps.ptrs, tab._steps.step_pointers(ptrs))
-        if self.lead is not None:
+        if self.lead is not None and self.lead.ptrs is not None:
             _, ptrs, dtype = _host_pairs(lay, entries, len(self.plan), stop=self.start, device=dev)
             if dtype != self.lead.like[0].dtype:
                 raise ValueError(f"pairs are {dtype}, the leading bodies were planned for {self.lead.like[0].dtype}")
@@ -197,14 +200,12 @@ def combine_inputs(
         len(lay.chain),
     )
     lead = lead if PRECOMPOSE_LEADING_BODIES else 0
+    like = pair(entries, lay.chain[0].index, lin[0]) if lead else None
     if not triton:  # the torch twin
         heads = [[pair(entries, item.index, li) for item in lay.chain[:lead]] for li in lin]
-        h0 = chain_ops.compose_bodies(heads, transition=transition) if lead else None
-        plan = {
-            li: LayerScan(chain_links(lay, entries, li)[lead:], None, None if h0 is None else h0[row])
-            for row, li in enumerate(lin)
-        }
-        return CombineInputs(plan, splice=splice, start=lead)  # type: ignore[arg-type]
+        first = None if like is None else Lead(like, transition, pairs=heads)
+        plan = {li: LayerScan(chain_links(lay, entries, li)[lead:]) for li in lin}
+        return CombineInputs(plan, first, splice, lead)  # type: ignore[arg-type]
     try:
         tables = pair_tables(lay, entries, dev, len(lin), start=lead)
         lead_ptrs = pair_tables(lay, entries, dev, len(lin), stop=lead).ptrs if lead else None
@@ -212,6 +213,6 @@ def combine_inputs(
         return CombineInputs(dict.fromkeys(lin), splice=splice)
     if combine_scan.TRITON_SCAN == "wy":
         tables.wy_steps()  # planned now: nothing in the forward copies from the host
-    first = None if lead_ptrs is None else Lead(lead_ptrs, pair(entries, lay.chain[0].index, lin[0]), transition)
+    first = None if like is None else Lead(like, transition, ptrs=lead_ptrs)
     plan = {li: LayerScan([], (tables, row)) for row, li in enumerate(lin)}
     return CombineInputs(plan, first, splice, lead)  # type: ignore[arg-type]
