@@ -57,10 +57,35 @@ def test_padding_rows_are_zeroed_after_a_longer_input():
     model, _, _ = make_model("qwen3_5_text")
     r = LayerGraphs(model, buckets=(8, 16))
     x16 = torch.randn(16, 4)
-    big, small = r._buffers("s", 16, (x16,))[0], r._buffers("s", 8, (x16,))[0]
+    big, small = r._buffers("s", 16, [x16])[0], r._buffers("s", 8, [x16])[0]
     assert big.data_ptr() == small.data_ptr()  # one base buffer, two bucket views
-    r._load(big, torch.ones(13, 4))
+    r._load(big, (torch.ones(13, 4),))
     assert torch.equal(big[:13], torch.ones(13, 4)) and not big[13:].any()
-    r._load(small, torch.full((3, 4), 2.0))
+    r._load(small, (torch.full((3, 4), 2.0),))
     assert torch.equal(big[:3], torch.full((3, 4), 2.0)) and not big[3:].any()  # rows 3..12 cleared
     assert r._live[big.data_ptr()] == 3
+
+
+def test_chained_stages_share_buffers_and_skip_copies():
+    """The hidden states' buffer is mixer_in's input and mixer_out's input and output; the output
+    gate's is mixer_in's output and mixer_out's input. An input that already is its buffer is not
+    copied (nor its padding rows cleared); row parts are stacked into the buffer."""
+    model, _, _ = make_model("qwen3_5_text")
+    r = LayerGraphs(model, buckets=(8, 16))
+    h, z, g = torch.randn(16, 4), torch.randn(16, 2, 3), torch.randn(16, 2)
+    (h_in,) = r._buffers("mixer_in", 16, [h])
+    mixed, z_out, g_out, beta_out = r._buffers("out:mixer_in", 16, [h, z, g, g])
+    h_mo, o_mo, z_mo = r._buffers("mixer_out", 16, [h, z, z])
+    (h_out,) = r._buffers("out:mixer_out", 16, [h])
+    assert h_in.data_ptr() == h_mo.data_ptr() == h_out.data_ptr()
+    assert z_out.data_ptr() == z_mo.data_ptr()
+    assert len({t.data_ptr() for t in (mixed, z_out, g_out, beta_out, o_mo)} | {h_in.data_ptr()}) == 6
+    h_out[:16].fill_(5.0)  # a graph wrote all 16 rows
+    r._live[h_out.data_ptr()] = 16
+    r._load(h_in, (h_out[:13],))  # the view of its own buffer: left as it is
+    assert torch.equal(h_in, torch.full((16, 4), 5.0))
+    r._load(o_mo, (torch.ones(3, 2, 3), torch.full((2, 2, 3), 2.0)))  # parts, stacked
+    assert torch.equal(o_mo[:3], torch.ones(3, 2, 3)) and torch.equal(o_mo[3:5], torch.full((2, 2, 3), 2.0))
+    # two slots of one stage with one shape never share a buffer, even in a group
+    z_a, z_b = r._buffers("out:mixer_in", 16, [h, z, g, z])[1::2]
+    assert z_a.data_ptr() != z_b.data_ptr()
