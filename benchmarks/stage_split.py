@@ -7,6 +7,7 @@ much less is bound by Python and launch overhead.
 
     python benchmarks/stage_split.py --shape qwen3_5_35b_a3b            # all 40 layers, H200
     python benchmarks/stage_split.py --shape qwen3_5_35b_a3b --calls build combine
+    python benchmarks/stage_split.py --shape qwen3_5_35b_a3b --calls combine_cold --gaps --sync-debug
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 
 import torch
 from _common import busy_ms, load_shape, model_args, print_table, random_model, write_json
+from _gaps import gap_report, sync_report
 from ttft import Plan, Seg
 
 from hypic_agent.config import Settings
@@ -45,12 +47,23 @@ def host_profile(name: str, fn: Callable[[], Any], top: int = 22) -> None:
     pstats.Stats(prof).sort_stats("cumulative").print_stats(top)
 
 
+DIAG = {"gaps": False, "sync": False}  # --gaps / --sync-debug
+
+
 def measure(name: str, fn: Callable[[], Any], reps: int = 3, host: bool = False) -> dict[str, Any]:
     fn()
     torch.cuda.synchronize()
-    if host:
+    if host or DIAG["gaps"] or DIAG["sync"]:
         fn()  # a first warm call may still capture CUDA graphs for new buckets
+    if host:
         host_profile(name, fn)
+    diag: dict[str, Any] = {}
+    if DIAG["sync"]:
+        print(f"== syncs: {name}")
+        diag["syncs"] = sync_report(fn)
+    if DIAG["gaps"]:
+        print(f"== GPU idle: {name}")
+        diag["idle"] = gap_report(fn)
     walls, hosts = [], []
     for _ in range(reps):
         torch.cuda.synchronize()
@@ -77,6 +90,7 @@ def measure(name: str, fn: Callable[[], Any], reps: int = 3, host: bool = False)
         "launches": sum(e.count for e in avg if "LaunchKernel" in e.key or e.key.startswith("cuLaunch")),
         "graph_launches": sum(e.count for e in avg if e.key == "cudaGraphLaunch"),
         "top_kernels": [(e.key[:70], e.count, round(e.self_device_time_total / 1e3, 2)) for e in top],
+        **diag,
     }
     print(f"{name}: wall {row['wall_ms']:.1f} ms, host {row['host_ms']:.1f} ms, GPU busy {row['gpu_busy_ms']:.1f} ms")
     return row
@@ -90,8 +104,11 @@ def main() -> None:
     ap.add_argument("--seg-len", type=int, default=1024)
     ap.add_argument("--query-len", type=int, default=50)
     ap.add_argument("--host-profile", action="store_true", help="also print cProfile's top functions per call")
+    ap.add_argument("--gaps", action="store_true", help="report GPU idle gaps and the host code in them")
+    ap.add_argument("--sync-debug", action="store_true", help="report the call sites that sync with the GPU")
     ap.add_argument("--out", default="bench_out/stage_split.json")
     args = ap.parse_args()
+    DIAG.update(gaps=args.gaps, sync=args.sync_debug)
     if not args.device.startswith("cuda"):
         raise SystemExit("stage_split.py profiles CUDA kernels: run it on a GPU")
     model = random_model(load_shape(args.shape, args.layers), args.device, getattr(torch, args.dtype))
