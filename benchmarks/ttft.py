@@ -11,7 +11,8 @@ A mode may set runtime knobs after an ``@`` for an A/B in one run (CUDA graphs a
 mode): ``hypic@scan=token`` (``combine_scan.TRITON_SCAN``: the token-loop scan),
 ``hypic@moe_slots=4096,moe_bm=64`` (``moe.TRITON_MAX_SLOTS`` / ``moe.TRITON_BLOCK_M``),
 ``hypic@graph_after=0`` (``Settings.combine_graph_after``: combine graphs off),
-``hypic@bucket_step=512`` (``graphs.BUCKETS``: the layer graphs' token buckets above 2,048).
+``hypic@bucket_step=512`` (``graphs.BUCKETS``: the layer graphs' token buckets above 2,048),
+``hypic@cold_after=0`` (``Settings.cold_graph_after``: cold-core graphs off).
 """
 
 from __future__ import annotations
@@ -97,7 +98,7 @@ KNOBS = {"scan": (combine_scan, "TRITON_SCAN", str), "moe_slots": (moe, "TRITON_
 DEFAULTS = {name: getattr(mod, attr) for name, (mod, attr, _) in KNOBS.items()}
 
 
-SETTING_KNOBS = {"graph_after": "combine_graph_after"}  # knobs that are Settings fields
+SETTING_KNOBS = {"graph_after": "combine_graph_after", "cold_after": "cold_graph_after"}  # Settings fields
 
 
 def set_knobs(spec: str, settings: Settings) -> Settings:
@@ -133,7 +134,7 @@ def main() -> None:
         for label in args.modes:
             mode, _, knobs = label.partition("@")
             mode_settings = set_knobs(knobs, settings)
-            model.ffn_graphs = model.combine_graphs = None  # graphs capture the knobs' paths: recaptured per mode
+            model.ffn_graphs = model.combine_graphs = model.cold_graphs = None  # recaptured per mode (knobs' paths)
             engine = Engine(model, None, "bench", mode_settings)  # fresh caches per mode
             if mode not in ("full_recompute", "prefix_cache"):
                 for i in range(0, len(warm_docs), 16):
@@ -176,6 +177,7 @@ def main() -> None:
                     "memory": _memory(args.device),
                     # requests served by a CUDA graph of the whole combine forward (incl. the GPU-time one)
                     "combine_graph_replays": getattr(model.combine_graphs, "replays", 0),
+                    "cold_graph_replays": getattr(model.cold_graphs, "replays", 0),
                 }
             )
             print(f"hit={hit} {label}: p50 {rows[-1]['p50_ms']:.1f} ms", flush=True)

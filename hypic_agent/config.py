@@ -46,6 +46,14 @@ class Settings(BaseSettings):
         "seams, question length) has been seen this many times; 0 = never (CUDA only, with cuda_graphs)",
     )
     combine_graphs_max: int = Field(default=4, ge=1, description="combine layouts kept as CUDA graphs (LRU)")
+    cold_graph_after: int = Field(
+        default=2,
+        ge=0,
+        description="replay the linear layers' cold-segment core (conv + delta rule + pairs) from CUDA graphs "
+        "once a cold batch of the same lengths and seams has been seen this many times; 0 = never (CUDA only, "
+        "with cuda_graphs)",
+    )
+    cold_graphs_max: int = Field(default=2, ge=1, description="cold-batch layouts kept as CUDA graphs (LRU)")
     seed: int = 0
 
     # --- HYPIC -----------------------------------------------------------------------

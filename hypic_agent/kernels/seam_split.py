@@ -10,7 +10,9 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
+import numpy as np
 import torch
 
 from ._varlen import fla_chunk_tables
@@ -25,6 +27,27 @@ def identity_pairs(
     """``(I [n, HV, K, K], 0 [n, HV, K, V])``: the pair of an empty span."""
     T = torch.eye(kd, device=device, dtype=dtype).expand(n, hv, kd, kd).clone()
     return T, torch.zeros(n, hv, kd, vd, device=device, dtype=dtype)
+
+
+def _ranges(starts: list[int], ends: list[int]) -> np.ndarray:
+    """The integers of every ``[starts[i], ends[i])``, concatenated (int64)."""
+    lens = np.asarray(ends, dtype=np.int64) - np.asarray(starts, dtype=np.int64)
+    if not lens.size or not lens.sum():
+        return np.zeros(0, dtype=np.int64)
+    offsets = np.repeat(np.asarray(starts, dtype=np.int64) - np.cumsum(lens) + lens, lens)
+    return np.arange(int(lens.sum()), dtype=np.int64) + offsets
+
+
+def _upload(arrays: list[Any], device: torch.device) -> list[torch.Tensor]:
+    """int64 host arrays -> device tensors: one pinned buffer, one non-blocking copy, then views, each
+    starting 16-byte aligned (Triton specializes kernels on the alignment of pointer arguments)."""
+    flat = [np.asarray(a, dtype=np.int64).reshape(-1) for a in arrays]
+    starts = np.cumsum([0] + [a.size + a.size % 2 for a in flat])
+    packed = np.zeros(int(starts[-1]), dtype=np.int64)
+    for a, start in zip(flat, starts, strict=False):
+        packed[start : start + a.size] = a
+    on_dev = to_device_async(torch.from_numpy(packed), device)
+    return [on_dev[int(start) : int(start) + a.size] for a, start in zip(flat, starts, strict=False)]
 
 
 @dataclass(frozen=True)
@@ -84,8 +107,8 @@ class SeamSplit:
         starts = [0, *itertools.accumulate(lengths)]
         seam_segs = [j for j, s in enumerate(seams) if s > 0]
         body_segs = [j for j, (n, s) in enumerate(zip(lengths, seams, strict=True)) if n - s > 0]
-        body_list = [t for j in body_segs for t in range(starts[j] + seams[j], starts[j + 1])]
-        win_list = [t for j in seam_segs for t in range(starts[j], starts[j] + seams[j])]
+        body_list = _ranges([starts[j] + seams[j] for j in body_segs], [starts[j + 1] for j in body_segs])
+        win_list = _ranges([starts[j] for j in seam_segs], [starts[j] + seams[j] for j in seam_segs])
         nw = len(seam_segs)
         sub_lens: list[int] = []
         enter_win: list[int] = []  # per sub-sequence: the window whose state enters it (nw: zero)
@@ -109,37 +132,34 @@ class SeamSplit:
         sub_chunks, sub_offsets = fla_chunk_tables(sub_lens, CHUNK)
         win_chunks, win_offsets = fla_chunk_tables([seams[j] for j in seam_segs], CHUNK)
 
-        def dev(xs: list[int] | list[tuple[int, int]]) -> torch.Tensor:
-            return to_device_async(torch.tensor(xs, dtype=torch.int64), device)
+        def cu(lens: list[int]) -> np.ndarray:
+            return np.cumsum([0, *lens], dtype=np.int64)
 
-        def cu(lens: list[int]) -> torch.Tensor:
-            return dev([0, *itertools.accumulate(lens)])
-
+        tables = {  # uploaded as one pinned host buffer (one copy, not 16 pageable ones), then sliced
+            "body_idx": body_list,
+            "cu_body": cu([lengths[j] - seams[j] for j in body_segs]),
+            "body_seg_idx": body_segs,
+            "cu_sub": cu(sub_lens),
+            "sub_chunks": np.asarray(sub_chunks, dtype=np.int64).reshape(-1),
+            "sub_chunk_offsets": sub_offsets,
+            "body_sub": body_sub,
+            "seg_last_sub": last_sub,
+            "win_idx": win_list,
+            "cu_win": cu([seams[j] for j in seam_segs]),
+            "win_chunks": np.asarray(win_chunks, dtype=np.int64).reshape(-1),
+            "win_chunk_offsets": win_offsets,
+            "sub_enter_win": enter_win,
+            "body_enter_win": [enter_win[i] for i in body_sub],
+            "seg_body_sub": seg_sub,
+            "seg_body_win": seg_win,
+        }
+        on_dev = dict(zip(tables, _upload(list(tables.values()), device), strict=True))
+        on_dev["sub_chunks"] = on_dev["sub_chunks"].view(-1, 2)
+        on_dev["win_chunks"] = on_dev["win_chunks"].view(-1, 2)
         return cls(
-            n=len(lengths),
-            total=starts[-1],
-            seam_segs=seam_segs,
-            body_segs=body_segs,
-            body_idx=dev(body_list),
-            cu_body=cu([lengths[j] - seams[j] for j in body_segs]),
-            body_seg_idx=dev(body_segs),
-            sub_lens=sub_lens,
-            cu_sub=cu(sub_lens),
-            sub_chunks=dev(sub_chunks).view(-1, 2),
-            sub_chunk_offsets=dev(sub_offsets),
-            body_sub=dev(body_sub),
-            seg_last_sub=dev(last_sub),
-            win_idx=dev(win_list),
-            cu_win=cu([seams[j] for j in seam_segs]),
-            win_chunks=dev(win_chunks).view(-1, 2),
-            win_chunk_offsets=dev(win_offsets),
-            sub_enter_win=dev(enter_win),
-            body_enter_win=dev([enter_win[i] for i in body_sub]),
-            seg_body_sub=dev(seg_sub),
-            seg_body_win=dev(seg_win),
-            seg_body_sub_host=seg_sub,
-            seg_body_win_host=seg_win,
-        )
+            n=len(lengths), total=starts[-1], seam_segs=seam_segs, body_segs=body_segs, sub_lens=sub_lens,
+            seg_body_sub_host=seg_sub, seg_body_win_host=seg_win, **on_dev,
+        )  # fmt: skip
 
     @staticmethod
     def with_zero_row(S_win: torch.Tensor) -> torch.Tensor:

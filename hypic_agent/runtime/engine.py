@@ -26,6 +26,7 @@ from hypic_agent.runtime.forward import prefill
 from hypic_agent.runtime.graphs import enable_cuda_graphs
 from hypic_agent.runtime.hypic.build import ColdBatch
 from hypic_agent.runtime.hypic.cache import EntryCache, MemoryEntryCache
+from hypic_agent.runtime.hypic.cold_graphs import enable_cold_graphs
 from hypic_agent.runtime.hypic.combine import combine
 from hypic_agent.runtime.hypic.combine_graphs import enable_combine_graphs
 from hypic_agent.runtime.hypic.entry import SegmentEntry
@@ -90,6 +91,8 @@ class Engine:
             enable_cuda_graphs(model)
         if self.settings.cuda_graphs and self.device.type == "cuda" and model.combine_graphs is None:
             enable_combine_graphs(model, self.settings.combine_graph_after, self.settings.combine_graphs_max)
+        if self.settings.cuda_graphs and self.device.type == "cuda" and model.cold_graphs is None:
+            enable_cold_graphs(model, self.settings.cold_graph_after, self.settings.cold_graphs_max)
 
     @property
     def eos_ids(self) -> tuple[int, ...]:

@@ -14,17 +14,38 @@ writes layer by layer.
 
 from __future__ import annotations
 
+import itertools
+import math
 import time
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from hypic_agent.kernels.backend import to_device_async
 from hypic_agent.kernels.gdn_pairs import PairSink, SeamSplit
 from hypic_agent.runtime.forward import cu_seqlens_of
 from hypic_agent.runtime.graphs import mixer_in, mixer_out
+from hypic_agent.runtime.hypic.cold_graphs import ColdGraphs, new_serial
 from hypic_agent.runtime.hypic.entry import AttentionEntry, LinearEntry, SegmentEntry
 from hypic_agent.runtime.models.hybrid import DecoderLayer, HybridForCausalLM
+
+
+def _carve(
+    shapes: list[tuple[int, ...]], dtype: torch.dtype, dev: torch.device, one_block: bool | None = None
+) -> list[torch.Tensor]:
+    """Empty tensors of ``shapes``: on CUDA views of one allocation (offsets aligned to 256 bytes), so
+    a cold entry costs two allocations rather than one per tensor (some 90 of 2-4 MB each for the
+    Qwen3.5-35B-A3B shape, which the caching allocator maps through cudaMalloc while the cache
+    grows); elsewhere separate tensors (a CPU tier holds them as they are, and safetensors refuses
+    tensors that share memory). ``one_block``: force either way (None: by device)."""
+    if not (dev.type == "cuda" if one_block is None else one_block):
+        return [torch.empty(s, dtype=dtype, device=dev) for s in shapes]
+    align = max(1, 256 // dtype.itemsize)
+    sizes = [math.prod(s) for s in shapes]
+    padded = [-(-n // align) * align for n in sizes]
+    parts = torch.empty(sum(padded), dtype=dtype, device=dev).split(padded)  # one C++ call for the views
+    return [t[:n].view(s) for t, n, s in zip(parts, sizes, shapes, strict=True)]
 
 
 def _sync(device: torch.device) -> None:
@@ -54,40 +75,52 @@ class ColdBatch:
         p = next(model.parameters())
         dev = p.device
         self.model = model
+        self.serial = new_serial()
         self.lengths = [len(s) for s in segments]
-        self.ids = torch.tensor([t for s in segments for t in s], dtype=torch.long, device=dev)
+        # what a cold-core graph is captured for (``cold_graphs``): same key, same tables
+        self.layout_key = (tuple(self.lengths), tuple(seams), pair_dtype, p.dtype)
+        tokens = [tuple(map(int, s)) for s in segments]
         self.cu_host = cu_seqlens_of(self.lengths, torch.device("cpu"))  # attention reads bounds here: no sync
-        self.cu = self.cu_host.to(dev)
         self.bounds = self.cu_host.tolist()
-        self.pos = torch.cat([torch.arange(n, device=dev) for n in self.lengths])
+        # ids, bounds and local positions in one pinned upload (the GPU is idle until the forward starts)
+        host = np.concatenate([np.fromiter(itertools.chain(*tokens), np.int64, self.bounds[-1]),
+                               self.cu_host.numpy().astype(np.int64),
+                               np.concatenate([np.arange(n, dtype=np.int64) for n in self.lengths])])  # fmt: skip
+        ids, cu, self.pos = to_device_async(torch.from_numpy(host), dev).split(
+            [self.bounds[-1], len(self.bounds), self.bounds[-1]]
+        )
+        self.ids, self.cu = ids, cu.to(self.cu_host.dtype)
         self.split = SeamSplit.build(self.lengths, seams, dev)  # windows / bodies, shared by every linear layer
         self.entries = [
-            SegmentEntry(tuple(int(t) for t in s), seams[j], self._empty_layers(model, pair_dtype, p.dtype, dev))
-            for j, s in enumerate(segments)
+            SegmentEntry(t, seams[j], self._empty_layers(model, len(t), pair_dtype, p.dtype, dev))
+            for j, t in enumerate(tokens)
         ]
         # per linear layer: the entries' pair tensors as one sink (the pair kernels write into them)
         self.sinks = self._sinks(model, dev)
 
     @staticmethod
     def _empty_layers(
-        model: HybridForCausalLM, pair_dtype: torch.dtype, dtype: torch.dtype, dev: torch.device
+        model: HybridForCausalLM, n: int, pair_dtype: torch.dtype, dtype: torch.dtype, dev: torch.device
     ) -> list[LinearEntry | AttentionEntry]:
-        layers: list[LinearEntry | AttentionEntry] = []
+        """One ``n``-token entry's tensors, filled layer by layer: linear layers' pairs and conv tails,
+        attention layers' K/V ``[n, Hkv, D]`` (``_carve``: on CUDA two allocations per entry)."""
+        pair_shapes: list[tuple[int, ...]] = []
+        shapes: list[tuple[int, ...]] = []  # conv tails and K/V, in the model's dtype
         for layer in model.layers:
             if (m := layer.linear_attn) is not None:
-                layers.append(
-                    LinearEntry(
-                        torch.empty(m.hv, m.dk, m.dk, dtype=pair_dtype, device=dev),
-                        torch.empty(m.hv, m.dk, m.dv, dtype=pair_dtype, device=dev),
-                        torch.empty(m.conv_dim, m.kernel - 1, dtype=dtype, device=dev),
-                    )
-                )
+                pair_shapes += [(m.hv, m.dk, m.dk), (m.hv, m.dk, m.dv)]
+                shapes.append((m.conv_dim, m.kernel - 1))
             else:
                 a = layer.self_attn
                 assert a is not None
-                empty = torch.empty(0, a.hkv, a.d, dtype=dtype, device=dev)
-                layers.append(AttentionEntry(empty, empty))
-        return layers
+                shapes += [(n, a.hkv, a.d), (n, a.hkv, a.d)]
+        pairs, rest = iter(_carve(pair_shapes, pair_dtype, dev)), iter(_carve(shapes, dtype, dev))
+        return [
+            LinearEntry(next(pairs), next(pairs), next(rest))
+            if layer.linear_attn is not None
+            else AttentionEntry(next(rest), next(rest))
+            for layer in model.layers
+        ]
 
     def _linear(self, li: int) -> list[LinearEntry]:
         out = [e.layers[li] for e in self.entries]
@@ -99,13 +132,16 @@ class ColdBatch:
         from the entries' own cached pointers (``SegmentEntry.pair_pointers``, which the combine's scan
         tables read as well) in one host->device copy."""
         lin = [li for li, layer in enumerate(model.layers) if layer.linear_attn is not None]
+        self.sink_row = {li: row for row, li in enumerate(lin)}
+        self.table = torch.empty(0, dtype=torch.int64, device=dev)
         if not lin:
             return {}
-        table = to_device_async(torch.stack([e.pair_pointers()[0] for e in self.entries], dim=1), dev)  # [L, N, 2]
-        return {
-            li: PairSink(tuple(x.T for x in self._linear(li)), tuple(x.S for x in self._linear(li)), table[row])
-            for row, li in enumerate(lin)
-        }
+        self.table = to_device_async(torch.stack([e.pair_pointers()[0] for e in self.entries], dim=1), dev)  # [L, N, 2]
+        sinks = {}
+        for row, li in enumerate(lin):
+            layer = self._linear(li)
+            sinks[li] = PairSink(tuple(x.T for x in layer), tuple(x.S for x in layer), self.table[row])
+        return sinks
 
     @property
     def n_tokens(self) -> int:
@@ -122,19 +158,31 @@ class ColdBatch:
         their hidden states); fills the entries' layer ``li`` -> (o, extra) for ``mixer_out``."""
         if layer.linear_attn is not None:
             mixer = layer.linear_attn
-            mixed, z, g, beta = inputs
-            ops, conv_final = mixer.convolve(mixed, z, g, beta, self.cu, None)
-            o = mixer.mix_into_pairs(ops, self.cu, self.split, self.sinks[li])
+
+            def core(
+                sink: PairSink, mixed: torch.Tensor, z: torch.Tensor, g: torch.Tensor, beta: torch.Tensor
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+                ops, conv_final = mixer.convolve(mixed, z, g, beta, self.cu, None)
+                return mixer.mix_into_pairs(ops, self.cu, self.split, sink), conv_final
+
+            graphs = self.model.cold_graphs
+            if isinstance(graphs, ColdGraphs):  # replayed per layout where it can be
+                o, conv_final = graphs.run(
+                    self.layout_key, self.serial, li, self.sink_row[li], core, self.sinks[li], self.table,
+                    (self.cu, self.split), tuple(inputs[:4]),
+                )  # fmt: skip
+            else:
+                o, conv_final = core(self.sinks[li], *inputs[:4])
             tails = [x.conv_tail for x in self._linear(li)]
             torch._foreach_copy_(tails, list(conv_final.unbind(0)))  # one launch, not one copy per entry
-            return o, (z,)
+            return o, inputs[1:2]  # z
         attn = layer.self_attn
         assert attn is not None
         q, k, v = inputs[:3]
         o = attn.attend(attn.rotate(q, self.pos), attn.rotate(k, self.pos), v, self.cu_host, self.cu_host)
-        for j, e in enumerate(self.entries):
-            a, b = self.bounds[j], self.bounds[j + 1]
-            e.layers[li] = AttentionEntry(k[a:b].clone(), v[a:b].clone())
+        spans = list(zip(self.bounds[:-1], self.bounds[1:], strict=True))
+        dst = [x for e in self.entries for x in vars(e.layers[li]).values()]  # k, v per entry
+        torch._foreach_copy_(dst, [x[a:b] for a, b in spans for x in (k, v)])  # one launch
         return o, inputs[3:]  # the output gate, if any
 
     def set_cost(self, ms: float) -> None:

@@ -76,6 +76,7 @@ class HybridForCausalLM(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
         self.ffn_graphs: object | None = None  # runtime.graphs.LayerGraphs when enabled
         self.combine_graphs: object | None = None  # runtime.hypic.combine_graphs.CombineGraphs when enabled
+        self.cold_graphs: object | None = None  # runtime.hypic.cold_graphs.ColdGraphs when enabled
 
     @property
     def layers(self) -> list[DecoderLayer]:
