@@ -19,7 +19,7 @@ active rows. Feed-forward blocks replay from CUDA graphs where enabled (``runtim
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -147,6 +147,12 @@ def _attention(
     return o, AttentionLayerState(k_full, v_full)
 
 
+def _lead_and_tails(inputs: CombineInputs) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The composed leading bodies ``[L_lin, HV, K, V]`` and the spliced conv tails, where planned."""
+    h0_all = inputs.lead.compose() if inputs.lead is not None else None
+    return h0_all, inputs.splice.conv_tails() if inputs.splice is not None else None
+
+
 @torch.no_grad()
 def combine(
     model: HybridForCausalLM,
@@ -174,6 +180,13 @@ def combine(
         state = graphs.replay(lay, entries, spec, fused_scan)
         if state is not None:
             return state
+    if cold is not None:  # planned once the GPU has the first layer's work (see forward_steps)
+        *_, state = forward_steps(
+            model, lay, entries, spec, lambda: combine_inputs(model, lay, entries, spec.transition, fused_scan, cold),
+            cold,
+        )  # fmt: skip
+        assert isinstance(state, RequestState)
+        return state
     inputs = combine_inputs(model, lay, entries, spec.transition, fused_scan, cold)
     if isinstance(graphs, CombineGraphs) and graphs.should_capture(lay, spec, fused_scan):
         state = graphs.capture(lay, entries, spec, fused_scan, inputs, forward_steps)
@@ -189,7 +202,7 @@ def forward_steps(
     lay: CombineLayout,
     entries: list[SegmentEntry | None],
     spec: ModeSpec,
-    inputs: CombineInputs,
+    inputs: CombineInputs | Callable[[], CombineInputs],
     cold: ColdBatch | None = None,
     every: int = 0,
 ) -> Iterator[RequestState | None]:
@@ -197,36 +210,46 @@ def forward_steps(
     every ``every`` layers (0: never), then the request's state. With ``inputs.by_pointer()`` it reads
     no entry tensor directly: every cached tensor comes through a pointer table, which is what lets
     ``combine_graphs`` capture it (as a few graphs, one per step: the GPU starts on the first while
-    the host launches the rest)."""
-    h0_all = inputs.lead.compose() if inputs.lead is not None else None
-    tails = inputs.splice.conv_tails() if inputs.splice is not None else None
+    the host launches the rest).
+
+    ``inputs`` may be a function that plans them: it is called once the first layer's token-local
+    work and cold core are queued, so the GPU runs those while the host plans (a cold request's
+    tables take a few ms of host time that the GPU would otherwise wait for)."""
+    planned = inputs if isinstance(inputs, CombineInputs) else None
+    h0_all = tails = None
+    lin_row: dict[int, int] = {}
+    if planned is not None:
+        (h0_all, tails), lin_row = _lead_and_tails(planned), planned.lin_row
     h = model.embed(lay.active_ids)
     rows = 0  # cold rows ahead of the active ones in every token-local stage
     if cold is not None:
         h, rows = torch.cat([cold.embed(), h]), cold.n_tokens
-    lin_row = {li: r for r, li in enumerate(inputs.plan)}
     layers: list[LayerState] = []
     for li, layer in enumerate(model.layers):
         if every and li and li % every == 0:
             yield None
-        # token-local stages replay from CUDA graphs where enabled
-        both = mixer_in(model, li, h)
+        # token-local stages replay from CUDA graphs where enabled, chained: each stage's output buffers
+        # are the next one's inputs (views, nothing below keeps one past its layer)
+        both = mixer_in(model, li, h, keep=True)
         xs = tuple(x[rows:] for x in both) if rows else both
         o_cold = cold.run_layer(li, layer, tuple(x[:rows] for x in both))[0] if cold is not None else None
+        if planned is None:
+            planned = inputs() if callable(inputs) else inputs
+            (h0_all, tails), lin_row = _lead_and_tails(planned), planned.lin_row
         st: LayerState
         if layer.linear_attn is not None:
             row = lin_row[li]
             o, st = _linear(
-                layer.linear_attn, xs, lay, entries, li, spec, inputs.plan[li],
+                layer.linear_attn, xs, lay, entries, li, spec, planned.plan[li],
                 None if tails is None else tails[row], None if h0_all is None else h0_all[row],
             )  # fmt: skip
             extra = both[1:2]  # z
         else:
             assert layer.self_attn is not None
             q, k, v = xs[:3]
-            o, st = _attention(layer.self_attn, q, k, v, lay, entries, li, spec, inputs.splice)
+            o, st = _attention(layer.self_attn, q, k, v, lay, entries, li, spec, planned.splice)
             extra = both[3:]  # the output gate, if any
         layers.append(st)
-        h = mixer_out(model, li, h, o if o_cold is None else torch.cat([o_cold, o]), *extra)
-    logits = model.logits(h[-1:])[0]
+        h = mixer_out(model, li, h, o if o_cold is None else (o_cold, o), *extra, keep=True)
+    logits = model.logits(h[-1:])[0]  # a copy: h may be a view of a graph buffer
     yield RequestState(layers, lay.total, logits, tokens=list(lay.tokens))

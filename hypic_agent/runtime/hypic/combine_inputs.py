@@ -70,6 +70,11 @@ class CombineInputs:
     splice: splice_ops.SpliceTables | None = None
     start: int = 0  # first chain link of the scan tables (the leading bodies come before it)
 
+    @property
+    def lin_row(self) -> dict[int, int]:
+        """Linear layer index -> its row in the per-linear-layer tables (``plan`` order)."""
+        return {li: r for r, li in enumerate(self.plan)}
+
     def by_pointer(self) -> bool:
         """Whether the forward reads every cached tensor through these tables (CUDA graphs need it)."""
         return self.splice is not None and all(p is not None and p.tables is not None for p in self.plan.values())
