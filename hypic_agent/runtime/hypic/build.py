@@ -34,18 +34,28 @@ from hypic_agent.runtime.models.hybrid import DecoderLayer, HybridForCausalLM
 def _carve(
     shapes: list[tuple[int, ...]], dtype: torch.dtype, dev: torch.device, one_block: bool | None = None
 ) -> list[torch.Tensor]:
-    """Empty tensors of ``shapes``: on CUDA views of one allocation (offsets aligned to 256 bytes), so
-    a cold entry costs two allocations rather than one per tensor (some 90 of 2-4 MB each for the
-    Qwen3.5-35B-A3B shape, which the caching allocator maps through cudaMalloc while the cache
-    grows); elsewhere separate tensors (a CPU tier holds them as they are, and safetensors refuses
-    tensors that share memory). ``one_block``: force either way (None: by device)."""
+    """Empty tensors of ``shapes``: on CUDA views of one allocation (each 256-byte aligned), so a cold
+    entry costs two allocations rather than one per tensor (some 90 of 2-4 MB each for the
+    Qwen3.5-35B-A3B shape); the tensors of one shape come out of one ``unbind`` (a few calls per
+    entry, not two per tensor). Elsewhere separate tensors (a CPU tier holds them as they are, and
+    safetensors refuses tensors that share memory). ``one_block``: force either way (None: by device)."""
     if not (dev.type == "cuda" if one_block is None else one_block):
         return [torch.empty(s, dtype=dtype, device=dev) for s in shapes]
     align = max(1, 256 // dtype.itemsize)
-    sizes = [math.prod(s) for s in shapes]
-    padded = [-(-n // align) * align for n in sizes]
-    parts = torch.empty(sum(padded), dtype=dtype, device=dev).split(padded)  # one C++ call for the views
-    return [t[:n].view(s) for t, n, s in zip(parts, sizes, shapes, strict=True)]
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for i, shape in enumerate(shapes):
+        groups.setdefault(shape, []).append(i)
+    rows = {shape: -(-math.prod(shape) // align) * align for shape in groups}  # padded numel per tensor
+    block = torch.empty(sum(rows[sh] * len(ix) for sh, ix in groups.items()), dtype=dtype, device=dev)
+    out: list[torch.Tensor] = [block] * len(shapes)
+    start = 0
+    for shape, idx in groups.items():
+        n, row = math.prod(shape), rows[shape]
+        region = block[start : start + row * len(idx)].view(len(idx), row)[:, :n].view(len(idx), *shape)
+        for i, t in zip(idx, region.unbind(0), strict=True):
+            out[i] = t
+        start += row * len(idx)
+    return out
 
 
 def _sync(device: torch.device) -> None:
