@@ -58,6 +58,20 @@ def _carve(
     return out
 
 
+def _layer_dims(model: HybridForCausalLM) -> list[tuple[int, ...]]:
+    """Per layer the dims an entry's tensors need: linear ``(HV, K, V, conv channels, kernel)``,
+    attention ``(Hkv, D)`` (read once per batch: module attribute reads are slow in Python)."""
+    dims: list[tuple[int, ...]] = []
+    for layer in model.layers:
+        if (m := layer.linear_attn) is not None:
+            dims.append((m.hv, m.dk, m.dv, m.conv_dim, m.kernel))
+        else:
+            a = layer.self_attn
+            assert a is not None
+            dims.append((a.hkv, a.d))
+    return dims
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -101,8 +115,9 @@ class ColdBatch:
         )
         self.ids, self.cu = ids, cu.to(self.cu_host.dtype)
         self.split = SeamSplit.build(self.lengths, seams, dev)  # windows / bodies, shared by every linear layer
+        dims = _layer_dims(model)
         self.entries = [
-            SegmentEntry(t, seams[j], self._empty_layers(model, len(t), pair_dtype, p.dtype, dev))
+            SegmentEntry(t, seams[j], self._empty_layers(dims, len(t), pair_dtype, p.dtype, dev))
             for j, t in enumerate(tokens)
         ]
         # per linear layer: the entries' pair tensors as one sink (the pair kernels write into them)
@@ -110,26 +125,24 @@ class ColdBatch:
 
     @staticmethod
     def _empty_layers(
-        model: HybridForCausalLM, n: int, pair_dtype: torch.dtype, dtype: torch.dtype, dev: torch.device
+        dims: list[tuple[int, ...]], n: int, pair_dtype: torch.dtype, dtype: torch.dtype, dev: torch.device
     ) -> list[LinearEntry | AttentionEntry]:
-        """One ``n``-token entry's tensors, filled layer by layer: linear layers' pairs and conv tails,
-        attention layers' K/V ``[n, Hkv, D]`` (``_carve``: on CUDA two allocations per entry)."""
+        """One ``n``-token entry's tensors (``dims``: ``_layer_dims``), filled layer by layer: linear
+        layers' pairs and conv tails, attention layers' K/V ``[n, Hkv, D]`` (``_carve``: on CUDA two
+        allocations per entry)."""
         pair_shapes: list[tuple[int, ...]] = []
         shapes: list[tuple[int, ...]] = []  # conv tails and K/V, in the model's dtype
-        for layer in model.layers:
-            if (m := layer.linear_attn) is not None:
-                pair_shapes += [(m.hv, m.dk, m.dk), (m.hv, m.dk, m.dv)]
-                shapes.append((m.conv_dim, m.kernel - 1))
-            else:
-                a = layer.self_attn
-                assert a is not None
-                shapes += [(n, a.hkv, a.d), (n, a.hkv, a.d)]
+        for d in dims:
+            if len(d) == 5:  # linear: HV, K, V, conv channels, kernel
+                hv, kd, vd, c, w = d
+                pair_shapes += [(hv, kd, kd), (hv, kd, vd)]
+                shapes.append((c, w - 1))
+            else:  # attention: Hkv, D
+                shapes += [(n, *d), (n, *d)]
         pairs, rest = iter(_carve(pair_shapes, pair_dtype, dev)), iter(_carve(shapes, dtype, dev))
         return [
-            LinearEntry(next(pairs), next(pairs), next(rest))
-            if layer.linear_attn is not None
-            else AttentionEntry(next(rest), next(rest))
-            for layer in model.layers
+            LinearEntry(next(pairs), next(pairs), next(rest)) if len(d) == 5 else AttentionEntry(next(rest), next(rest))
+            for d in dims
         ]
 
     def _linear(self, li: int) -> list[LinearEntry]:
