@@ -216,7 +216,12 @@ class Engine:
             state.length,
             cached,
             state.length - cached,
-            timings_ms={"lookup_ms": t_lookup, "scatter_ms": t_scatter, "combine_ms": _ms(t2)},
+            timings_ms={
+                "lookup_ms": t_lookup,
+                "scatter_ms": t_scatter,
+                "combine_ms": _ms(t2),
+                **(cold.prep_ms if cold is not None else {}),
+            },
         )
 
     def _cold_batch(self, r: Route, segs: Sequence[Sequence[int]], seams: Sequence[int]) -> ColdBatch | None:

@@ -31,6 +31,7 @@ def test_layout_key_and_sightings():
     b = ColdBatch(model, [rand_tokens(20, 3), rand_tokens(9, 4)], [4, 4])
     c = ColdBatch(model, [rand_tokens(20, 3), rand_tokens(9, 4)], [4, 0])
     assert a.layout_key == b.layout_key != c.layout_key and a.serial != b.serial
+    assert set(a.prep_ms) == {"cold_tables_ms", "cold_split_ms", "cold_entries_ms", "cold_sinks_ms"}
     r = ColdGraphs(capture_after=2)
     assert r._sighting(a.layout_key, a.serial) == 1
     assert r._sighting(a.layout_key, a.serial) == 1  # one batch counts once, whatever its layers

@@ -82,8 +82,10 @@ class ColdBatch:
 
     ``seams[i]`` tokens at the start of segment i form its seam window; its body pair covers the
     rest. Segments must be non-empty; ``0 <= seams[i] <= len(segments[i])``. Linear layers' pairs
-    ``T [HV, K, K]`` / ``S [HV, K, V]`` (``pair_dtype``) and conv tails ``[C, W-1]`` are allocated
-    here; attention layers' K/V ``[n, Hkv, D]`` are set when their layer runs.
+    ``T [HV, K, K]`` / ``S [HV, K, V]`` (``pair_dtype``), conv tails ``[C, W-1]`` and attention
+    layers' K/V ``[n, Hkv, D]`` are allocated here and filled when their layer runs. ``prep_ms``:
+    the host time of each part of this set-up (tables, seam split, entries, pair sinks), which the
+    GPU waits for when the batch is built inside a request.
     """
 
     def __init__(
@@ -96,6 +98,7 @@ class ColdBatch:
     ) -> None:
         if not segments or any(len(s) == 0 for s in segments):
             raise ValueError("build_entries needs non-empty segments")
+        t0 = time.perf_counter()
         p = next(model.parameters())
         dev = p.device
         self.model = model
@@ -114,14 +117,24 @@ class ColdBatch:
             [self.bounds[-1], len(self.bounds), self.bounds[-1]]
         )
         self.ids, self.cu = ids, cu.to(self.cu_host.dtype)
+        t1 = time.perf_counter()
         self.split = SeamSplit.build(self.lengths, seams, dev)  # windows / bodies, shared by every linear layer
+        t2 = time.perf_counter()
         dims = _layer_dims(model)
         self.entries = [
             SegmentEntry(t, seams[j], self._empty_layers(dims, len(t), pair_dtype, p.dtype, dev))
             for j, t in enumerate(tokens)
         ]
+        t3 = time.perf_counter()
         # per linear layer: the entries' pair tensors as one sink (the pair kernels write into them)
         self.sinks = self._sinks(model, dev)
+        t4 = time.perf_counter()
+        self.prep_ms = {
+            "cold_tables_ms": (t1 - t0) * 1e3,
+            "cold_split_ms": (t2 - t1) * 1e3,
+            "cold_entries_ms": (t3 - t2) * 1e3,
+            "cold_sinks_ms": (t4 - t3) * 1e3,
+        }
 
     @staticmethod
     def _empty_layers(
