@@ -21,7 +21,9 @@ launch:
 
 A layout is captured at its ``capture_after``-th batch (the first runs eagerly: it autotunes); up to
 ``max_layouts`` are kept, least recently used dropped first. A capture failure logs once and turns
-the runner off.
+the runner off. Memory: a kept layout of 4 x 1k tokens held 4.7 GB more device memory than the
+eager path (H200, Qwen3.5-35B-A3B shape: each layer's outputs and scratch in the graphs' pool);
+not counted in the entry budgets.
 """
 
 from __future__ import annotations
