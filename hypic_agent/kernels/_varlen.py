@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 
+import numpy as np
 import torch
 
 
@@ -64,3 +65,14 @@ def fla_chunk_tables(lens: list[int], chunk: int = 64) -> tuple[list[tuple[int, 
     with a blocking copy)."""
     counts = [-(-n // chunk) for n in lens]
     return [(i, c) for i, n in enumerate(counts) for c in range(n)], [0, *itertools.accumulate(counts)]
+
+
+def concat_ranges(spans: list[tuple[int, int]]) -> np.ndarray:
+    """``[(a, b), ...]`` -> the concatenated ``arange(a, b)`` (int64, host), with no per-span ops."""
+    if not spans:
+        return np.zeros(0, dtype=np.int64)
+    starts = np.array([a for a, _ in spans], dtype=np.int64)
+    lens = np.array([b - a for a, b in spans], dtype=np.int64)
+    # element j of the output, in span i: j + start_i - (tokens of the spans before i)
+    shift = np.repeat(starts - np.cumsum(lens) + lens, lens)
+    return np.arange(int(lens.sum()), dtype=np.int64) + shift

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import functools
 import importlib
-from typing import Literal
+from typing import Any, Literal
 
+import numpy as np
 import torch
 
 Backend = Literal["torch", "fla"]
@@ -64,6 +65,18 @@ def to_device_async(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     if device.type == "cuda":
         return t.pin_memory().to(device, non_blocking=True)
     return t.to(device)
+
+
+def upload_int64(arrays: list[Any], device: torch.device) -> list[torch.Tensor]:
+    """int64 host arrays -> device tensors: one pinned buffer, one non-blocking copy, then views, each
+    starting 16-byte aligned (Triton specializes kernels on the alignment of pointer arguments)."""
+    flat = [np.asarray(a, dtype=np.int64).reshape(-1) for a in arrays]
+    starts = np.cumsum([0] + [a.size + a.size % 2 for a in flat])
+    packed = np.zeros(int(starts[-1]), dtype=np.int64)
+    for a, start in zip(flat, starts, strict=False):
+        packed[start : start + a.size] = a
+    on_dev = to_device_async(torch.from_numpy(packed), device)
+    return [on_dev[int(start) : int(start) + a.size] for a, start in zip(flat, starts, strict=False)]
 
 
 def refill_async(dst: torch.Tensor, src: torch.Tensor) -> None:

@@ -10,13 +10,12 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
 
-from ._varlen import fla_chunk_tables
-from .backend import to_device_async
+from ._varlen import concat_ranges, fla_chunk_tables
+from .backend import upload_int64
 
 CHUNK = 64  # fla's chunk size for the delta rule: the sub-sequence chunk tables use it
 
@@ -27,27 +26,6 @@ def identity_pairs(
     """``(I [n, HV, K, K], 0 [n, HV, K, V])``: the pair of an empty span."""
     T = torch.eye(kd, device=device, dtype=dtype).expand(n, hv, kd, kd).clone()
     return T, torch.zeros(n, hv, kd, vd, device=device, dtype=dtype)
-
-
-def _ranges(starts: list[int], ends: list[int]) -> np.ndarray:
-    """The integers of every ``[starts[i], ends[i])``, concatenated (int64)."""
-    lens = np.asarray(ends, dtype=np.int64) - np.asarray(starts, dtype=np.int64)
-    if not lens.size or not lens.sum():
-        return np.zeros(0, dtype=np.int64)
-    offsets = np.repeat(np.asarray(starts, dtype=np.int64) - np.cumsum(lens) + lens, lens)
-    return np.arange(int(lens.sum()), dtype=np.int64) + offsets
-
-
-def _upload(arrays: list[Any], device: torch.device) -> list[torch.Tensor]:
-    """int64 host arrays -> device tensors: one pinned buffer, one non-blocking copy, then views, each
-    starting 16-byte aligned (Triton specializes kernels on the alignment of pointer arguments)."""
-    flat = [np.asarray(a, dtype=np.int64).reshape(-1) for a in arrays]
-    starts = np.cumsum([0] + [a.size + a.size % 2 for a in flat])
-    packed = np.zeros(int(starts[-1]), dtype=np.int64)
-    for a, start in zip(flat, starts, strict=False):
-        packed[start : start + a.size] = a
-    on_dev = to_device_async(torch.from_numpy(packed), device)
-    return [on_dev[int(start) : int(start) + a.size] for a, start in zip(flat, starts, strict=False)]
 
 
 @dataclass(frozen=True)
@@ -107,8 +85,8 @@ class SeamSplit:
         starts = [0, *itertools.accumulate(lengths)]
         seam_segs = [j for j, s in enumerate(seams) if s > 0]
         body_segs = [j for j, (n, s) in enumerate(zip(lengths, seams, strict=True)) if n - s > 0]
-        body_list = _ranges([starts[j] + seams[j] for j in body_segs], [starts[j + 1] for j in body_segs])
-        win_list = _ranges([starts[j] for j in seam_segs], [starts[j] + seams[j] for j in seam_segs])
+        body_list = concat_ranges([(starts[j] + seams[j], starts[j + 1]) for j in body_segs])
+        win_list = concat_ranges([(starts[j], starts[j] + seams[j]) for j in seam_segs])
         nw = len(seam_segs)
         sub_lens: list[int] = []
         enter_win: list[int] = []  # per sub-sequence: the window whose state enters it (nw: zero)
@@ -153,7 +131,7 @@ class SeamSplit:
             "seg_body_sub": seg_sub,
             "seg_body_win": seg_win,
         }
-        on_dev = dict(zip(tables, _upload(list(tables.values()), device), strict=True))
+        on_dev = dict(zip(tables, upload_int64(list(tables.values()), device), strict=True))
         on_dev["sub_chunks"] = on_dev["sub_chunks"].view(-1, 2)
         on_dev["win_chunks"] = on_dev["win_chunks"].view(-1, 2)
         return cls(

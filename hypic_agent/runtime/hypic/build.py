@@ -22,7 +22,8 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from hypic_agent.kernels.backend import to_device_async
+from hypic_agent.kernels._varlen import concat_ranges
+from hypic_agent.kernels.backend import to_device_async, upload_int64
 from hypic_agent.kernels.gdn_pairs import PairSink, SeamSplit
 from hypic_agent.runtime.forward import cu_seqlens_of
 from hypic_agent.runtime.graphs import mixer_in, mixer_out
@@ -110,13 +111,15 @@ class ColdBatch:
         self.cu_host = cu_seqlens_of(self.lengths, torch.device("cpu"))  # attention reads bounds here: no sync
         self.bounds = self.cu_host.tolist()
         # ids, bounds and local positions in one pinned upload (the GPU is idle until the forward starts)
-        host = np.concatenate([np.fromiter(itertools.chain(*tokens), np.int64, self.bounds[-1]),
-                               self.cu_host.numpy().astype(np.int64),
-                               np.concatenate([np.arange(n, dtype=np.int64) for n in self.lengths])])  # fmt: skip
-        ids, cu, self.pos = to_device_async(torch.from_numpy(host), dev).split(
-            [self.bounds[-1], len(self.bounds), self.bounds[-1]]
+        self.ids, cu, self.pos = upload_int64(
+            [
+                np.fromiter(itertools.chain(*tokens), np.int64, self.bounds[-1]),
+                self.bounds,
+                concat_ranges([(0, n) for n in self.lengths]),
+            ],
+            dev,
         )
-        self.ids, self.cu = ids, cu.to(self.cu_host.dtype)
+        self.cu = cu.to(self.cu_host.dtype)
         t1 = time.perf_counter()
         self.split = SeamSplit.build(self.lengths, seams, dev)  # windows / bodies, shared by every linear layer
         t2 = time.perf_counter()

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 
+from hypic_agent.kernels._varlen import concat_ranges
 from hypic_agent.kernels.backend import to_device_async
 from hypic_agent.runtime.hypic.entry import SegmentEntry
 
@@ -43,17 +43,6 @@ class CombineLayout:
     # what every tensor above except active_ids follows from: per segment (length, active head or -1
     # without an entry), then the suffix length; equal keys give equal layouts up to the token ids
     shape_key: tuple[int, ...] = ()
-
-
-def _ranges(spans: list[tuple[int, int]]) -> torch.Tensor:
-    """``[(a, b), ...]`` -> concatenated ``arange(a, b)`` (int64, host)."""
-    if not spans:
-        return torch.zeros(0, dtype=torch.long)
-    starts = np.array([a for a, _ in spans], dtype=np.int64)
-    lens = np.array([b - a for a, b in spans], dtype=np.int64)
-    # element j of the output, in span i: j + start_i - (tokens of the spans before i); no per-span ops
-    shift = np.repeat(starts - np.cumsum(lens) + lens, lens)
-    return torch.from_numpy(np.arange(int(lens.sum()), dtype=np.int64) + shift)
 
 
 def plan_layout(
@@ -117,11 +106,11 @@ def plan_layout(
     return CombineLayout(
         total=offset,
         active_ids=to_device_async(torch.tensor(active_ids, dtype=torch.long), device),
-        active_pos=to_device_async(_ranges(active_spans), device),
+        active_pos=to_device_async(torch.from_numpy(concat_ranges(active_spans)), device),
         cu_pieces=to_device_async(torch.tensor(cu_host, dtype=torch.int32), device),
         cu_host=cu_host,
-        body_pos=to_device_async(_ranges(body_spans), device),
-        body_local_pos=to_device_async(_ranges(local_spans), device),
+        body_pos=to_device_async(torch.from_numpy(concat_ranges(body_spans)), device),
+        body_local_pos=to_device_async(torch.from_numpy(concat_ranges(local_spans)), device),
         body_segments=body_segments,
         body_lens=body_lens,
         chain=chain,
