@@ -206,10 +206,7 @@ class ColdBatch:
 
             graphs = self.model.cold_graphs
             if isinstance(graphs, ColdGraphs):  # replayed per layout where it can be
-                o, conv_final = graphs.run(
-                    self.layout_key, self.serial, li, self.sink_row[li], core, self.sinks[li], self.table,
-                    (self.cu, self.split), tuple(inputs[:4]),
-                )  # fmt: skip
+                o, conv_final = graphs.run(self, li, core, tuple(inputs[:4]))
             else:
                 o, conv_final = core(self.sinks[li], *inputs[:4])
             tails = [x.conv_tail for x in self._linear(li)]

@@ -33,11 +33,14 @@ import itertools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from hypic_agent.kernels.pair_sink import PairSink
+
+if TYPE_CHECKING:
+    from hypic_agent.runtime.hypic.build import ColdBatch
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +68,12 @@ class _Layout:
         default_factory=dict
     )
 
+    def point_at(self, batch: ColdBatch) -> None:
+        """Put ``batch``'s pair pointers into the static table (once per batch)."""
+        if self.owner != batch.serial:
+            self.table.copy_(batch.table)
+            self.owner = batch.serial
+
 
 class ColdGraphs:
     """Per (cold-batch layout, linear layer) graphs of ``ColdBatch``'s linear core; attach with
@@ -89,62 +98,40 @@ class ColdGraphs:
         return self.seen.get(key, 0)
 
     def run(
-        self,
-        key: tuple[Any, ...],
-        serial: int,
-        li: int,
-        row: int,
-        core: Core,
-        sink: PairSink,
-        table: torch.Tensor,
-        keep: tuple[Any, ...],
-        xs: tuple[torch.Tensor, ...],
+        self, batch: ColdBatch, li: int, core: Core, xs: tuple[torch.Tensor, ...]
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Layer ``li``'s cold core ``core(sink, *xs)`` for batch ``serial`` of layout ``key``
-        (``table``: its sinks' pointers ``[L_lin, N, 2]``, ``row`` this layer's; ``keep``: its tables
-        the core reads), replayed from a graph when it can be."""
+        """Layer ``li``'s cold core ``core(sink, *xs)`` for ``batch`` (its layout key, serial, pair
+        sinks and their pointer table ``[L_lin, N, 2]``), replayed from a graph when it can be."""
         if self.disabled or not xs[0].is_cuda or torch.is_grad_enabled():
-            return core(sink, *xs)
-        count = self._sighting(key, serial)
+            return core(batch.sinks[li], *xs)
+        key = batch.layout_key
+        count = self._sighting(key, batch.serial)
         lay = self.layouts.get(key)
         if lay is not None:
             self.layouts.move_to_end(key)
             entry = lay.graphs.get(li)
             if entry is not None and entry[1] == _addresses(xs):
-                if lay.owner != serial:
-                    lay.table.copy_(table)
-                    lay.owner = serial
+                lay.point_at(batch)
                 entry[0].replay()
                 self.replays += 1
                 return entry[2]
-        out = core(sink, *xs)  # eager (and the warm-up of a capture)
+        out = core(batch.sinks[li], *xs)  # eager (and the warm-up of a capture)
         if count >= self.capture_after and (lay is None or li not in lay.graphs):
-            self._capture(key, serial, li, row, core, sink, table, keep, xs)
+            self._capture(batch, li, core, xs)
         return out
 
-    def _capture(
-        self,
-        key: tuple[Any, ...],
-        serial: int,
-        li: int,
-        row: int,
-        core: Core,
-        sink: PairSink,
-        table: torch.Tensor,
-        keep: tuple[Any, ...],
-        xs: tuple[torch.Tensor, ...],
-    ) -> None:
+    def _capture(self, batch: ColdBatch, li: int, core: Core, xs: tuple[torch.Tensor, ...]) -> None:
+        key = batch.layout_key
         lay = self.layouts.get(key)
         try:
             if lay is None:
                 while len(self.layouts) >= self.max_layouts:
                     self.layouts.popitem(last=False)
-                lay = _Layout(table.clone(), torch.cuda.graph_pool_handle(), serial)
+                lay = _Layout(batch.table.clone(), torch.cuda.graph_pool_handle(), batch.serial)
                 self.layouts[key] = lay
-            if lay.owner != serial:
-                lay.table.copy_(table)
-                lay.owner = serial
-            static = PairSink(sink.T, sink.S, lay.table[row])
+            lay.point_at(batch)
+            sink = batch.sinks[li]
+            static = PairSink(sink.T, sink.S, lay.table[batch.sink_row[li]])
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=lay.pool):
                 out = core(static, *xs)
@@ -153,7 +140,7 @@ class ColdGraphs:
             self.layouts.clear()
             log.warning("CUDA graph capture of the cold core failed (%s); running eagerly", self.disabled)
             return
-        lay.graphs[li] = (graph, _addresses(xs), out, keep)
+        lay.graphs[li] = (graph, _addresses(xs), out, (batch.cu, batch.split))  # the tables the graph reads
 
 
 def enable_cold_graphs(model: Any, capture_after: int = 2, max_layouts: int = 2) -> ColdGraphs | None:
