@@ -86,6 +86,7 @@ def attention(
     k_positions: torch.Tensor | None = None,
     scale: float | None = None,
     backend: str = "auto",
+    keys_ascending: bool = False,
 ) -> torch.Tensor:
     """Attention over N packed sequences.
 
@@ -94,6 +95,8 @@ def attention(
         cu_seqlens_q, cu_seqlens_k: ``[N+1]`` int32 (None = one sequence); CPU tensors avoid a host sync.
         q_positions ``[Tq]``, k_positions ``[Tk]``: int positions (both or neither).
         scale: softmax scale, default ``D ** -0.5``.
+        keys_ascending: ``k_positions`` ascend within each sequence (lets the split-K kernel count the
+            key blocks it needs up front; a wrong promise gives wrong outputs). Implied without positions.
     Returns:
         ``[Tq, Hq, Dv]`` in q's dtype.
     """
@@ -131,7 +134,9 @@ def attention(
         if splitk and lq <= SPLITK_MAX_Q and lq < lk:
             from .attention_splitk_triton import splitk_attention_triton
 
-            out[qa:qb] = splitk_attention_triton(q[qa:qb], k[ka:kb], v[ka:kb], qp, kp, scale)
+            out[qa:qb] = splitk_attention_triton(
+                q[qa:qb], k[ka:kb], v[ka:kb], qp, kp, scale, keys_ascending=keys_ascending or q_positions is None
+            )
             continue
         mask = kp[None, :] <= qp[:, None]  # [Lq, Lk]
         seen = mask.any(-1)

@@ -10,8 +10,10 @@ explicit ``[Tq, Tk]`` mask there (no flash path), repeats K/V for GQA, and launc
 * the keys are split in ``NS`` ranges (flash-decoding): grid ``(cdiv(Tq * G, BM), Hkv, NS)``;
   each program writes a partial output and its log-sum-exp, a second kernel merges them;
 * the causal rule ``k_pos <= q_pos`` is applied in the kernel from the position vectors, and a
-  key block that starts past the program's last query position is skipped (with ascending key
-  positions, as in combine, that is every block after it).
+  key block no row of the program sees is skipped. With ascending key positions (combine's
+  spliced prompt: the caller says so) those are the blocks after a prefix, counted before the
+  loop from the blocks' first keys; the loop then has no branch and is software-pipelined (the
+  next block's K/V load runs under this block's dots).
 
 Rows that see no key get zeros, as in the twin.
 """
@@ -28,10 +30,32 @@ from .backend import autotune_cache
 
 
 @triton.jit
+def _key_block(b_q, k, v, kpos, b_qp, start, k_hi, i_hk, scale, m_i, l_i, acc, o_d, m_d, o_e, m_e,
+               HKV: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, BN: tl.constexpr):  # fmt: skip
+    """One block of ``BN`` keys from ``start`` into the running (max, sum, acc) of the rows."""
+    cols = (start + tl.arange(0, BN)).to(tl.int64)
+    m_col = cols < k_hi
+    b_kp = tl.load(kpos + cols, mask=m_col, other=0x7FFFFFFFFFFFFFFF)
+    b_k = tl.load(k + (cols[:, None] * HKV + i_hk) * D + o_d[None, :], mask=m_col[:, None] & m_d[None, :], other=0.0)
+    s = tl.dot(b_q, tl.trans(b_k)) * scale  # [BM, BN] fp32
+    vis = (b_kp[None, :] <= b_qp[:, None]) & m_col[None, :]
+    s = tl.where(vis, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows that have seen nothing yet
+    p = tl.exp(s - m_safe[:, None])
+    alpha = tl.exp(m_i - m_safe)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    b_v = tl.load(v + (cols[:, None] * HKV + i_hk) * DV + o_e[None, :], mask=m_col[:, None] & m_e[None, :], other=0.0)
+    acc = acc * alpha[:, None] + tl.dot(p.to(b_v.dtype), b_v)
+    return m_new, l_i, acc
+
+
+@triton.jit
 def _splitk_attn_kernel(
     q, k, v, qpos, kpos, o_part, lse_part, Tq, Tk, keys_per_split, scale,
     HQ: tl.constexpr, HKV: tl.constexpr, G: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
-    BD: tl.constexpr, BDV: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+    BD: tl.constexpr, BDV: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, ASCENDING: tl.constexpr,
+    MAXB: tl.constexpr, STAGES: tl.constexpr,
 ):  # fmt: skip
     i_m = tl.program_id(0)
     i_hk = tl.program_id(1)
@@ -53,25 +77,22 @@ def _splitk_attn_kernel(
     m_i = tl.full([BM], float("-inf"), tl.float32)
     l_i = tl.zeros([BM], tl.float32)
     acc = tl.zeros([BM, BDV], tl.float32)
-    for start in range(k_lo, k_hi, BN):
-        cols = (start + tl.arange(0, BN)).to(tl.int64)
-        m_col = cols < k_hi
-        b_kp = tl.load(kpos + cols, mask=m_col, other=0x7FFFFFFFFFFFFFFF)
-        if tl.min(b_kp) <= qp_max:
-            b_k = tl.load(k + (cols[:, None] * HKV + i_hk) * D + o_d[None, :], mask=m_col[:, None] & m_d[None, :],
-                          other=0.0)  # fmt: skip
-            s = tl.dot(b_q, tl.trans(b_k)) * scale  # [BM, BN] fp32
-            vis = (b_kp[None, :] <= b_qp[:, None]) & m_col[None, :]
-            s = tl.where(vis, s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows that have seen nothing yet
-            p = tl.exp(s - m_safe[:, None])
-            alpha = tl.exp(m_i - m_safe)
-            l_i = l_i * alpha + tl.sum(p, 1)
-            b_v = tl.load(v + (cols[:, None] * HKV + i_hk) * DV + o_e[None, :], mask=m_col[:, None] & m_e[None, :],
-                          other=0.0)  # fmt: skip
-            acc = acc * alpha[:, None] + tl.dot(p.to(b_v.dtype), b_v)
-            m_i = m_new
+    if ASCENDING:
+        # the blocks some row sees are a prefix: count them from their first keys in one load, then
+        # run a loop without branches (software-pipelined: the next block's K/V load under this one's dots)
+        first = k_lo + tl.arange(0, MAXB).to(tl.int64) * BN
+        b_first = tl.load(kpos + first, mask=first < k_hi, other=0x7FFFFFFFFFFFFFFF)
+        n_vis = tl.sum((b_first <= qp_max).to(tl.int32))
+        for b in tl.range(0, n_vis, num_stages=STAGES):
+            m_i, l_i, acc = _key_block(b_q, k, v, kpos, b_qp, k_lo + b * BN, k_hi, i_hk, scale, m_i, l_i, acc,
+                                       o_d, m_d, o_e, m_e, HKV, D, DV, BN)  # fmt: skip
+    else:
+        for start in range(k_lo, k_hi, BN):
+            b_kp0 = tl.load(kpos + start + tl.arange(0, BN), mask=start + tl.arange(0, BN) < k_hi,
+                            other=0x7FFFFFFFFFFFFFFF)  # fmt: skip
+            if tl.min(b_kp0) <= qp_max:
+                m_i, l_i, acc = _key_block(b_q, k, v, kpos, b_qp, start, k_hi, i_hk, scale, m_i, l_i, acc,
+                                           o_d, m_d, o_e, m_e, HKV, D, DV, BN)  # fmt: skip
     seen = l_i > 0
     lse = tl.where(seen, m_i + tl.log(tl.where(seen, l_i, 1.0)), float("-inf"))
     out = acc / tl.where(seen, l_i, 1.0)[:, None]
@@ -100,10 +121,15 @@ def _merge_kernel(o_part, lse_part, o, R, NS, DV: tl.constexpr, BS: tl.constexpr
 
 
 _CONFIGS = [
-    triton.Config({"BM": bm, "BN": bn}, num_warps=nw, num_stages=ns)
-    for bm, bn, nw, ns in ((64, 64, 8, 2), (64, 32, 4, 2), (32, 64, 4, 2), (128, 32, 8, 2), (64, 64, 4, 3))
-]
-_tuned_kernel = triton.autotune(configs=_CONFIGS, key=["HQ", "HKV", "D", "DV"], **autotune_cache())(_splitk_attn_kernel)
+    triton.Config({"BM": bm, "BN": bn, "STAGES": ns}, num_warps=nw, num_stages=ns)
+    for bm, bn, nw, ns in (
+        (64, 64, 8, 2), (64, 32, 4, 2), (32, 64, 4, 2), (128, 32, 8, 2), (64, 64, 4, 3), (64, 128, 8, 2),
+        (128, 64, 8, 2), (64, 64, 8, 3),
+    )
+]  # fmt: skip
+_tuned_kernel = triton.autotune(configs=_CONFIGS, key=["HQ", "HKV", "D", "DV", "ASCENDING"], **autotune_cache())(
+    _splitk_attn_kernel
+)
 
 
 @functools.cache
@@ -129,13 +155,17 @@ def splitk_attention_triton(
     *,
     num_splits: int | None = None,
     block: tuple[int, int, int] | None = None,
+    keys_ascending: bool = False,
 ) -> torch.Tensor:
     """One sequence: q ``[Tq, Hq, D]`` over k ``[Tk, Hkv, D]``, v ``[Tk, Hkv, Dv]`` (same dtype),
     query i sees key j iff ``k_positions[j] <= q_positions[i]`` (int64 ``[Tq]`` / ``[Tk]``, on the
-    device; key positions ascending for block skipping) -> ``[Tq, Hq, Dv]`` in q's dtype.
+    device) -> ``[Tq, Hq, Dv]`` in q's dtype.
 
-    Launch shape autotuned over ``_CONFIGS`` unless ``block = (BM, BN, num_warps)`` is given;
-    ``num_splits`` key ranges (default: enough programs for ~4 waves)."""
+    ``keys_ascending``: the caller promises ascending key positions (combine's spliced prompt), so
+    the key blocks a row block sees are a prefix of its range, counted up front, and the key loop
+    has no branch (pipelined). Otherwise every block is checked (skipped when no row sees any of
+    its keys). Launch shape autotuned over ``_CONFIGS`` unless ``block = (BM, BN,
+    num_warps)`` is given; ``num_splits`` key ranges (default: enough programs for ~4 waves)."""
     Tq, Hq, D = q.shape
     Tk, Hkv, Dv = v.shape
     G = Hq // Hkv
@@ -150,12 +180,14 @@ def splitk_attention_triton(
     lse_part = torch.empty(ns, Tq, Hq, dtype=torch.float32, device=q.device)
     BD, BDV = max(16, triton.next_power_of_2(D)), max(16, triton.next_power_of_2(Dv))
     args = (q, k, v, qp, kp, o_part, lse_part, Tq, Tk, per, scale)
-    consts = dict(HQ=Hq, HKV=Hkv, G=G, D=D, DV=Dv, BD=BD, BDV=BDV)
+    # MAXB: blocks per key range at the smallest BN (16), a power of two (the up-front count's width)
+    maxb = max(2, triton.next_power_of_2(triton.cdiv(per, 16)))
+    consts = dict(HQ=Hq, HKV=Hkv, G=G, D=D, DV=Dv, BD=BD, BDV=BDV, ASCENDING=keys_ascending, MAXB=maxb)
     if block is None:
         _tuned_kernel[lambda meta: (triton.cdiv(Tq * G, meta["BM"]), Hkv, ns)](*args, **consts)
     else:
         bm, bn, nw = block
-        _splitk_attn_kernel[(triton.cdiv(Tq * G, bm), Hkv, ns)](*args, **consts, BM=bm, BN=bn, num_warps=nw)
+        _splitk_attn_kernel[(triton.cdiv(Tq * G, bm), Hkv, ns)](*args, **consts, BM=bm, BN=bn, STAGES=2, num_warps=nw)
     o = torch.empty(Tq, Hq, Dv, dtype=q.dtype, device=q.device)
     _merge_kernel[(Tq * Hq,)](o_part, lse_part, o, Tq * Hq, ns, DV=Dv, BS=max(2, triton.next_power_of_2(ns)), BDV=BDV)
     return o

@@ -71,6 +71,8 @@ def test_splitk_attention_matches_sdpa(shape):
     via = attention(q, k, v, q_positions=qp, k_positions=kp)  # the dispatcher picks split-K
     err = rel_err(out.float(), ref.float())
     assert err < 1e-2 and torch.equal(out, via), err
+    asc = splitk_attention_triton(q, k, v, qp, kp, D**-0.5, keys_ascending=True)  # the branch-free key loop
+    assert rel_err(asc.float(), ref.float()) < 1e-2
 
     def ms(fn) -> float:
         fn()
@@ -85,7 +87,11 @@ def test_splitk_attention_matches_sdpa(shape):
 
     t_sdpa = ms(lambda: attention(q, k, v, q_positions=qp, k_positions=kp, backend="torch"))
     t_split = ms(lambda: splitk_attention_triton(q, k, v, qp, kp, D**-0.5))
-    print(f"attention {shape}: rel err {err:.2e}, SDPA+mask {t_sdpa:.3f} ms, split-K {t_split:.3f} ms")
+    t_asc = ms(lambda: splitk_attention_triton(q, k, v, qp, kp, D**-0.5, keys_ascending=True))
+    print(
+        f"attention {shape}: rel err {err:.2e}, SDPA+mask {t_sdpa:.3f} ms, split-K {t_split:.3f} ms, "
+        f"ascending keys {t_asc:.3f} ms"
+    )
 
 
 @pytest.mark.parametrize("T", [1, 100, 300, 600])  # 4 slots each: Triton up to TRITON_MAX_SLOTS pairs, grouped above

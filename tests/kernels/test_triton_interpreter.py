@@ -278,9 +278,15 @@ kp = torch.arange(5, 5 + Tk)  # keys start at position 5: the query at 2 sees no
 qp = torch.tensor([2, 7, 40, 41, 120, 200, 250, 298, 304])
 ref = attention(q, k, v, q_positions=qp, k_positions=kp, scale=0.2, backend="torch")
 assert ref[0].abs().max() == 0
-for ns, block in ((1, (16, 32, 4)), (3, (32, 16, 4)), (7, (16, 64, 2))):
-    o = splitk_attention_triton(q, k, v, qp, kp, 0.2, num_splits=ns, block=block)
-    assert rel_err(o, ref) < 1e-5 and o[0].abs().max() == 0, (ns, block, rel_err(o, ref))
+for asc in (False, True):  # the up-front count of visible key blocks (ascending keys) or a check per block
+    for ns, block in ((1, (16, 32, 4)), (3, (32, 16, 4)), (7, (16, 64, 2))):
+        o = splitk_attention_triton(q, k, v, qp, kp, 0.2, num_splits=ns, block=block, keys_ascending=asc)
+        assert rel_err(o, ref) < 1e-5 and o[0].abs().max() == 0, (asc, ns, block, rel_err(o, ref))
+# keys out of order: the per-block check still finds every visible key
+perm = torch.randperm(Tk, generator=g)
+ref = attention(q, k[perm], v[perm], q_positions=qp, k_positions=kp[perm], scale=0.2, backend="torch")
+o = splitk_attention_triton(q, k[perm], v[perm], qp, kp[perm], 0.2, num_splits=3, block=(16, 32, 4))
+assert rel_err(o, ref) < 1e-5, rel_err(o, ref)
 """
 
 CONV = """

@@ -142,8 +142,9 @@ def _attention(
         v_full[lay.body_pos] = torch.cat(bv).to(v.dtype)
     cu_q = torch.tensor([0, q.shape[0]], dtype=torch.int32)  # host tensors: no device sync
     cu_k = torch.tensor([0, lay.total], dtype=torch.int32)
-    k_pos = lay.all_pos
-    o = attn.attend(q, k_full, v_full, cu_q, cu_k, q_positions=lay.active_pos, k_positions=k_pos)
+    o = attn.attend(
+        q, k_full, v_full, cu_q, cu_k, q_positions=lay.active_pos, k_positions=lay.all_pos, keys_ascending=True
+    )
     return o, AttentionLayerState(k_full, v_full)
 
 

@@ -69,8 +69,10 @@ class FullAttention(nn.Module):
         cu_seqlens_k: torch.Tensor,
         q_positions: torch.Tensor | None = None,
         k_positions: torch.Tensor | None = None,
+        keys_ascending: bool = False,
     ) -> torch.Tensor:
-        """Rotated q ``[Tq, Hq, D]`` over rotated k / v ``[Tk, Hkv, D]`` -> ``[Tq, Hq, D]``."""
+        """Rotated q ``[Tq, Hq, D]`` over rotated k / v ``[Tk, Hkv, D]`` -> ``[Tq, Hq, D]``
+        (``keys_ascending``: see ``kernels.attention.attention``)."""
         return attn_ops.attention(
             q,
             k,
@@ -81,6 +83,7 @@ class FullAttention(nn.Module):
             k_positions=k_positions,
             scale=self.scale,
             backend=self.backend,
+            keys_ascending=keys_ascending,
         )
 
     def output(self, o: torch.Tensor, gate: torch.Tensor | None) -> torch.Tensor:
