@@ -20,8 +20,10 @@ walks *steps*: a step is one chunk (or none) followed by one cached body (or non
 autotuner picks 1 or 2 stages). Per step the state sees three dots (``w h``, ``kd^T d``, ``T h``),
 not one reduction round per token.
 
-Precision: factors and the state are fp32, dots in tf32x3 (about fp32, as ``chain_triton``); bf16
-pairs take two bf16 dots over a hi/lo split of the state (``pair_step``).
+Precision: factors and the state are fp32. The factors' dots run in tf32x3 (about fp32, as
+``chain_triton``); the chain's state dots too for fp32 outputs, in one tf32 pass for bf16 / fp16
+outputs with fp32 pairs (``PRECISE_FOR_HALF``). bf16 pairs take two bf16 dots over a hi/lo split of the state
+(``pair_step``).
 """
 
 from __future__ import annotations
@@ -38,6 +40,16 @@ from .chain_triton import pair_step
 def _dot(a, b):
     """fp32 ``a @ b`` at about fp32 accuracy (three tf32 tensor-core passes)."""
     return tl.dot(a, b, input_precision="tf32x3")
+
+
+@triton.jit
+def _state_dot(a, b, FAST: tl.constexpr):
+    """fp32 ``a @ b`` of the chain: one tf32 pass with ``FAST`` (inputs rounded to 10 mantissa bits), else
+    three (about fp32)."""
+    if FAST:
+        return tl.dot(a, b, input_precision="tf32")
+    else:
+        return tl.dot(a, b, input_precision="tf32x3")
 
 
 @triton.jit
@@ -106,6 +118,7 @@ def _wy_chain_kernel(
     w, kd, qp, u, ol, gam, o, h0, ht, meta, ptrs, n_steps,
     HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
     TRANSITION: tl.constexpr, PAIR_BF16: tl.constexpr, SPLIT: tl.constexpr, STAGES: tl.constexpr,
+    FAST: tl.constexpr,
 ):  # fmt: skip
     """Grid ``(cdiv(V, BV), HV)``: the ``[K, BV]`` slice of one value head's state through the steps.
     meta ``[NS, 4]`` int32 (chunk start, end, chunk index or -1, has a body), ptrs ``[NS, 2]`` int64
@@ -141,21 +154,30 @@ def _wy_chain_kernel(
         p_s = tl.load(ptrs + s * 2 + 1).to(tl.pointer_type(pair_ty))
         b_s = tl.load(p_s + i_hv * K * V + off_kv, mask=m_kv & has, other=0.0).to(tl.float32)
         # the chunk: its outputs from the entering state, then the state through it
-        b_d = b_u - _dot(b_w, b_h)
-        tl.store(o + off_v, (b_ol + _dot(b_qp, b_h)).to(o.dtype.element_ty), mask=m_tv)
-        b_h = b_h * b_g + _dot(tl.trans(b_kd), b_d)
+        b_d = b_u - _state_dot(b_w, b_h, FAST)
+        tl.store(o + off_v, (b_ol + _state_dot(b_qp, b_h, FAST)).to(o.dtype.element_ty), mask=m_tv)
+        b_h = b_h * b_g + _state_dot(tl.trans(b_kd), b_d, FAST)
         # the body
         if TRANSITION:
             p_t = tl.load(ptrs + s * 2).to(tl.pointer_type(pair_ty))
             b_t = tl.load(p_t + i_hv * K * K + o_k[:, None] * K + o_k[None, :],
                           mask=m_k[:, None] & m_k[None, :] & has, other=0.0)  # fmt: skip
-            b_h = tl.where(has, pair_step(b_t, b_h, b_s, SPLIT, False), b_h)
+            if FAST:  # fp32 pairs only (see wy_chain_triton)
+                b_h = tl.where(has, _state_dot(b_t, b_h, FAST) + b_s, b_h)
+            else:
+                b_h = tl.where(has, pair_step(b_t, b_h, b_s, SPLIT, False), b_h)
         else:
             b_h = b_h + b_s
     tl.store(ht + i_hv * K * V + off_kv, b_h, mask=m_kv)
 
 
 Factors = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+
+# Whether a chain whose outputs are bf16 / fp16 keeps its state's dots at about fp32 (tf32x3) rather
+# than one tf32 pass. One pass: 0.234 -> 0.129 ms per layer at the Qwen3.5 combine shape (24 steps,
+# H200, 2026-12-01), state error ~1e-3 relative; the model's own forward (fla's chunk kernels) rounds
+# the state to bf16 for its dots, so a tf32 chain stays below the reference's own rounding.
+PRECISE_FOR_HALF = False
 
 
 def wy_factors_triton(
@@ -202,7 +224,7 @@ _CHAIN_CONFIGS = [
     for bv, nw in ((16, 4), (32, 4), (32, 8), (64, 8))  # 16 warps: 3-4x slower (H200, 2026-12-01)
     for st in (1, 2)
 ]
-_tuned_chain = triton.autotune(configs=_CHAIN_CONFIGS, key=["HV", "K", "V", "BT", "PAIR_BF16", "TRANSITION"],
+_tuned_chain = triton.autotune(configs=_CHAIN_CONFIGS, key=["HV", "K", "V", "BT", "PAIR_BF16", "TRANSITION", "FAST"],
                                **autotune_cache())(_wy_chain_kernel)  # fmt: skip
 
 
@@ -219,11 +241,15 @@ def wy_chain_triton(
     bv: int | None = None,
     num_warps: int | None = None,
     stages: int = 2,
+    precise: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``factors`` (``wy_factors_triton``), meta ``[NS, 4]`` int32 and ptrs ``[NS, 2]`` int64
     (``combine_scan_wy.WYSteps``), h0 ``[HV, K, V]`` -> (o ``[T, HV, V]`` in ``out_dtype``, final state
     ``[HV, K, V]`` fp32). Launch: autotuned (value columns per program, warps, pipeline stages) unless
-    ``bv`` is given, then ``num_warps`` and ``stages`` of software pipelining over the steps."""
+    ``bv`` is given, then ``num_warps`` and ``stages`` of software pipelining over the steps.
+
+    ``precise``: the state's dots in tf32x3 (about fp32) or in one tf32 pass; None: ``PRECISE_FOR_HALF``
+    when ``out_dtype`` is bf16 / fp16, else precise. bf16 pairs always run precise."""
     if pair_dtype not in (torch.float32, torch.bfloat16):
         raise ValueError(f"pairs must be float32 or bfloat16, got {pair_dtype}")
     w, kd, qp, u, ol, gam = factors
@@ -234,8 +260,14 @@ def wy_chain_triton(
     args = (w, kd, qp, u, ol, gam, o, h0.float().contiguous(), ht, meta, ptrs, meta.shape[0])
     bf16 = pair_dtype == torch.bfloat16
     BT = max(16, triton.next_power_of_2(chunk_size))
+    if precise is None:
+        precise = PRECISE_FOR_HALF or out_dtype not in (torch.bfloat16, torch.float16)
+    # NOTE: bf16 pairs keep the precise dots: with one-pass chunk dots next to the split bf16 pair
+    # dots, one of the autotuned launch shapes (64-token chunks) hit an illegal address on the H200
+    # (Triton 3.6, 2026-12-01); their pair product is two bf16 passes either way.
+    precise = precise or bf16
     consts = dict(HV=HV, K=K, V=V, BK=max(16, triton.next_power_of_2(K)), BT=BT, TRANSITION=transition, PAIR_BF16=bf16,
-                  SPLIT=bf16 and not interpreting())  # fmt: skip
+                  SPLIT=bf16 and not interpreting(), FAST=not precise)  # fmt: skip
 
     if bv is None:
         _tuned_chain[lambda m: (triton.cdiv(V, m["BV"]), HV)](*args, **consts)

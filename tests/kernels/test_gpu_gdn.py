@@ -329,25 +329,26 @@ def test_combine_scan_wy_matches_twin(pair_dtype, transition):
 
         f = factors()
         for bv, nw, stages in sweep if cs == 16 and transition else sweep[:1]:
+            for precise in (True, False):  # tf32x3 state dots, or one tf32 pass (the bf16 default; bf16 pairs: precise)
 
-            def chain_run(f=f, st=st, cs=cs, bv=bv, nw=nw, stages=stages):
-                return wy_chain_triton(
-                    f, st.meta, st.ptrs[0], h0, torch.bfloat16, cs, pair_dtype=pair_dtype, transition=transition,
-                    bv=bv, num_warps=nw, stages=stages,
-                )  # fmt: skip
+                def chain_run(f=f, st=st, cs=cs, bv=bv, nw=nw, stages=stages, precise=precise):
+                    return wy_chain_triton(
+                        f, st.meta, st.ptrs[0], h0, torch.bfloat16, cs, pair_dtype=pair_dtype, transition=transition,
+                        bv=bv, num_warps=nw, stages=stages, precise=precise,
+                    )  # fmt: skip
 
-            try:
-                o, h = chain_run()
-            except triton.runtime.errors.OutOfResources as exc:
-                print(f"wy scan chunk={cs} bv={bv} warps={nw} stages={stages}: {exc}"[:200])
-                continue
-            eo, eh = rel_err(o.float(), ro.float()), rel_err(h, rh)
-            ms_f = triton.testing.do_bench(factors, warmup=3, rep=20)
-            ms_c = triton.testing.do_bench(chain_run, warmup=3, rep=20)
-            print(f"wy scan {pair_dtype} transition={transition} chunk={cs} steps={st.meta.shape[0]} bv={bv} "
-                  f"warps={nw} stages={stages}: factors {ms_f:.3f} + chain {ms_c:.3f} ms, "
-                  f"rel err o {eo:.2e} h {eh:.2e}")  # fmt: skip
-            assert o.dtype == torch.bfloat16 and eo < 2e-2 and eh < 1e-3
+                try:
+                    o, h = chain_run()
+                except triton.runtime.errors.OutOfResources as exc:
+                    print(f"wy scan chunk={cs} bv={bv} warps={nw} stages={stages}: {exc}"[:200])
+                    continue
+                eo, eh = rel_err(o.float(), ro.float()), rel_err(h, rh)
+                ms_f = triton.testing.do_bench(factors, warmup=3, rep=20)
+                ms_c = triton.testing.do_bench(chain_run, warmup=3, rep=20)
+                print(f"wy scan {pair_dtype} transition={transition} chunk={cs} steps={st.meta.shape[0]} bv={bv} "
+                      f"warps={nw} stages={stages} precise={precise}: factors {ms_f:.3f} + chain {ms_c:.3f} ms, "
+                      f"rel err o {eo:.2e} h {eh:.2e}")  # fmt: skip
+                assert o.dtype == torch.bfloat16 and eo < 2e-2 and eh < (1e-3 if precise else 4e-3)
     tok = triton.testing.do_bench(
         lambda: gdn_combine_scan_triton(**x, meta=tab.meta, ptrs=tab.ptrs[0], h0=h0, pair_dtype=pair_dtype,
                                         transition=transition),
