@@ -77,6 +77,12 @@ class Settings(BaseSettings):
     database_url: str | None = Field(default=None, description="SQLAlchemy URL; default sqlite file in home")
     store_dir: Path | None = Field(default=None, description="disk tier folder; default <home>/store")
     gpu_budget_bytes: int = Field(default=8 << 30, ge=0)
+    cuda_headroom_bytes: int = Field(
+        default=2 << 30,
+        ge=0,
+        description="free block kept in the CUDA caching allocator, refilled while a request's forward runs, "
+        "so the next request's new entries never wait on cudaMalloc before its first kernel; 0 = off",
+    )
     cpu_budget_bytes: int = Field(default=4 << 30, ge=0)
     disk_budget_bytes: int = Field(default=64 << 30, ge=0)
     default_ttl_s: float | None = None

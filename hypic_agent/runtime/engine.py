@@ -24,6 +24,7 @@ from hypic_agent.errors import ContextLengthError, InvalidRequestError
 from hypic_agent.runtime.decode import decode_loop
 from hypic_agent.runtime.forward import prefill
 from hypic_agent.runtime.graphs import enable_cuda_graphs
+from hypic_agent.runtime.headroom import AllocatorHeadroom
 from hypic_agent.runtime.hypic.build import ColdBatch
 from hypic_agent.runtime.hypic.cache import EntryCache, MemoryEntryCache
 from hypic_agent.runtime.hypic.cold_graphs import enable_cold_graphs
@@ -93,6 +94,7 @@ class Engine:
             enable_combine_graphs(model, self.settings.combine_graph_after, self.settings.combine_graphs_max)
         if self.settings.cuda_graphs and self.device.type == "cuda" and model.cold_graphs is None:
             enable_cold_graphs(model, self.settings.cold_graph_after, self.settings.cold_graphs_max)
+        self.headroom = AllocatorHeadroom(self.device, self.settings.cuda_headroom_bytes)
 
     @property
     def eos_ids(self) -> tuple[int, ...]:
@@ -138,10 +140,13 @@ class Engine:
             kinds.pop()
         with self.lock:
             if spec.name == "full_recompute":
-                return self._full(segs, kinds, suffix)
-            if spec.name == "prefix_cache":
-                return self._prefix(segs, kinds, suffix, tenant)
-            return self._composed(segs, kinds, suffix, spec, w, tenant)
+                out = self._full(segs, kinds, suffix)
+            elif spec.name == "prefix_cache":
+                out = self._prefix(segs, kinds, suffix, tenant)
+            else:
+                out = self._composed(segs, kinds, suffix, spec, w, tenant)
+            self.headroom.top_up()  # the forward is queued: the GPU is busy while the host refills
+            return out
 
     def _full(self, segs: list[tuple[int, ...]], kinds: list[str], suffix: list[int]) -> Prepared:
         t0 = time.perf_counter()
@@ -286,6 +291,7 @@ class Engine:
         with self.lock:
             r = route(keys, self.cache)
             self._fill_cold(r, segments, kinds, seams, tenant)
+            self.headroom.top_up()
         return [
             SegmentUsage(keys[i], kinds[i], len(segments[i]), r.entries[i] is not None, r.tiers[i])
             for i in range(len(segments))
