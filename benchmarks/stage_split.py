@@ -47,10 +47,11 @@ def host_profile(name: str, fn: Callable[[], Any], top: int = 22) -> None:
     pstats.Stats(prof).sort_stats("cumulative").print_stats(top)
 
 
-DIAG = {"gaps": False, "sync": False}  # --gaps / --sync-debug
+DIAG: dict[str, Any] = {"gaps": False, "sync": False, "top": 14}  # --gaps / --sync-debug / --top
 
 
 def measure(name: str, fn: Callable[[], Any], reps: int = 3, host: bool = False) -> dict[str, Any]:
+    """Wall / host / GPU-busy ms of ``fn`` (median of ``reps`` warm calls) and its top kernels."""
     fn()
     torch.cuda.synchronize()
     if host or DIAG["gaps"] or DIAG["sync"]:
@@ -80,7 +81,7 @@ def measure(name: str, fn: Callable[[], Any], reps: int = 3, host: bool = False)
     cuda = torch.autograd.DeviceType.CUDA
     kernels = [(e.time_range.start, e.time_range.end) for e in prof.events() if e.device_type == cuda]
     avg = prof.key_averages()
-    top = sorted((e for e in avg if e.device_type == cuda), key=lambda e: -e.self_device_time_total)[:14]
+    top = sorted((e for e in avg if e.device_type == cuda), key=lambda e: -e.self_device_time_total)[: DIAG["top"]]
     row = {
         "call": name,
         "wall_ms": sorted(walls)[reps // 2],
@@ -89,7 +90,7 @@ def measure(name: str, fn: Callable[[], Any], reps: int = 3, host: bool = False)
         "kernels": len(kernels),
         "launches": sum(e.count for e in avg if "LaunchKernel" in e.key or e.key.startswith("cuLaunch")),
         "graph_launches": sum(e.count for e in avg if e.key == "cudaGraphLaunch"),
-        "top_kernels": [(e.key[:70], e.count, round(e.self_device_time_total / 1e3, 2)) for e in top],
+        "top_kernels": [(e.key[:90], e.count, round(e.self_device_time_total / 1e3, 2)) for e in top],
         **diag,
     }
     print(f"{name}: wall {row['wall_ms']:.1f} ms, host {row['host_ms']:.1f} ms, GPU busy {row['gpu_busy_ms']:.1f} ms")
@@ -106,9 +107,10 @@ def main() -> None:
     ap.add_argument("--host-profile", action="store_true", help="also print cProfile's top functions per call")
     ap.add_argument("--gaps", action="store_true", help="report GPU idle gaps and the host code in them")
     ap.add_argument("--sync-debug", action="store_true", help="report the call sites that sync with the GPU")
+    ap.add_argument("--top", type=int, default=14, help="kernels (by GPU time) listed per call")
     ap.add_argument("--out", default="bench_out/stage_split.json")
     args = ap.parse_args()
-    DIAG.update(gaps=args.gaps, sync=args.sync_debug)
+    DIAG.update(gaps=args.gaps, sync=args.sync_debug, top=args.top)
     if not args.device.startswith("cuda"):
         raise SystemExit("stage_split.py profiles CUDA kernels: run it on a GPU")
     model = random_model(load_shape(args.shape, args.layers), args.device, getattr(torch, args.dtype))
