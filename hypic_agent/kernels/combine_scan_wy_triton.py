@@ -174,7 +174,7 @@ def _wy_chain_kernel(
 Factors = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 
 # Whether a chain whose outputs are bf16 / fp16 keeps its state's dots at about fp32 (tf32x3) rather
-# than one tf32 pass. One pass: 0.234 -> 0.129 ms per layer at the Qwen3.5 combine shape (24 steps,
+# than one tf32 pass. One pass: 0.235 -> 0.132 ms per layer at the Qwen3.5 combine shape (24 steps,
 # H200, 2026-12-01), state error ~1e-3 relative; the model's own forward (fla's chunk kernels) rounds
 # the state to bf16 for its dots, so a tf32 chain stays below the reference's own rounding.
 PRECISE_FOR_HALF = False
