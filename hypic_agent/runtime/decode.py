@@ -1,4 +1,4 @@
-"""Decode loop: sample, stream text through stop-string handling, stop on EOS / stop / max_tokens."""
+"""Single-request decode loop: sample, stream through ``OutputStream``, stop on EOS / stop / length."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from collections.abc import Iterator
 from typing import Any
 
 from hypic_agent.runtime.forward import decode_step
+from hypic_agent.runtime.output import OutputStream
 from hypic_agent.runtime.results import FinishEvent, Prepared, TokenEvent
-from hypic_agent.runtime.sampling import SamplingParams, make_generator, sample
-from hypic_agent.runtime.stopping import StopChecker
+from hypic_agent.runtime.sampling import SamplingParams, apply_constraint, make_generator, sample, top_logprobs_of
 
 
 def decode_loop(
@@ -17,43 +17,17 @@ def decode_loop(
 ) -> Iterator[TokenEvent | FinishEvent]:
     state = prepared.state
     gen = make_generator(sampling, engine.device)
-    stops = StopChecker(engine.tokenizer, tuple(sampling.stop))
-    eos = set() if sampling.ignore_eos else set(engine.eos_ids) | set(sampling.stop_token_ids)
-    ids: list[int] = []
-    lps: list[float] = []
-    text_parts: list[str] = []
+    out = OutputStream(engine.tokenizer, sampling, engine.eos_ids)
     ttft_ms = 0.0
-    finish = "length"
-    for step in range(sampling.max_tokens):
-        assert state.last_logits is not None
-        tok, lp = sample(state.last_logits, sampling, gen)
-        if step == 0:
+    while not out.done:
+        logits = state.last_logits
+        assert logits is not None
+        tok, _ = sample(apply_constraint(logits, out.allowed(logits.shape[-1])), sampling, gen)
+        lp = float(logits.float().log_softmax(-1)[tok])  # under the model's own distribution
+        if not out.ids and ttft_ms == 0.0:
             ttft_ms = (time.perf_counter() - t0) * 1e3
-        if tok in eos:
-            finish = "stop"
-            break
-        ids.append(tok)
-        lps.append(lp)
-        piece = stops.push(tok)
-        if piece:
-            text_parts.append(piece)
-        yield TokenEvent(piece, tok, lp if sampling.logprobs else None)
-        if stops.stopped:
-            finish = "stop"
-            break
-        if step + 1 < sampling.max_tokens:
+        top = top_logprobs_of(logits, sampling.top_logprobs) if sampling.logprobs else None
+        yield from out.push(tok, lp, top)
+        if not out.done:
             decode_step(engine.model, [state], [tok])
-    tail = stops.flush()
-    if tail:
-        text_parts.append(tail)
-        yield TokenEvent(tail, None, None)
-    yield FinishEvent(
-        "".join(text_parts),
-        finish,
-        len(ids),
-        prepared,
-        ttft_ms,
-        (time.perf_counter() - t0) * 1e3,
-        ids,
-        lps if sampling.logprobs else [],
-    )
+    yield from out.finish(prepared, ttft_ms, (time.perf_counter() - t0) * 1e3)

@@ -35,6 +35,7 @@ class TokenEvent:
     text: str
     token_id: int | None  # None: text released at the end (held back for stop strings), no new token
     logprob: float | None = None
+    top_logprobs: list[tuple[int, float]] | None = None  # (token id, logprob), most likely first
 
 
 @dataclass
@@ -47,3 +48,4 @@ class FinishEvent:
     total_ms: float
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)

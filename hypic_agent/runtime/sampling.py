@@ -2,11 +2,31 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 
 from hypic_agent.errors import InvalidRequestError
+
+
+class TokenConstraint(Protocol):
+    """A per-request decoding constraint (a grammar: JSON schema, forced tool call). One instance per
+    request, created by ``SamplingParams.constraint()`` when decoding starts and used only on the
+    engine thread, one call of ``allowed`` then one of ``accept`` per generated token."""
+
+    def allowed(self, vocab_size: int) -> torch.Tensor | None:
+        """Bool ``[vocab_size]`` (CPU) of the tokens allowed next; None: any token."""
+        ...
+
+    def accept(self, token_id: int) -> None:
+        """Advance past the sampled token."""
+        ...
+
+    def is_finished(self) -> bool:
+        """The grammar is complete: decoding stops (finish reason ``stop``)."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -20,6 +40,8 @@ class SamplingParams:
     logprobs: bool = False
     ignore_eos: bool = False
     stop_token_ids: tuple[int, ...] = field(default=())
+    top_logprobs: int = 0  # with logprobs: this many most likely tokens per position (0..20)
+    constraint: Callable[[], TokenConstraint] | None = field(default=None, compare=False)
 
     def validate(self) -> SamplingParams:
         if self.max_tokens < 1:
@@ -30,6 +52,8 @@ class SamplingParams:
             raise InvalidRequestError("top_p must be in (0, 1]", param="top_p")
         if self.top_k < 0:
             raise InvalidRequestError("top_k must be >= 0", param="top_k")
+        if not 0 <= self.top_logprobs <= 20:
+            raise InvalidRequestError("top_logprobs must be in [0, 20]", param="top_logprobs")
         if any(not s for s in self.stop):
             raise InvalidRequestError("stop strings must be non-empty", param="stop")
         return self
@@ -63,3 +87,23 @@ def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
     probs = torch.softmax(scores, dim=-1)
     tok = int(torch.multinomial(probs, 1, generator=generator))
     return tok, float(logprobs[tok])
+
+
+def top_logprobs_of(logits: torch.Tensor, n: int) -> list[tuple[int, float]]:
+    """The ``n`` most likely tokens of logits ``[vocab]`` under the unmodified distribution, as
+    ``(token id, logprob)`` pairs, most likely first."""
+    if n <= 0:
+        return []
+    lp = torch.log_softmax(logits.float(), dim=-1)
+    vals, idx = torch.topk(lp, min(n, lp.shape[-1]))
+    return list(zip(idx.tolist(), vals.tolist(), strict=True))
+
+
+def apply_constraint(logits: torch.Tensor, allowed: torch.Tensor | None) -> torch.Tensor:
+    """logits ``[vocab]`` with the tokens outside ``allowed`` (bool ``[vocab']``, vocab' <= vocab:
+    a tokenizer's vocabulary may be smaller than the model's logits) set to -inf."""
+    if allowed is None:
+        return logits
+    mask = torch.zeros(logits.shape[-1], dtype=torch.bool, device=logits.device)
+    mask[: allowed.shape[-1]] = allowed.to(logits.device)
+    return logits.masked_fill(~mask, float("-inf"))
