@@ -61,6 +61,21 @@ class Settings(BaseSettings):
     )
     seed: int = 0
 
+    # --- serving core (scheduler, state pool, runner) ----------------------------------
+    max_running: int = Field(default=64, ge=1, description="requests decoding at once (= linear-state slots)")
+    max_waiting: int = Field(default=1024, ge=1, description="queued requests; more are answered 429")
+    prefill_chunk_tokens: int = Field(
+        default=2048, ge=16, description="prepare tokens (prefill chunks, cold builds) per scheduler step"
+    )
+    kv_page_size: int = Field(default=64, ge=1, description="token rows per attention KV page")
+    kv_pool_tokens: int = Field(
+        default=0, ge=0, description="attention KV rows in the pool; 0 = auto (CUDA: kv_pool_fraction of free memory)"
+    )
+    kv_pool_fraction: float = Field(default=0.3, gt=0, le=0.9, description="share of free GPU memory for the pool")
+    decode_graph_max_batch: int = Field(
+        default=128, ge=1, description="largest decode batch replayed from CUDA graphs (CUDA, with cuda_graphs)"
+    )
+
     # --- HYPIC -----------------------------------------------------------------------
     default_mode: ModeName = "hypic"
     default_seam: float = Field(default=8, ge=0)

@@ -82,3 +82,13 @@ class PayloadTooLargeError(HypicError):
 class ServiceUnavailableError(HypicError):
     type = "unavailable"
     status = 503
+
+
+class QueueFullError(RateLimitError):
+    """The scheduler's waiting queue is full; retry after ``retry_after`` seconds."""
+
+    type = "queue_full"
+
+    def __init__(self, message: str, *, retry_after: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after

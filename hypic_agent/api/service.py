@@ -21,6 +21,7 @@ from hypic_agent.runtime.hypic.modes import mode_spec, validate_seam
 from hypic_agent.runtime.hypic.store_cache import EntryHint
 from hypic_agent.runtime.results import FinishEvent, Prepared, TokenEvent
 from hypic_agent.runtime.sampling import SamplingParams
+from hypic_agent.runtime.scheduler.request import GenerationRequest, RequestHandle
 from hypic_agent.segments.keys import KeyContext
 from hypic_agent.segments.kinds import Segment
 from hypic_agent.segments.plan import PromptPlan, build_plan
@@ -112,16 +113,23 @@ class Timed:
     queue_ms: float
 
 
-def run_job(st: ServerState, job: GenerateJob) -> Iterator[Timed]:
-    """Engine events of ``job``; holds the engine for the whole generation (same thread)."""
-    with st.engine_slot() as queue_ms, st.cache.described(hints_of(job)):
-        plan: Any = job.plan  # a PromptPlan is a PlanLike (frozen fields; the protocol declares them settable)
-        events = st.engine.generate(plan, job.sampling, mode=job.mode, seam=job.seam, tenant=job.tenant)
+def submit_job(st: ServerState, job: GenerateJob) -> RequestHandle:
+    """Queue ``job`` on the engine's scheduler (raises 4xx / 429 before anything runs)."""
+    req = GenerationRequest(job.plan, job.sampling, job.mode, job.seam, job.tenant, t0=job.t0)
+    return st.engine.scheduler.submit(req)
+
+
+def run_job(st: ServerState, job: GenerateJob, handle: RequestHandle | None = None) -> Iterator[Timed]:
+    """Engine events of ``job`` as the scheduler streams them; closing the iterator cancels it."""
+    with st.cache.described(hints_of(job)):
+        handle = handle if handle is not None else submit_job(st, job)
+        events = handle.events()
         try:
             for ev in events:
-                yield Timed(ev, (time.perf_counter() - job.t0) * 1e3, queue_ms)
+                yield Timed(ev, (time.perf_counter() - job.t0) * 1e3, handle.queue_ms)
         finally:
-            events.close()  # type: ignore[attr-defined]
+            events.close()
+            handle.cancel()  # no-op after the finish event
 
 
 # --------------------------------------------------------------------------- wire output

@@ -59,7 +59,9 @@ class ServerState:
 
     @contextmanager
     def engine_slot(self) -> Any:
-        """Hold the engine (its re-entrant lock) for one request; yields the ms spent queueing.
+        """Hold the engine (its re-entrant lock) for one piece of model work outside the scheduler
+        (a segment PUT's prewarm): the scheduler takes the same lock per step, so this waits at
+        most one step. Yields the ms spent waiting.
 
         NOTE: acquire and release happen on the same thread (the worker running the request)."""
         with self._depth_lock:
@@ -75,6 +77,7 @@ class ServerState:
                 self.metrics.queue_depth.set(self._depth)
 
     def close(self) -> None:
+        self.engine.close()
         if self.owns_store:
             self.store.close()
         else:

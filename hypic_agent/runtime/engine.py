@@ -15,13 +15,13 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 from hypic_agent.config import Settings
 from hypic_agent.errors import ContextLengthError, InvalidRequestError
-from hypic_agent.runtime.decode import decode_loop
 from hypic_agent.runtime.forward import prefill
 from hypic_agent.runtime.graphs import enable_cuda_graphs
 from hypic_agent.runtime.headroom import AllocatorHeadroom
@@ -32,7 +32,7 @@ from hypic_agent.runtime.hypic.combine import combine
 from hypic_agent.runtime.hypic.combine_graphs import enable_combine_graphs
 from hypic_agent.runtime.hypic.entry import SegmentEntry
 from hypic_agent.runtime.hypic.layout import plan_layout
-from hypic_agent.runtime.hypic.modes import mode_spec, seam_tokens, validate_seam
+from hypic_agent.runtime.hypic.modes import ModeSpec, mode_spec, seam_tokens, validate_seam
 from hypic_agent.runtime.hypic.prefix_cache import PrefixCache
 from hypic_agent.runtime.models.hybrid import HybridForCausalLM
 from hypic_agent.runtime.results import FinishEvent, Prepared, SegmentUsage, TokenEvent
@@ -40,6 +40,9 @@ from hypic_agent.runtime.router import Route, route
 from hypic_agent.runtime.sampling import SamplingParams
 from hypic_agent.runtime.scatter import scatter_prefill
 from hypic_agent.segments.keys import segment_key
+
+if TYPE_CHECKING:
+    from hypic_agent.runtime.scheduler.scheduler import Scheduler
 
 MAX_FUSED_COLD_TOKENS = 65536  # above this the cold segments go through scatter_prefill's batches
 
@@ -65,6 +68,18 @@ def _id_tuple(ids: Sequence[int]) -> tuple[int, ...]:
     """Token ids as a tuple of ints; a tuple (what ``segments.plan`` builds) is taken as it is: a
     RAG prompt's 20k ids cost ~1 ms to convert one by one."""
     return ids if type(ids) is tuple else tuple(map(int, ids))
+
+
+@dataclass(frozen=True)
+class PromptPieces:
+    """A validated prompt: segments (BOS first, if any) with their kinds, the suffix, the mode."""
+
+    segs: list[tuple[int, ...]]
+    kinds: list[str]
+    suffix: list[int]
+    spec: ModeSpec
+    w: float
+    total: int  # prompt tokens
 
 
 class Engine:
@@ -95,6 +110,8 @@ class Engine:
         if self.settings.cuda_graphs and self.device.type == "cuda" and model.cold_graphs is None:
             enable_cold_graphs(model, self.settings.cold_graph_after, self.settings.cold_graphs_max)
         self.headroom = AllocatorHeadroom(self.device, self.settings.cuda_headroom_bytes)
+        self._scheduler: Scheduler | None = None
+        self._scheduler_lock = threading.Lock()
 
     @property
     def eos_ids(self) -> tuple[int, ...]:
@@ -108,15 +125,11 @@ class Engine:
         return segment_key(token_ids, model_fingerprint=self.fingerprint, tenant=tenant, seam=seam)
 
     # ------------------------------------------------------------------ prepare
-    def prepare(
-        self,
-        plan: PlanLike,
-        *,
-        mode: str | None = None,
-        seam: float | None = None,
-        tenant: str = "default",
-        max_new_tokens: int = 0,
-    ) -> Prepared:
+    def pieces(
+        self, plan: PlanLike, *, mode: str | None = None, seam: float | None = None, max_new_tokens: int = 0
+    ) -> PromptPieces:
+        """Validate ``plan`` for ``mode`` and split it into cacheable segments and the suffix (no
+        model work): raises ``InvalidRequestError`` / ``ContextLengthError`` / ``UnknownModeError``."""
         spec = mode_spec(mode or self.settings.default_mode)
         w = validate_seam(self.settings.default_seam if seam is None else seam)
         segs = [_id_tuple(s.token_ids) for s in plan.segments]
@@ -134,19 +147,58 @@ class Engine:
                 f"({self.max_context}); send fewer segments or lower max_tokens",
                 param="segments",
             )
-        uncached_last = not suffix  # no query: the last segment is computed as the suffix
-        if uncached_last:
+        if not suffix:  # no query: the last segment is computed as the suffix
             suffix = list(segs.pop())
             kinds.pop()
+        return PromptPieces(segs, kinds, suffix, spec, w, total)
+
+    def prepare(
+        self,
+        plan: PlanLike,
+        *,
+        mode: str | None = None,
+        seam: float | None = None,
+        tenant: str = "default",
+        max_new_tokens: int = 0,
+    ) -> Prepared:
+        """The prompt as a standalone ``RequestState`` (with ``last_logits``) in ``mode``."""
+        return self.prepare_pieces(self.pieces(plan, mode=mode, seam=seam, max_new_tokens=max_new_tokens), tenant)
+
+    def prepare_pieces(self, p: PromptPieces, tenant: str = "default") -> Prepared:
         with self.lock:
-            if spec.name == "full_recompute":
-                out = self._full(segs, kinds, suffix)
-            elif spec.name == "prefix_cache":
-                out = self._prefix(segs, kinds, suffix, tenant)
+            if p.spec.name == "full_recompute":
+                out = self._full(p.segs, p.kinds, p.suffix)
+            elif p.spec.name == "prefix_cache":
+                out = self._prefix(p.segs, p.kinds, p.suffix, tenant)
             else:
-                out = self._composed(segs, kinds, suffix, spec, w, tenant)
+                out = self._composed(p.segs, p.kinds, p.suffix, p.spec, p.w, tenant)
             self.headroom.top_up()  # the forward is queued: the GPU is busy while the host refills
             return out
+
+    def seams_and_keys(self, p: PromptPieces, tenant: str) -> tuple[list[int], list[str | None]]:
+        """A composed prompt's seam width per segment and its entry key (None: not cacheable)."""
+        eff = p.w if p.spec.seams else 0.0
+        seams = [seam_tokens(eff, len(s)) for s in p.segs]
+        cacheable = [
+            k != "bos" and len(s) >= self.settings.min_cached_tokens and seams[i] < len(s)
+            for i, (s, k) in enumerate(zip(p.segs, p.kinds, strict=True))
+        ]
+        keys = [self.entry_key(s, tenant, eff) if c else None for s, c in zip(p.segs, cacheable, strict=True)]
+        return seams, keys
+
+    def cold_segments(self, p: PromptPieces, tenant: str) -> list[int]:
+        """Indices of a composed prompt's cacheable segments that have no entry yet (first occurrence)."""
+        _, keys = self.seams_and_keys(p, tenant)
+        with self.lock:
+            return list(route(keys, self.cache).cold)
+
+    def build_cold(self, p: PromptPieces, tenant: str, indices: Sequence[int]) -> None:
+        """Build and store the entries of segments ``indices`` of a composed prompt (a bounded piece of
+        a cold request's work, between decode steps of others)."""
+        seams, keys = self.seams_and_keys(p, tenant)
+        sub = [keys[i] if i in set(indices) else None for i in range(len(keys))]
+        with self.lock:
+            self._fill_cold(route(sub, self.cache), p.segs, p.kinds, seams, tenant)
 
     def _full(self, segs: list[tuple[int, ...]], kinds: list[str], suffix: list[int]) -> Prepared:
         t0 = time.perf_counter()
@@ -184,13 +236,7 @@ class Engine:
         self, segs: list[tuple[int, ...]], kinds: list[str], suffix: list[int], spec: Any, w: float, tenant: str
     ) -> Prepared:
         t0 = time.perf_counter()
-        eff = w if spec.seams else 0.0
-        seams = [seam_tokens(eff, len(s)) for s in segs]
-        cacheable = [
-            k != "bos" and len(s) >= self.settings.min_cached_tokens and seams[i] < len(s)
-            for i, (s, k) in enumerate(zip(segs, kinds, strict=True))
-        ]
-        keys = [self.entry_key(s, tenant, eff) if c else None for s, c in zip(segs, cacheable, strict=True)]
+        seams, keys = self.seams_and_keys(PromptPieces(segs, kinds, suffix, spec, w, 0), tenant)
         r = route(keys, self.cache)  # lookup
         t_lookup = _ms(t0)
         t1 = time.perf_counter()
@@ -256,7 +302,34 @@ class Engine:
             assert key is not None
             self.cache.insert(key, e, kind=kinds[i], tenant=tenant)
 
-    # ------------------------------------------------------------------ generate
+    # ------------------------------------------------------------------ serving
+    @property
+    def scheduler(self) -> Scheduler:
+        """The engine thread's scheduler over a state pool (created, and its pool allocated, on first use)."""
+        with self._scheduler_lock:
+            if self._scheduler is None:
+                from hypic_agent.runtime.runner.pool import StatePool
+                from hypic_agent.runtime.runner.runner import ModelRunner
+                from hypic_agent.runtime.runner.sizing import pool_sizes
+                from hypic_agent.runtime.scheduler.scheduler import Scheduler
+
+                p = next(self.model.parameters())
+                slots, kv_tokens = pool_sizes(self.model.config, self.settings, self.max_context, p.device, p.dtype)
+                pool = StatePool(
+                    self.model.config,
+                    slots=slots,
+                    kv_tokens=kv_tokens,
+                    page_size=self.settings.kv_page_size,
+                    device=p.device,
+                    dtype=p.dtype,
+                )
+                graphs = self.settings.cuda_graphs and p.device.type == "cuda"
+                runner = ModelRunner(
+                    self.model, pool, decode_graphs=graphs, max_batch=self.settings.decode_graph_max_batch
+                )
+                self._scheduler = Scheduler(self, runner, self.settings)
+            return self._scheduler
+
     def generate(
         self,
         plan: PlanLike,
@@ -266,12 +339,17 @@ class Engine:
         seam: float | None = None,
         tenant: str = "default",
     ) -> Iterator[TokenEvent | FinishEvent]:
-        """Prepare the prompt and decode; yields ``TokenEvent``s then one ``FinishEvent``."""
-        sampling.validate()
-        t0 = time.perf_counter()
-        with self.lock:
-            prepared = self.prepare(plan, mode=mode, seam=seam, tenant=tenant, max_new_tokens=sampling.max_tokens)
-            yield from decode_loop(self, prepared, sampling, t0)
+        """Submit to the scheduler and stream its events: ``TokenEvent``s then one ``FinishEvent``
+        (closing the iterator early cancels the request)."""
+        from hypic_agent.runtime.scheduler.request import GenerationRequest
+
+        req = GenerationRequest(plan, sampling, mode, seam, tenant)
+        yield from self.scheduler.generate(req)
+
+    def close(self) -> None:
+        """Stop the engine thread (if it was started)."""
+        if self._scheduler is not None:
+            self._scheduler.shutdown()
 
     def prewarm(
         self,

@@ -20,7 +20,7 @@ class SegmentUsage:
 class Prepared:
     """A prompt turned into a ``RequestState``, with how it was built."""
 
-    state: RequestState
+    state: RequestState | None  # None once the scheduler moved it into the state pool
     mode: str
     segments: list[SegmentUsage]
     prompt_tokens: int

@@ -1,0 +1,74 @@
+"""The mixers' work inside the runner's layer loop, on pooled state (``StatePool``).
+
+Each mixer kind has two paths over a ``ForwardPlan``:
+
+* decode (every sequence one token): the linear layer's conv and delta-rule step update the
+  request's slot in place; attention writes the token's K/V into its page and attends over the
+  pages through the block table. Static shapes throughout, so a decode step can be replayed
+  from a CUDA graph (``decode_graphs.py``);
+* extend (prefill chunks, or decode rows mixed with them): the varlen conv and chunked delta rule
+  start from the slots' states and write the final states back; attention writes the chunk's K/V
+  into its pages and attends over each sequence's rows gathered from the pool.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from hypic_agent.kernels import conv as conv_ops
+from hypic_agent.kernels import gdn as gdn_ops
+from hypic_agent.runtime.models.attention import FullAttention
+from hypic_agent.runtime.models.gated_deltanet import GatedDeltaNet
+from hypic_agent.runtime.runner.plan import ForwardPlan
+from hypic_agent.runtime.runner.pool import StatePool
+
+
+def linear_mix(
+    mixer: GatedDeltaNet, pool: StatePool, li: int, inputs: tuple[torch.Tensor, ...], plan: ForwardPlan
+) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+    """``GatedDeltaNet.inputs`` of the plan's rows -> (o ``[T, HV, V]``, ``(z,)`` for the output stage);
+    the slots' recurrent and conv states advance in place."""
+    mixed, z, g, beta = inputs
+    j = pool.index[li]
+    conv_pool, rec_pool = pool.conv[j], pool.recurrent[j]
+    if plan.decode_only:
+        qkv, conv_new = conv_ops.causal_conv1d_step(
+            mixed, conv_pool.index_select(0, plan.slots), mixer.conv_weight(), None, "silu"
+        )
+        conv_pool.index_copy_(0, plan.slots, conv_new.to(conv_pool.dtype))
+        q, k, v = mixer.split(qkv)
+        o, rec_new = gdn_ops.gated_delta_rule_step(
+            q, k, v, g, beta, rec_pool.index_select(0, plan.slots), True, backend=mixer.backend
+        )
+        rec_pool.index_copy_(0, plan.slots, rec_new)
+        return o, (z,)
+    ops, conv_final = mixer.convolve(mixed, z, g, beta, plan.cu_seqlens, conv_pool.index_select(0, plan.slots))
+    o, final = mixer.mix(ops, plan.cu_seqlens, rec_pool.index_select(0, plan.slots))
+    conv_pool.index_copy_(0, plan.slots, conv_final.to(conv_pool.dtype))
+    rec_pool.index_copy_(0, plan.slots, final)
+    return o, (z,)
+
+
+def attention_mix(
+    attn: FullAttention, pool: StatePool, li: int, inputs: tuple[torch.Tensor, ...], plan: ForwardPlan
+) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+    """``FullAttention.qkv`` of the plan's rows -> (o ``[T, Hq, D]``, ``(gate,)`` or ``()``); the rows'
+    rotated K/V are written into their pages first."""
+    q, k, v = inputs[:3]
+    extra = tuple(inputs[3:])
+    j = pool.index[li]
+    q, k = attn.rotate(q, plan.positions), attn.rotate(k, plan.positions)
+    k_rows = pool.k[j].view(-1, *pool.k.shape[3:])
+    v_rows = pool.v[j].view(-1, *pool.v.shape[3:])
+    k_rows.index_copy_(0, plan.rows, k.to(k_rows.dtype))
+    v_rows.index_copy_(0, plan.rows, v.to(v_rows.dtype))
+    if plan.decode_only and q.is_cuda and attn.backend != "torch":
+        from hypic_agent.kernels.paged_attention import paged_decode_attention
+
+        o = paged_decode_attention(
+            q, pool.k[j], pool.v[j], plan.block_table, plan.context_lens, scale=attn.scale, backend=attn.backend
+        )
+        return o, extra
+    keys = k_rows.index_select(0, plan.key_rows)
+    values = v_rows.index_select(0, plan.key_rows)
+    return attn.attend(q, keys, values, plan.cu_host, plan.cu_keys_host), extra

@@ -1,0 +1,98 @@
+"""``ForwardPlan``: one forward's work, immutable, with every index it needs already on the device.
+
+A plan is N sequences of the state pool, each extended by its new tokens: a decode row is one
+token, a prefill chunk many. Token-packed ("varlen") like the rest of the runtime: rows ``[T]``
+with ``cu_seqlens [N+1]``. Built once on the host per step (``plan_forward``), read by every layer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from hypic_agent.runtime.runner.pool import PoolSeq, StatePool
+
+
+@dataclass(frozen=True)
+class ForwardPlan:
+    seqs: tuple[PoolSeq, ...]
+    new_tokens: tuple[tuple[int, ...], ...]
+    decode_only: bool  # every sequence gets exactly one token
+    ids: torch.Tensor  # [T] int64 token ids
+    positions: torch.Tensor  # [T] int64 position of each row in its sequence
+    slots: torch.Tensor  # [N] int64 linear-state slot of each sequence
+    rows: torch.Tensor  # [T] int64 flat KV row (page * page_size + offset) each new token is written to
+    cu_seqlens: torch.Tensor  # [N+1] int32 (device) new tokens per sequence
+    cu_host: torch.Tensor  # [N+1] int32 (host) the same bounds
+    key_rows: torch.Tensor  # [sum of context lengths] int64 flat KV rows each sequence attends over
+    cu_keys_host: torch.Tensor  # [N+1] int32 (host) bounds of key_rows per sequence
+    block_table: torch.Tensor  # [N, max pages] int32 (decode attention)
+    context_lens: torch.Tensor  # [N] int32 keys visible to each sequence's last token
+    last_rows: torch.Tensor  # [N] int64 row of each sequence's last new token (its logits)
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self.ids.shape[0])
+
+
+def _cu(lengths: Sequence[int]) -> torch.Tensor:
+    cu = torch.zeros(len(lengths) + 1, dtype=torch.int32)
+    if lengths:
+        cu[1:] = torch.cumsum(torch.tensor(list(lengths), dtype=torch.int32), 0)
+    return cu
+
+
+def plan_forward(pool: StatePool, seqs: Sequence[PoolSeq], new_tokens: Sequence[Sequence[int]]) -> ForwardPlan:
+    """The plan extending ``seqs[i]`` by ``new_tokens[i]`` (each non-empty, within its reserved pages)."""
+    if not seqs or len(seqs) != len(new_tokens) or any(len(t) == 0 for t in new_tokens):
+        raise ValueError("a forward plan needs one non-empty token list per sequence")
+    dev = pool.device
+    toks = tuple(tuple(int(t) for t in ts) for ts in new_tokens)
+    lens = [len(t) for t in toks]
+    ctx = [s.length + n for s, n in zip(seqs, lens, strict=True)]
+    for s, c in zip(seqs, ctx, strict=True):
+        if c > s.capacity:
+            raise ValueError(f"sequence would hold {c} tokens; it reserved {s.capacity}")
+    ps = pool.page_size
+    pos = torch.cat([torch.arange(s.length, c) for s, c in zip(seqs, ctx, strict=True)])
+    key_pos = torch.cat([torch.arange(0, c) for c in ctx])
+    owner = torch.repeat_interleave(torch.arange(len(seqs)), torch.tensor(lens))
+    key_owner = torch.repeat_interleave(torch.arange(len(seqs)), torch.tensor(ctx))
+    width = max(len(s.pages) for s in seqs)
+    table = torch.zeros(len(seqs), width, dtype=torch.int64)
+    for i, s in enumerate(seqs):
+        table[i, : len(s.pages)] = torch.tensor(s.pages, dtype=torch.int64)
+    rows = table[owner, pos // ps] * ps + pos % ps
+    key_rows = table[key_owner, key_pos // ps] * ps + key_pos % ps
+    cu = _cu(lens)
+    host = torch.cat(
+        [
+            torch.tensor([t for ts in toks for t in ts], dtype=torch.int64),
+            pos,
+            torch.tensor([s.slot for s in seqs], dtype=torch.int64),
+            rows,
+            key_rows,
+            (cu[1:] - 1).long(),
+        ]
+    )
+    on_dev = host.to(dev, non_blocking=True)  # one upload for the int64 tables
+    t, n, k = len(pos), len(seqs), len(key_rows)
+    ids, positions, slots, rows_d, key_rows_d, last = torch.split(on_dev, [t, t, n, t, k, n])
+    return ForwardPlan(
+        seqs=tuple(seqs),
+        new_tokens=toks,
+        decode_only=all(n == 1 for n in lens),
+        ids=ids,
+        positions=positions,
+        slots=slots,
+        rows=rows_d,
+        cu_seqlens=cu.to(dev),
+        cu_host=cu,
+        key_rows=key_rows_d,
+        cu_keys_host=_cu(ctx),
+        block_table=table.to(torch.int32).to(dev),
+        context_lens=torch.tensor(ctx, dtype=torch.int32).to(dev),
+        last_rows=last,
+    )

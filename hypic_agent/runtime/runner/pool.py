@@ -1,0 +1,177 @@
+"""``StatePool``: every running request's decode state, preallocated at start-up.
+
+Linear layers keep a fixed-size state per request, attention layers a KV that grows by one row
+per token. Both live in tensors allocated once, so decoding allocates nothing and updates in place:
+
+* linear layers: ``recurrent [L_lin, S+1, HV, K, V]`` fp32 and ``conv [L_lin, S+1, C, W-1]``, one
+  *slot* per request (as SGLang's MambaPool);
+* attention layers: ``k, v [L_attn, P+1, page_size, Hkv, D]``, pages of ``page_size`` token rows;
+  a request holds a list of pages (its block table), keys stored rotated at their positions.
+
+Slot 0 and page 0 are scratch: the padding rows of a CUDA-graph batch point there, so a padded
+step never touches a live request's state. A request reserves the pages for its whole prompt and
+``max_tokens`` when it is admitted: decoding can never run out of pages, so nothing is preempted
+or corrupted when the pool is full (the scheduler queues the next request instead).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+import torch
+
+from hypic_agent.runtime.models.config import HybridConfig
+from hypic_agent.runtime.state import AttentionLayerState, LayerState, LinearLayerState, RequestState
+
+
+@dataclass
+class PoolSeq:
+    """One request's share of the pool: its slot, its pages, the tokens its state holds."""
+
+    slot: int
+    pages: list[int]
+    capacity: int  # tokens the pages hold
+    length: int = 0  # tokens whose state is in the pool
+    tokens: list[int] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class PoolUsage:
+    slots_used: int
+    slots_total: int
+    pages_used: int
+    pages_total: int
+    page_size: int
+    bytes_total: int
+
+
+class StatePool:
+    def __init__(
+        self,
+        cfg: HybridConfig,
+        *,
+        slots: int,
+        kv_tokens: int,
+        page_size: int,
+        device: torch.device,
+        dtype: torch.dtype,
+    ) -> None:
+        if slots < 1 or page_size < 1 or kv_tokens < page_size:
+            raise ValueError(f"pool needs slots >= 1 and kv_tokens >= page_size, got {slots}, {kv_tokens}, {page_size}")
+        self.cfg = cfg
+        self.page_size = page_size
+        self.device = device
+        self.dtype = dtype
+        kinds = cfg.layer_types
+        self.linear_layers = [i for i, k in enumerate(kinds) if k == "linear"]
+        self.attention_layers = [i for i, k in enumerate(kinds) if k != "linear"]
+        self.index = {li: j for j, li in enumerate(self.linear_layers)} | {
+            li: j for j, li in enumerate(self.attention_layers)
+        }
+        self.n_slots = slots
+        self.n_pages = -(-kv_tokens // page_size)
+        n_lin, n_att = len(self.linear_layers), len(self.attention_layers)
+        hv, dk, dv = cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim
+        c, w = cfg.linear_conv_dim, cfg.linear_conv_kernel_dim
+        self.recurrent = torch.zeros(n_lin, slots + 1, hv, dk, dv, device=device, dtype=torch.float32)
+        self.conv = torch.zeros(n_lin, slots + 1, c, max(w - 1, 0), device=device, dtype=dtype)
+        kv_shape = (n_att, self.n_pages + 1, page_size, cfg.num_key_value_heads, cfg.head_dim)
+        self.k = torch.zeros(kv_shape, device=device, dtype=dtype)
+        self.v = torch.zeros(kv_shape, device=device, dtype=dtype)
+        self._free_slots = list(range(slots, 0, -1))  # pop() hands out low numbers first
+        self._free_pages = list(range(self.n_pages, 0, -1))
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------ sizes
+    def pages_for(self, tokens: int) -> int:
+        return -(-max(tokens, 1) // self.page_size)
+
+    def fits_ever(self, tokens: int) -> bool:
+        """Whether a request of ``tokens`` (prompt + max_tokens) could be admitted into an empty pool."""
+        return self.pages_for(tokens) <= self.n_pages
+
+    def can_alloc(self, tokens: int) -> bool:
+        with self._lock:
+            return bool(self._free_slots) and self.pages_for(tokens) <= len(self._free_pages)
+
+    def usage(self) -> PoolUsage:
+        with self._lock:
+            total = sum(t.nbytes for t in (self.recurrent, self.conv, self.k, self.v))
+            return PoolUsage(
+                self.n_slots - len(self._free_slots),
+                self.n_slots,
+                self.n_pages - len(self._free_pages),
+                self.n_pages,
+                self.page_size,
+                total,
+            )
+
+    # ------------------------------------------------------------------ alloc / free
+    def alloc(self, tokens: int) -> PoolSeq | None:
+        """A slot and the pages for ``tokens`` rows, zeroed linear state; None when they are not free."""
+        need = self.pages_for(tokens)
+        with self._lock:
+            if not self._free_slots or need > len(self._free_pages):
+                return None
+            slot = self._free_slots.pop()
+            pages = [self._free_pages.pop() for _ in range(need)]
+        self.recurrent[:, slot].zero_()
+        self.conv[:, slot].zero_()
+        return PoolSeq(slot, pages, need * self.page_size)
+
+    def free(self, seq: PoolSeq) -> None:
+        with self._lock:
+            if seq.slot:
+                self._free_slots.append(seq.slot)
+            self._free_pages.extend(reversed(seq.pages))
+        seq.slot, seq.pages, seq.capacity = 0, [], 0
+
+    # ------------------------------------------------------------------ addressing
+    def rows(self, seq: PoolSeq, start: int, end: int) -> torch.Tensor:
+        """Flat row indices ``[end - start]`` (int64, on the pool's device) of token positions
+        ``start..end-1`` of ``seq`` in a layer's ``k.view(-1, Hkv, D)``."""
+        if end > seq.capacity:
+            raise ValueError(f"positions up to {end} exceed the sequence's reserved {seq.capacity} tokens")
+        pos = torch.arange(start, end)
+        pages = torch.tensor(seq.pages, dtype=torch.int64)[pos // self.page_size]
+        return (pages * self.page_size + pos % self.page_size).to(self.device)
+
+    def block_table(self, seqs: list[PoolSeq], width: int | None = None) -> torch.Tensor:
+        """``[N, width]`` int32 page ids (0-padded) on the pool's device."""
+        width = width or max((len(s.pages) for s in seqs), default=1)
+        table = torch.zeros(len(seqs), width, dtype=torch.int32)
+        for i, s in enumerate(seqs):
+            table[i, : len(s.pages)] = torch.tensor(s.pages, dtype=torch.int32)
+        return table.to(self.device)
+
+    # ------------------------------------------------------------------ load / export
+    def load(self, seq: PoolSeq, state: RequestState) -> None:
+        """Copy a request state built outside the pool (combine, prefix cache) into ``seq``."""
+        if state.length > seq.capacity:
+            raise ValueError(f"state of {state.length} tokens exceeds the sequence's {seq.capacity}")
+        rows = self.rows(seq, 0, state.length) if state.length else None
+        for li, st in enumerate(state.layers):
+            j = self.index[li]
+            if isinstance(st, LinearLayerState):
+                self.recurrent[j, seq.slot].copy_(st.recurrent)
+                self.conv[j, seq.slot].copy_(st.conv)
+            elif rows is not None:
+                self.k[j].view(-1, *self.k.shape[3:]).index_copy_(0, rows, st.k.to(self.dtype))
+                self.v[j].view(-1, *self.v.shape[3:]).index_copy_(0, rows, st.v.to(self.dtype))
+        seq.length = state.length
+        seq.tokens = list(state.tokens)
+
+    def export(self, seq: PoolSeq) -> RequestState:
+        """A standalone copy of ``seq``'s state (for the prefix cache)."""
+        rows = self.rows(seq, 0, seq.length)
+        layers: list[LayerState] = []
+        for li in range(len(self.cfg.layer_types)):
+            j = self.index[li]
+            if li in self.linear_layers:
+                layers.append(LinearLayerState(self.recurrent[j, seq.slot].clone(), self.conv[j, seq.slot].clone()))
+            else:
+                k = self.k[j].view(-1, *self.k.shape[3:]).index_select(0, rows)
+                v = self.v[j].view(-1, *self.v.shape[3:]).index_select(0, rows)
+                layers.append(AttentionLayerState(k, v))
+        return RequestState(layers, seq.length, None, list(seq.tokens))

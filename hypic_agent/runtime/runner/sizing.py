@@ -1,0 +1,39 @@
+"""How big the state pool is: slots from ``max_running``, KV rows from a setting or free memory."""
+
+from __future__ import annotations
+
+import torch
+
+from hypic_agent.config import Settings
+from hypic_agent.runtime.models.config import HybridConfig
+
+
+def bytes_per_slot(cfg: HybridConfig, dtype: torch.dtype) -> int:
+    """Linear-layer state of one request: fp32 recurrent ``[HV, K, V]`` and conv ``[C, W-1]`` per layer."""
+    n_lin = sum(1 for k in cfg.layer_types if k == "linear")
+    rec = cfg.linear_num_value_heads * cfg.linear_key_head_dim * cfg.linear_value_head_dim * 4
+    conv = cfg.linear_conv_dim * max(cfg.linear_conv_kernel_dim - 1, 0) * dtype.itemsize
+    return n_lin * (rec + conv)
+
+
+def bytes_per_token(cfg: HybridConfig, dtype: torch.dtype) -> int:
+    """Attention KV of one token over every attention layer."""
+    n_att = sum(1 for k in cfg.layer_types if k != "linear")
+    return n_att * 2 * cfg.num_key_value_heads * cfg.head_dim * dtype.itemsize
+
+
+def pool_sizes(
+    cfg: HybridConfig, settings: Settings, max_context: int, device: torch.device, dtype: torch.dtype
+) -> tuple[int, int]:
+    """``(slots, kv_tokens)``. KV rows: ``kv_pool_tokens`` if set; else on CUDA ``kv_pool_fraction``
+    of the free memory less the slots, at most ``slots * max_context``; on CPU ``2 * max_context``."""
+    slots = settings.max_running
+    if settings.kv_pool_tokens:
+        return slots, settings.kv_pool_tokens
+    cap = slots * max_context
+    per_token = max(bytes_per_token(cfg, dtype), 1)
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        budget = int(free * settings.kv_pool_fraction) - slots * bytes_per_slot(cfg, dtype)
+        return slots, max(settings.kv_page_size, min(cap, budget // per_token))
+    return slots, min(cap, 2 * max_context)

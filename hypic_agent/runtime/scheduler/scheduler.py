@@ -1,0 +1,256 @@
+"""``Scheduler``: one engine thread runs ``step()`` in a loop (the manner of nano-vllm / mini-sglang).
+
+Each step: take in submitted requests (a priority queue, FCFS among equals), drop cancelled ones
+(their pool state is freed), admit waiting requests while a slot and the pages for prompt +
+``max_tokens`` are free and fewer than ``max_running`` run, then run ONE forward of the model
+runner that holds every decoding request's next token plus prefill chunks of preparing requests
+(up to ``prefill_chunk_tokens``), sample all rows on the device, and stream the events. A composed
+(HYPIC) request's combine is its own forward within the step; while others decode, its cold
+segments are first built in batches of at most ``prefill_chunk_tokens`` tokens, one per step.
+
+A request that could never fit the pool is refused at ``submit`` (4xx); a full waiting queue
+answers ``QueueFullError`` (429 with Retry-After). Pages are reserved at admission for the whole
+request, so a running request can never run out of memory: when the pool is full the next request
+waits. Model work happens on the engine thread only, under the engine's lock.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import queue
+import threading
+import time
+from collections.abc import Iterator
+
+import torch
+
+from hypic_agent.config import Settings
+from hypic_agent.errors import ContextLengthError, QueueFullError
+from hypic_agent.runtime.engine import Engine, PromptPieces
+from hypic_agent.runtime.output import OutputStream
+from hypic_agent.runtime.runner.plan import plan_forward
+from hypic_agent.runtime.runner.runner import ModelRunner
+from hypic_agent.runtime.sampling import make_generator
+from hypic_agent.runtime.scheduler.request import GenerationRequest, RequestHandle
+from hypic_agent.runtime.scheduler.sampler import sample_rows
+from hypic_agent.runtime.scheduler.stats import SchedulerStats
+from hypic_agent.runtime.scheduler.work import LiveRequest
+
+log = logging.getLogger("hypic.scheduler")
+_Waiting = tuple[int, int, RequestHandle, PromptPieces]
+
+
+class Scheduler:
+    def __init__(self, engine: Engine, runner: ModelRunner, settings: Settings) -> None:
+        self.engine = engine
+        self.runner = runner
+        self.pool = runner.pool
+        self.max_running = min(settings.max_running, self.pool.n_slots)
+        self.max_waiting = settings.max_waiting
+        self.chunk = settings.prefill_chunk_tokens
+        self.stats = SchedulerStats()
+        self._inbox: queue.SimpleQueue[_Waiting] = queue.SimpleQueue()
+        self._waiting: list[_Waiting] = []
+        self._n_waiting = 0  # inbox + heap, for the queue limit (approximate across threads)
+        self._order = itertools.count()
+        self.live: list[LiveRequest] = []
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._start_lock = threading.Lock()
+
+    # ------------------------------------------------------------------ caller side
+    def submit(self, req: GenerationRequest) -> RequestHandle:
+        """Validate and queue ``req``; returns its handle. Raises a 4xx error for a request that can
+        never run and ``QueueFullError`` when the waiting queue is full."""
+        sampling = req.sampling.validate()
+        pieces = self.engine.pieces(req.plan, mode=req.mode, seam=req.seam, max_new_tokens=sampling.max_tokens)
+        need = pieces.total + sampling.max_tokens
+        if not self.pool.fits_ever(need):
+            cap = self.pool.n_pages * self.pool.page_size
+            raise ContextLengthError(
+                f"prompt ({pieces.total} tokens) + max_tokens ({sampling.max_tokens}) can never fit the state "
+                f"pool ({cap} tokens, HYPIC_KV_POOL_TOKENS); send fewer segments or lower max_tokens",
+                param="max_tokens",
+            )
+        if self._n_waiting >= self.max_waiting:
+            raise QueueFullError(
+                f"{self._n_waiting} requests are waiting (HYPIC_MAX_WAITING={self.max_waiting}); retry shortly",
+                retry_after=1.0,
+            )
+        handle = RequestHandle(req)
+        self._n_waiting += 1
+        self._inbox.put((req.priority, next(self._order), handle, pieces))
+        self.start()
+        self._wake.set()
+        return handle
+
+    def generate(self, req: GenerationRequest) -> Iterator:
+        """Submit and iterate the events (closing the iterator cancels the request)."""
+        yield from self.submit(req).events()
+
+    def start(self) -> None:
+        with self._start_lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._stop.clear()
+                self._thread = threading.Thread(target=self._loop, name="hypic-engine", daemon=True)
+                self._thread.start()
+
+    def shutdown(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                busy = self.step()
+            except Exception:  # a step never kills the engine thread; its requests were failed
+                log.exception("scheduler step failed")
+                busy = False
+            if not busy:
+                self._wake.wait(0.05)
+                self._wake.clear()
+
+    # ------------------------------------------------------------------ engine side
+    def step(self) -> bool:
+        """One scheduling step; returns whether there was any work."""
+        with self.engine.lock:
+            self._take_inbox()
+            self._reap_cancelled()
+            self._admit()
+            if not self.live:
+                return bool(self._waiting)
+            self._run_step()
+            return True
+
+    def _take_inbox(self) -> None:
+        while True:
+            try:
+                heapq.heappush(self._waiting, self._inbox.get_nowait())
+            except queue.Empty:
+                return
+
+    def _reap_cancelled(self) -> None:
+        for r in [r for r in self.live if r.handle.cancelled]:
+            self._retire(r, cancelled=True)
+        if any(w[2].cancelled for w in self._waiting):
+            gone = [w for w in self._waiting if w[2].cancelled]
+            self._waiting = [w for w in self._waiting if not w[2].cancelled]
+            heapq.heapify(self._waiting)
+            for w in gone:
+                self._n_waiting -= 1
+                self.stats.cancelled += 1
+                w[2].end()
+
+    def _admit(self) -> None:
+        while self._waiting and len(self.live) < self.max_running:
+            _, _, handle, pieces = self._waiting[0]
+            need = pieces.total + handle.request.sampling.max_tokens
+            seq = self.pool.alloc(need)
+            if seq is None:
+                return  # the head waits for memory (FCFS: nobody overtakes it)
+            heapq.heappop(self._waiting)
+            self._n_waiting -= 1
+            handle.admitted_at = time.perf_counter()
+            s = handle.request.sampling
+            r = LiveRequest(handle, pieces, OutputStream(self.engine.tokenizer, s, self.engine.eos_ids), None, seq)
+            r.gen = make_generator(s, self.engine.device)
+            self.live.append(r)
+            try:
+                r.start(self.engine, self.pool, self.chunk)
+            except Exception as exc:
+                self._retire(r, error=exc)
+
+    def _run_step(self) -> None:
+        decoders = [r for r in self.live if r.decoding]
+        budget = self.chunk
+        rows: list[tuple[LiveRequest, tuple[int, ...]]] = [(r, (r.last_token,)) for r in decoders]  # type: ignore[misc]
+        for r in [r for r in self.live if r.preparing]:
+            if budget <= 0:
+                break
+            try:
+                if r.pieces.spec.composed:
+                    budget -= r.composed_step(self.engine, self.pool, budget, alone=not rows)
+                    self.stats.combine_steps += 1
+                elif r.chunks and (len(r.chunks[0]) <= budget or len(rows) == len(decoders)):
+                    chunk = r.chunks.popleft()
+                    rows.append((r, chunk))
+                    budget -= len(chunk)
+            except Exception as exc:
+                self._retire(r, error=exc)
+        logits = None
+        if rows:
+            plan = plan_forward(self.pool, [r.seq for r, _ in rows], [t for _, t in rows])  # type: ignore[misc]
+            try:
+                logits = self.runner.forward(plan)
+            except Exception as exc:
+                for r, _ in rows:
+                    self._retire(r, error=exc)
+                return
+            self.stats.forwards += 1
+            self.stats.decode_tokens += len(decoders)
+            self.stats.prefill_tokens += plan.n_tokens - len(decoders)
+        to_sample: list[tuple[LiveRequest, torch.Tensor]] = []
+        for i, (r, _) in enumerate(rows):
+            if r.decoding:
+                to_sample.append((r, logits[i]))  # type: ignore[index]
+            else:
+                r.after_chunk(self.engine, self.pool)
+                if not r.chunks:
+                    to_sample.append((r, logits[i]))  # type: ignore[index]
+        to_sample += [(r, r.first_logits) for r in self.live if r.first_logits is not None and r.last_token is None]
+        if to_sample:
+            self._sample_and_emit(to_sample)
+
+    def _sample_and_emit(self, rows: list[tuple[LiveRequest, torch.Tensor]]) -> None:
+        lives = [r for r, _ in rows]
+        picked = sample_rows(torch.stack([x for _, x in rows]).float(), [r.out for r in lives], [r.gen for r in lives])
+        now = time.perf_counter()
+        for r, (tok, lp, top) in zip(lives, picked, strict=True):
+            if r.last_token is None:
+                r.ttft_ms = (now - r.handle.request.t0) * 1e3
+            for ev in r.out.push(tok, lp, top):
+                r.handle.put(ev)
+            r.first_logits = None
+            r.last_token = tok
+            if r.out.done:
+                self._retire(r)
+
+    def _retire(self, r: LiveRequest, *, cancelled: bool = False, error: BaseException | None = None) -> None:
+        """Free ``r``'s pool state and end its stream (finish event, error, or nothing if cancelled)."""
+        if r in self.live:
+            self.live.remove(r)
+        if r.seq is not None:
+            self.pool.free(r.seq)
+            r.seq = None
+        if error is not None:
+            self.stats.failed += 1
+            r.handle.fail(error)
+            return
+        if cancelled:
+            self.stats.cancelled += 1
+            r.handle.end()
+            return
+        assert r.prepared is not None
+        total = (time.perf_counter() - r.handle.request.t0) * 1e3
+        for ev in r.out.finish(r.prepared, r.ttft_ms, total):
+            r.handle.put(ev)
+        r.handle.end()
+        self.stats.finished += 1
+
+    # ------------------------------------------------------------------ introspection
+    def snapshot(self) -> dict[str, int]:
+        u = self.pool.usage()
+        return {
+            "waiting": self._n_waiting,
+            "running": sum(1 for r in self.live if r.decoding),
+            "preparing": sum(1 for r in self.live if not r.decoding),
+            "slots_used": u.slots_used,
+            "slots_total": u.slots_total,
+            "pages_used": u.pages_used,
+            "pages_total": u.pages_total,
+        }

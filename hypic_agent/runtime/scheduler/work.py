@@ -1,0 +1,140 @@
+"""``LiveRequest``: one admitted request inside the scheduler, from its prepare work to its last token.
+
+Prepare work by mode:
+
+* ``full_recompute``: the whole prompt as chunks of the runner's extend forward;
+* ``prefix_cache``: the longest cached prefix is loaded into the pool, the rest runs as chunks;
+  the chunk that ends the request's segments stops exactly there, so the boundary state can be
+  exported into the prefix cache;
+* composed modes (``hypic`` and its ablations): the engine's combine forward (cold segments built
+  inside it, or, while others decode, a bounded batch of cold segments per step first); its
+  state is then loaded into the pool.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from hypic_agent.runtime.engine import Engine, PromptPieces
+from hypic_agent.runtime.output import OutputStream
+from hypic_agent.runtime.results import Prepared, SegmentUsage
+from hypic_agent.runtime.runner.pool import PoolSeq, StatePool
+from hypic_agent.runtime.scheduler.request import RequestHandle
+
+
+def split_chunks(tokens: Sequence[int], size: int) -> list[tuple[int, ...]]:
+    return [tuple(tokens[i : i + size]) for i in range(0, len(tokens), size)]
+
+
+@dataclass
+class LiveRequest:
+    handle: RequestHandle
+    pieces: PromptPieces
+    out: OutputStream
+    gen: torch.Generator | None
+    seq: PoolSeq | None = None
+    chunks: deque[tuple[int, ...]] = field(default_factory=deque)  # prefill chunks still to run
+    prepared: Prepared | None = None
+    first_logits: torch.Tensor | None = None  # a composed prepare's logits, sampled in the next batch
+    last_token: int | None = None  # to feed in the next decode step
+    boundary: int = 0  # prefix_cache: sequence length whose state goes into the prefix cache
+    prefix_keys: list[str] = field(default_factory=list)
+    ttft_ms: float = 0.0
+    cost_ms: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def tenant(self) -> str:
+        return self.handle.request.tenant
+
+    @property
+    def mode(self) -> str:
+        return self.pieces.spec.name
+
+    @property
+    def decoding(self) -> bool:
+        return self.last_token is not None
+
+    @property
+    def preparing(self) -> bool:
+        return self.last_token is None and self.first_logits is None
+
+    def need_tokens(self) -> int:
+        return self.pieces.total + self.out.sampling.max_tokens
+
+    # ------------------------------------------------------------------ prepare plans
+    def start(self, engine: Engine, pool: StatePool, chunk: int) -> None:
+        """Right after admission (``seq`` allocated): load what is cached, queue the chunks."""
+        p = self.pieces
+        assert self.seq is not None
+        if p.spec.name == "full_recompute":
+            usage = [SegmentUsage(None, k, len(s), False, None) for s, k in zip(p.segs, p.kinds, strict=True)]
+            self.prepared = Prepared(None, "full_recompute", usage, p.total, 0, p.total)
+            self.chunks.extend(split_chunks([t for s in p.segs for t in s] + p.suffix, chunk))
+        elif p.spec.name == "prefix_cache":
+            t0 = time.perf_counter()
+            keys = [engine.entry_key(s, self.tenant, 0) for s in p.segs]
+            depth, state = engine.prefix_cache.lookup(keys)
+            if state is not None:
+                pool.load(self.seq, state)
+            reused = self.seq.length
+            missed = [t for s in p.segs[depth:] for t in s]
+            if depth < len(p.segs):
+                self.boundary, self.prefix_keys = reused + len(missed), keys
+            self.chunks.extend(split_chunks(missed, chunk) + split_chunks(p.suffix, chunk))
+            usage = [
+                SegmentUsage(keys[i], p.kinds[i], len(s), i < depth, "memory" if i < depth else None)
+                for i, s in enumerate(p.segs)
+            ]
+            self.prepared = Prepared(
+                None,
+                "prefix_cache",
+                usage,
+                p.total,
+                reused,
+                p.total - reused,
+                exact_prefix_tokens=reused,
+                timings_ms={"prefix_lookup_ms": (time.perf_counter() - t0) * 1e3},
+            )
+
+    def after_chunk(self, engine: Engine, pool: StatePool) -> None:
+        """After a chunk ran: a prefix-cache request that reached its boundary records it."""
+        assert self.seq is not None
+        if self.boundary and self.seq.length == self.boundary:
+            engine.prefix_cache.insert(self.prefix_keys, self.pieces.segs, pool.export(self.seq))
+            self.boundary = 0
+
+    def composed_step(self, engine: Engine, pool: StatePool, budget: int, alone: bool) -> int:
+        """One step of a composed request's prepare work; returns the tokens it computed. Alone (nobody
+        else decoding) or with few cold tokens: the whole prepare (cold builds fused into the
+        combine); otherwise a batch of cold segments within ``budget`` first."""
+        assert self.seq is not None
+        p = self.pieces
+        if not alone:
+            cold = engine.cold_segments(p, self.tenant)
+            sizes = [len(p.segs[i]) for i in cold]
+            if sum(sizes) > budget:
+                take, used = [], 0
+                for i, n in zip(cold, sizes, strict=True):
+                    if take and used + n > budget:
+                        break
+                    take.append(i)
+                    used += n
+                engine.build_cold(p, self.tenant, take)
+                return used
+        prepared = engine.prepare_pieces(p, self.tenant)
+        state = prepared.state
+        assert state is not None and state.last_logits is not None
+        pool.load(self.seq, state)
+        self.first_logits = state.last_logits
+        prepared.state = None  # the pool holds it now
+        self.prepared = prepared
+        return prepared.recomputed_tokens
+
+    def describe(self) -> dict[str, Any]:
+        return {"id": self.handle.id, "mode": self.mode, "tokens": self.pieces.total}

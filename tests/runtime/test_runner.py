@@ -1,0 +1,78 @@
+"""The model runner over the state pool against the reference forward (``runtime.forward``):
+chunked prefill equals one-pass prefill, batched decode equals each sequence decoded alone."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hypic_agent.runtime.forward import decode_step, prefill
+from hypic_agent.runtime.runner.plan import plan_forward
+from hypic_agent.runtime.runner.pool import StatePool
+from hypic_agent.runtime.runner.runner import ModelRunner
+
+from .conftest import make_model, rand_tokens
+
+
+def _runner(arch: str, slots: int = 4, kv_tokens: int = 512, page_size: int = 8):
+    model, _, _ = make_model(arch)
+    p = next(model.parameters())
+    pool = StatePool(
+        model.config, slots=slots, kv_tokens=kv_tokens, page_size=page_size, device=p.device, dtype=p.dtype
+    )
+    return model, pool, ModelRunner(model, pool)
+
+
+@pytest.mark.parametrize("arch", ["qwen3_5_text", "llama"])
+def test_chunked_prefill_equals_one_pass(arch):
+    model, pool, runner = _runner(arch)
+    toks = rand_tokens(45, 1)
+    ref = prefill(model, [toks])[0]
+    seq = pool.alloc(60)
+    assert seq is not None
+    for a, b in ((0, 7), (7, 30), (30, 45)):  # chunks crossing page boundaries (page_size 8)
+        logits = runner.forward(plan_forward(pool, [seq], [toks[a:b]]))
+    assert seq.length == 45 and seq.tokens == toks
+    torch.testing.assert_close(logits[0], ref.last_logits, rtol=1e-4, atol=1e-4)
+    out = pool.export(seq)
+    for mine, theirs in zip(out.layers, ref.layers, strict=True):
+        for x, y in zip(vars(mine).values(), vars(theirs).values(), strict=True):
+            torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("arch", ["qwen3_5_text", "llama"])
+def test_batched_decode_equals_each_alone(arch):
+    model, pool, runner = _runner(arch)
+    prompts = [rand_tokens(n, 10 + n) for n in (5, 17, 9)]
+    seqs = [pool.alloc(40) for _ in prompts]
+    assert all(s is not None for s in seqs)
+    # prefill the three prompts in one mixed forward, then decode 6 steps together
+    logits = runner.forward(plan_forward(pool, seqs, prompts))
+    steps = [rand_tokens(3, 100 + i) for i in range(6)]
+    batched = [logits]
+    for step in steps:
+        batched.append(runner.forward(plan_forward(pool, seqs, [[t] for t in step])))
+    for i, p in enumerate(prompts):
+        alone = prefill(model, [p])[0]
+        torch.testing.assert_close(batched[0][i], alone.last_logits, rtol=1e-4, atol=1e-4)
+        for k, step in enumerate(steps):
+            decode_step(model, [alone], [step[i]])
+            torch.testing.assert_close(batched[k + 1][i], alone.last_logits, rtol=1e-4, atol=1e-4)
+
+
+def test_pool_alloc_free_and_load_roundtrip():
+    model, pool, runner = _runner("qwen3_5_text", slots=2, kv_tokens=32, page_size=8)
+    a, b = pool.alloc(16), pool.alloc(16)
+    assert a is not None and b is not None and pool.alloc(1) is None  # no slot left
+    assert pool.usage().pages_used == 4 and pool.usage().slots_used == 2
+    state = prefill(model, [rand_tokens(13, 5)])[0]
+    pool.load(a, state)
+    back = pool.export(a)
+    assert back.length == 13
+    for mine, theirs in zip(back.layers, state.layers, strict=True):
+        for x, y in zip(vars(mine).values(), vars(theirs).values(), strict=True):
+            assert torch.equal(x, y.to(x.dtype))
+    pool.free(a)
+    pool.free(b)
+    assert pool.usage().pages_used == 0 and pool.usage().slots_used == 0
+    assert not pool.fits_ever(33) and pool.fits_ever(32)
