@@ -1,5 +1,6 @@
-"""Paged decode attention: the torch twin against dense attention over each sequence's keys and the
-dispatcher's argument checks. The GPU run (bf16, Qwen3.5 shape, CUDA graphs) is
+"""Paged decode attention: the torch twin against dense attention over each sequence's keys, the
+dispatcher's argument checks, and (through Triton's CPU interpreter, in a subprocess) the Triton
+kernel against the twin. The GPU run (bf16, Qwen3.5 shape, CUDA graphs) is
 ``test_gpu_paged_attention.py``.
 
 The page pools are built so that a kernel reading what it must not shows: unused pages and the
@@ -9,6 +10,12 @@ hold an out-of-range page id.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -16,6 +23,7 @@ from hypic_agent.kernels.attention import attention
 from hypic_agent.kernels.paged_attention import paged_decode_attention, paged_decode_attention_torch
 from tests.kernels.helpers import rel_err
 
+ROOT = Path(__file__).resolve().parents[2]
 UNUSED_PAGE = 1_000_000  # block-table entries past a sequence's pages: reading one would fail
 
 
@@ -168,3 +176,59 @@ def test_dispatcher_rejects_bad_options():
         paged_decode_attention(**x, scale=1.0, backend="cuda")
     with pytest.raises(ValueError, match="needs CUDA"):  # the Triton kernel on CPU tensors
         paged_decode_attention(**x, scale=1.0, backend="fla")
+
+
+INTERPRETER = """
+import torch
+from unittest import mock
+import hypic_agent.kernels.paged_attention as pa
+from hypic_agent.kernels.paged_attention import paged_decode_attention_torch
+from hypic_agent.kernels.paged_attention.paged_attention_triton import paged_decode_attention_triton
+from tests.kernels.helpers import rel_err
+from tests.kernels.test_paged_attention import paged_inputs
+
+def check(o, ref, lens, what):
+    assert o.shape == ref.shape and o.dtype == ref.dtype and not o.isnan().any(), what
+    for i, L in enumerate(lens):
+        if L == 0:
+            assert torch.equal(o[i], torch.zeros_like(o[i])), (what, i)
+        else:
+            assert rel_err(o[i], ref[i]) < 1e-5, (what, i, L, rel_err(o[i], ref[i]))
+
+# GQA group 3 (rows padded to 16), D 24 / Dv 40 (padded to 32 / 64), 16-key pages; tiles smaller
+# than, equal to and larger than a page; one split, splits over several tiles, more splits than tiles
+lens = [0, 1, 15, 16, 17, 50, 100]
+x, _, _ = paged_inputs(lens, 6, 2, 24, 40, 16, seed=1)
+ref = paged_decode_attention_torch(**x, scale=0.3)
+for ns in (1, 3, 8):
+    for bn in (8, 16, 32):
+        o = paged_decode_attention_triton(**x, scale=0.3, num_splits=ns, block=(bn, 2))
+        check(o, ref, lens, (ns, bn))
+# group 8 with 4-key pages; group 1 with D 64
+for lens, Hq, Hkv, D, Dv, ps in (([37, 0, 5], 8, 1, 32, 16, 4), ([9, 64], 2, 2, 64, 64, 8)):
+    x, _, _ = paged_inputs(lens, Hq, Hkv, D, Dv, ps, seed=2)
+    ref = paged_decode_attention_torch(**x, scale=0.125)
+    for ns in (1, 4):
+        check(paged_decode_attention_triton(**x, scale=0.125, num_splits=ns, block=(16, 2)), ref, lens, (Hq, ns))
+# through the dispatcher (Triton branch forced): default splits and tile, a strided q, int64 lengths
+lens = [40, 0, 3]
+x, _, _ = paged_inputs(lens, 9, 3, 24, 24, 8, seed=3)
+x["q"] = torch.randn(3, 9, 48)[:, :, 5:29]
+x["context_lens"] = x["context_lens"].long()
+ref = paged_decode_attention_torch(**x, scale=0.2)
+with mock.patch.object(pa, "resolve_triton", lambda b, d: True):
+    check(pa.paged_decode_attention(**x, scale=0.2), ref, lens, "dispatcher")
+    check(pa.paged_decode_attention(**x, scale=0.2, num_splits=5), ref, lens, "dispatcher ns=5")
+"""
+
+
+def test_triton_kernel_matches_twin_in_interpreter():
+    pytest.importorskip("triton")
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    r = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(INTERPRETER) + '\nprint("ok")'],
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    if r.returncode != 0 and "0-dimensional arrays" in r.stderr:
+        pytest.skip("Triton 3.6's interpreter needs numpy < 2.4")
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-3000:]
