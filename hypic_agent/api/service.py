@@ -123,12 +123,12 @@ def run_job(st: ServerState, job: GenerateJob, handle: RequestHandle | None = No
     """Engine events of ``job`` as the scheduler streams them; closing the iterator cancels it."""
     with st.cache.described(hints_of(job)):
         handle = handle if handle is not None else submit_job(st, job)
-        events = handle.events()
+        events = handle.events()  # a generator: closing it cancels the request
         try:
             for ev in events:
                 yield Timed(ev, (time.perf_counter() - job.t0) * 1e3, handle.queue_ms)
         finally:
-            events.close()
+            events.close()  # type: ignore[attr-defined]
             handle.cancel()  # no-op after the finish event
 
 

@@ -16,6 +16,7 @@ def decode_loop(
     engine: Any, prepared: Prepared, sampling: SamplingParams, t0: float
 ) -> Iterator[TokenEvent | FinishEvent]:
     state = prepared.state
+    assert state is not None, "decode_loop needs a standalone state (Engine.prepare)"
     gen = make_generator(sampling, engine.device)
     out = OutputStream(engine.tokenizer, sampling, engine.eos_ids)
     ttft_ms = 0.0

@@ -61,7 +61,7 @@ def test_batched_decode_equals_each_alone(arch):
 
 
 def test_pool_alloc_free_and_load_roundtrip():
-    model, pool, runner = _runner("qwen3_5_text", slots=2, kv_tokens=32, page_size=8)
+    model, pool, _ = _runner("qwen3_5_text", slots=2, kv_tokens=32, page_size=8)
     a, b = pool.alloc(16), pool.alloc(16)
     assert a is not None and b is not None and pool.alloc(1) is None  # no slot left
     assert pool.usage().pages_used == 4 and pool.usage().slots_used == 2

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import torch
 
-from hypic_agent.kernels import conv as conv_ops
-from hypic_agent.kernels import gdn as gdn_ops
+from hypic_agent.kernels.conv_decode import conv_decode_slots
+from hypic_agent.kernels.gdn_decode import gdn_decode_slots
 from hypic_agent.runtime.models.attention import FullAttention
 from hypic_agent.runtime.models.gated_deltanet import GatedDeltaNet
 from hypic_agent.runtime.runner.plan import ForwardPlan
@@ -32,15 +32,9 @@ def linear_mix(
     j = pool.index[li]
     conv_pool, rec_pool = pool.conv[j], pool.recurrent[j]
     if plan.decode_only:
-        qkv, conv_new = conv_ops.causal_conv1d_step(
-            mixed, conv_pool.index_select(0, plan.slots), mixer.conv_weight(), None, "silu"
-        )
-        conv_pool.index_copy_(0, plan.slots, conv_new.to(conv_pool.dtype))
+        qkv = conv_decode_slots(mixed, conv_pool, plan.slots, mixer.conv_weight(), None, backend=mixer.backend)
         q, k, v = mixer.split(qkv)
-        o, rec_new = gdn_ops.gated_delta_rule_step(
-            q, k, v, g, beta, rec_pool.index_select(0, plan.slots), True, backend=mixer.backend
-        )
-        rec_pool.index_copy_(0, plan.slots, rec_new)
+        o = gdn_decode_slots(q, k, v, g, beta, rec_pool, plan.slots, backend=mixer.backend)
         return o, (z,)
     ops, conv_final = mixer.convolve(mixed, z, g, beta, plan.cu_seqlens, conv_pool.index_select(0, plan.slots))
     o, final = mixer.mix(ops, plan.cu_seqlens, rec_pool.index_select(0, plan.slots))

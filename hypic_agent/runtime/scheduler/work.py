@@ -119,7 +119,8 @@ class LiveRequest:
             cold = engine.cold_segments(p, self.tenant)
             sizes = [len(p.segs[i]) for i in cold]
             if sum(sizes) > budget:
-                take, used = [], 0
+                take: list[int] = []
+                used = 0
                 for i, n in zip(cold, sizes, strict=True):
                     if take and used + n > budget:
                         break
