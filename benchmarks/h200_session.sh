@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # H200 calls that check the GPU kernels and re-measure every GPU table of docs/benchmarks.md.
-# Usage (repo root, device machine): bash benchmarks/h200_session.sh [tests] [ttft] [prefill] [overhead] [profile] [next]
+# Usage (repo root, device machine): bash benchmarks/h200_session.sh [tests] [serving] [decode] [qps] [ttft] [prefill] [overhead] [profile] [next]
 # Run from the repo root on the device machine, fla-core etc. on PYTHONPATH; results land in $OUT.
 # Each step has its own time limit (TESTS_S, TTFT_S, PROFILE_S override three of them) so that a slow
 # step cannot take the others' results with it.
@@ -31,8 +31,13 @@ nvidia-smi -L
 STEPS=${*:-"tests ttft prefill overhead profile next"}
 cd benchmarks
 for st in $STEPS; do case $st in
-  tests) (cd .. && step ${TESTS_S:-450} gputests python3 -m pytest -q -p no:cacheprovider -m gpu tests/runtime/test_gpu_model.py \
-           tests/kernels/test_gpu_gdn.py tests/kernels/test_gpu_norm.py tests/kernels/test_gpu_ops.py) ;;
+  tests) (cd .. && step ${TESTS_S:-450} gputests python3 -m pytest -q -p no:cacheprovider -m gpu tests/) ;;
+  serving) (cd .. && step ${SERVING_S:-300} gputests_serving python3 -m pytest -q -p no:cacheprovider -m gpu \
+           tests/kernels/test_gpu_paged_attention.py tests/kernels/test_decode_slots.py tests/runtime/test_gpu_runner.py) ;;
+  decode) step ${DECODE_S:-300} decode python3 decode.py --shape qwen3_5_35b_a3b --batches 1 8 32 64 128 \
+            --contexts 2048 20480 --out "$OUT/decode.json" ;;
+  qps) step ${QPS_S:-420} qps python3 qps.py --shape qwen3_5_35b_a3b --modes prefix_cache hypic --loads 1 2 4 8 16 \
+         --out "$OUT/qps.json" ;;
   ttft) step ${TTFT_S:-300} ttft python3 ttft.py --shape qwen3_5_35b_a3b --pool 120 --segments 20 --seg-len 1024 \
           --requests 5 --warmup 1 --hit-rates 1.0 0.8 --out "$OUT/ttft.json" ;;
   prefill) step 150 prefill python3 prefill.py --shape qwen3_5_35b_a3b --lengths 4096 16384 32768 --reps 2 \
@@ -43,5 +48,5 @@ for st in $STEPS; do case $st in
              --combine-only --scatter --out "$OUT/combine_profile.json" ;;
   next) step 100 prefill_next python3 prefill.py --shape qwen3_next_80b_a3b --layers 12 --lengths 32768 \
           --reps 2 --out "$OUT/prefill_next.json" ;;
-  *) echo "unknown step $st (tests ttft prefill overhead profile next)"; exit 2 ;;
+  *) echo "unknown step $st (tests serving decode qps ttft prefill overhead profile next)"; exit 2 ;;
 esac; done

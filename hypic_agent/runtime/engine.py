@@ -322,6 +322,7 @@ class Engine:
                     page_size=self.settings.kv_page_size,
                     device=p.device,
                     dtype=p.dtype,
+                    max_seq_tokens=self.max_context,
                 )
                 graphs = self.settings.cuda_graphs and p.device.type == "cuda"
                 runner = ModelRunner(

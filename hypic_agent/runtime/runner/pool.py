@@ -56,6 +56,7 @@ class StatePool:
         page_size: int,
         device: torch.device,
         dtype: torch.dtype,
+        max_seq_tokens: int | None = None,
     ) -> None:
         if slots < 1 or page_size < 1 or kv_tokens < page_size:
             raise ValueError(f"pool needs slots >= 1 and kv_tokens >= page_size, got {slots}, {kv_tokens}, {page_size}")
@@ -71,6 +72,8 @@ class StatePool:
         }
         self.n_slots = slots
         self.n_pages = -(-kv_tokens // page_size)
+        # the longest sequence (prompt + max_tokens, bounded by the context window): block-table width
+        self.max_seq_pages = min(self.n_pages, -(-(max_seq_tokens or kv_tokens) // page_size))
         n_lin, n_att = len(self.linear_layers), len(self.attention_layers)
         hv, dk, dv = cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim
         c, w = cfg.linear_conv_dim, cfg.linear_conv_kernel_dim
@@ -89,7 +92,7 @@ class StatePool:
 
     def fits_ever(self, tokens: int) -> bool:
         """Whether a request of ``tokens`` (prompt + max_tokens) could be admitted into an empty pool."""
-        return self.pages_for(tokens) <= self.n_pages
+        return self.pages_for(tokens) <= self.max_seq_pages
 
     def can_alloc(self, tokens: int) -> bool:
         with self._lock:

@@ -69,7 +69,7 @@ class Scheduler:
         pieces = self.engine.pieces(req.plan, mode=req.mode, seam=req.seam, max_new_tokens=sampling.max_tokens)
         need = pieces.total + sampling.max_tokens
         if not self.pool.fits_ever(need):
-            cap = self.pool.n_pages * self.pool.page_size
+            cap = self.pool.max_seq_pages * self.pool.page_size
             raise ContextLengthError(
                 f"prompt ({pieces.total} tokens) + max_tokens ({sampling.max_tokens}) can never fit the state "
                 f"pool ({cap} tokens, HYPIC_KV_POOL_TOKENS); send fewer segments or lower max_tokens",

@@ -1,0 +1,128 @@
+"""Decode speed of the serving core: ms per step and tokens/s at several batch sizes and contexts,
+with the HBM floor beside each (weights + KV + linear states read once per step).
+
+Each row: ``--batch`` sequences whose pool state holds ``--context`` tokens decode ``--steps``
+steps through the scheduler's critical path (plan -> runner forward, replayed from a CUDA graph
+per batch bucket -> device argmax -> one read-back of the ids). States are the pool's zeros: the
+work and bytes moved are those of real requests of that length.
+
+    python benchmarks/decode.py --shape qwen3_5_35b_a3b --batches 1 8 32 64 128 --contexts 2048 20480
+    python benchmarks/decode.py --shape tiny:qwen3_5_text --device cpu --batches 1 4 --contexts 64 --steps 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+import torch
+from _common import load_shape, model_args, print_table, random_model, sync, write_json
+
+from hypic_agent.runtime.models.config import HybridConfig
+from hypic_agent.runtime.runner.plan import plan_forward
+from hypic_agent.runtime.runner.pool import StatePool
+from hypic_agent.runtime.runner.runner import ModelRunner
+from hypic_agent.runtime.runner.sizing import bytes_per_slot, bytes_per_token
+
+HBM_TBS = 4.8  # H200
+
+
+def floor_ms(model: torch.nn.Module, cfg: HybridConfig, batch: int, context: int) -> float:
+    """Bytes one decode step must read (and the states write) at ``HBM_TBS``: every non-expert weight,
+    the experts a batch of ``batch`` tokens is expected to touch, the KV of every sequence, the
+    linear states (read + write)."""
+    expert, other = 0, 0
+    for name, p in model.named_parameters():
+        if ".experts." in name or (name.endswith(("gate_up_proj", "down_proj")) and p.dim() == 3):
+            expert += p.nbytes
+        else:
+            other += p.nbytes
+    if cfg.num_experts:
+        k = cfg.num_experts_per_tok
+        touched = cfg.num_experts * (1 - (1 - k / cfg.num_experts) ** batch)
+        expert = int(expert * touched / cfg.num_experts)
+    dtype = next(model.parameters()).dtype
+    kv = batch * context * bytes_per_token(cfg, dtype)
+    states = 2 * batch * bytes_per_slot(cfg, dtype)
+    return (other + expert + kv + states) / (HBM_TBS * 1e12) * 1e3
+
+
+def main() -> None:
+    ap = model_args(argparse.ArgumentParser(description=__doc__))
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 64, 128])
+    ap.add_argument("--contexts", type=int, nargs="+", default=[2048, 20480])
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--page-size", type=int, default=64)
+    ap.add_argument("--memory-fraction", type=float, default=0.85, help="of the free memory, for the pool")
+    ap.add_argument("--no-graphs", action="store_true")
+    ap.add_argument("--out", default="bench_out/decode.json")
+    args = ap.parse_args()
+    dtype = getattr(torch, args.dtype)
+    raw = load_shape(args.shape, args.layers)
+    model = random_model(raw, args.device, dtype)
+    cfg = model.config
+    dev = torch.device(args.device)
+    max_b = max(args.batches)
+    ps = args.page_size
+    need = max(b * -(-(c + args.steps + args.warmup + 1) // ps) * ps for b in args.batches for c in args.contexts)
+    if dev.type == "cuda":
+        free = torch.cuda.mem_get_info(dev)[0] * args.memory_fraction - max_b * bytes_per_slot(cfg, dtype)
+        kv_tokens = int(min(need, free // bytes_per_token(cfg, dtype)))
+    else:
+        kv_tokens = need
+    max_seq = max(args.contexts) + args.steps + args.warmup + 1
+    pool = StatePool(
+        cfg, slots=max_b, kv_tokens=kv_tokens, page_size=args.page_size, device=dev, dtype=dtype, max_seq_tokens=max_seq
+    )
+    runner = ModelRunner(model, pool, decode_graphs=not args.no_graphs, max_batch=max_b)
+    rows: list[dict[str, Any]] = []
+    for context in args.contexts:
+        for batch in args.batches:
+            seqs = [pool.alloc(context + args.steps + args.warmup + 1) for _ in range(batch)]
+            if any(s is None for s in seqs):
+                rows.append({"context": context, "batch": batch, "note": f"does not fit ({kv_tokens} KV rows)"})
+                for s in seqs:
+                    if s is not None:
+                        pool.free(s)
+                print(f"ctx={context} batch={batch}: skipped (pool)", flush=True)
+                continue
+            for s in seqs:
+                assert s is not None
+                s.length = context - 1
+            toks = [[1] for _ in seqs]
+            times = []
+            for i in range(args.warmup + args.steps):
+                sync()
+                t0 = time.perf_counter()
+                plan = plan_forward(pool, seqs, toks)  # type: ignore[arg-type]
+                logits = runner.forward(plan)
+                toks = [[t] for t in logits.argmax(-1).tolist()]
+                if i >= args.warmup:
+                    times.append((time.perf_counter() - t0) * 1e3)
+            for s in seqs:
+                pool.free(s)  # type: ignore[arg-type]
+            times.sort()
+            p50 = times[len(times) // 2]
+            fl = floor_ms(model, cfg, batch, context)
+            rows.append(
+                {
+                    "context": context,
+                    "batch": batch,
+                    "ms_per_step": p50,
+                    "tokens_per_s": batch / p50 * 1e3,
+                    "hbm_floor_ms": fl,
+                    "x_floor": p50 / fl,
+                    "graph_replays": getattr(runner.decode_graphs, "replays", 0),
+                }
+            )
+            print(f"ctx={context} batch={batch}: {p50:.2f} ms/step, {batch / p50 * 1e3:.0f} tok/s", flush=True)
+            write_json(args.out, {"args": vars(args), "rows": rows, "partial": True})
+    print_table(rows, ["context", "batch", "ms_per_step", "tokens_per_s", "hbm_floor_ms", "x_floor"])
+    dev_name = torch.cuda.get_device_name() if dev.type == "cuda" else "cpu"
+    write_json(args.out, {"args": vars(args), "rows": rows, "device": dev_name, "kv_pool_tokens": kv_tokens})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,186 @@
+"""Serving throughput under an open-loop Poisson trace of RAG requests, per mode.
+
+Each request: ``--segments`` documents of ``--seg-len`` tokens drawn without replacement from a pool
+of ``--pool`` documents with Zipf(``--zipf``) popularity, in random order, plus a ``--query-len``
+question and ``--max-tokens`` output tokens (EOS ignored). Requests arrive at Poisson times at each
+offered load (requests/s) and go straight into the engine's scheduler (``Scheduler.submit``);
+per load: p50/p90 TTFT, p50 TPOT, achieved QPS. The result per mode is the highest load whose p90
+TTFT stays <= ``--sla`` s. A warm-up phase first runs ``--warm-requests`` requests so the store
+holds the popular documents (as a long-running server's would).
+
+    python benchmarks/qps.py --shape qwen3_5_35b_a3b --modes prefix_cache hypic --loads 1 2 4 8 16
+    python benchmarks/qps.py --shape tiny:qwen3_5_text --device cpu --seg-len 32 --segments 4 --loads 2 4 --per-load 6
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from _common import load_shape, model_args, print_table, random_model, write_json
+
+from hypic_agent.config import Settings
+from hypic_agent.runtime.engine import Engine
+from hypic_agent.runtime.results import FinishEvent
+from hypic_agent.runtime.sampling import SamplingParams
+from hypic_agent.runtime.scheduler.request import GenerationRequest
+
+
+@dataclass
+class Seg:
+    token_ids: tuple[int, ...]
+    kind: str = "document"
+
+
+@dataclass
+class Plan:
+    segments: list[Seg]
+    suffix_ids: list[int]
+    bos_id: int | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+class Trace:
+    def __init__(self, args: argparse.Namespace, vocab: int) -> None:
+        self.rng = random.Random(args.seed)
+        self.args = args
+        self.vocab = vocab
+        self.docs = [Seg(tuple(self.rng.randrange(vocab) for _ in range(args.seg_len))) for _ in range(args.pool)]
+        self.weights = [1.0 / (i + 1) ** args.zipf for i in range(args.pool)]
+
+    def request(self) -> Plan:
+        chosen: set[int] = set()
+        while len(chosen) < self.args.segments:
+            chosen.add(self.rng.choices(range(self.args.pool), self.weights)[0])
+        segs = [self.docs[i] for i in chosen]
+        self.rng.shuffle(segs)
+        return Plan(segs, [self.rng.randrange(self.vocab) for _ in range(self.args.query_len)])
+
+
+def pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, round(q * (len(xs) - 1)))] if xs else float("nan")
+
+
+def run_load(engine: Engine, trace: Trace, mode: str, rate: float, n: int, max_tokens: int, seed: int) -> dict:
+    rng = random.Random(seed)
+    sampling = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+    results: list[dict[str, float]] = []
+    lock = threading.Lock()
+
+    def consume(handle: Any, t_arr: float) -> None:
+        first = None
+        for ev in handle.events():
+            if first is None:
+                first = time.perf_counter()
+            if isinstance(ev, FinishEvent):
+                end = time.perf_counter()
+                n_out = ev.completion_tokens
+                tpot = (end - first) / max(n_out - 1, 1) * 1e3
+                with lock:
+                    results.append({"ttft_ms": (first - t_arr) * 1e3, "tpot_ms": tpot, "end": end})
+
+    plans = [trace.request() for _ in range(n)]
+    threads = []
+    t_start = time.perf_counter()
+    t_next = t_start
+    for plan in plans:
+        t_next += rng.expovariate(rate)
+        delay = t_next - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+        t_arr = time.perf_counter()
+        handle = engine.scheduler.submit(GenerationRequest(plan, sampling, mode, t0=t_arr))
+        th = threading.Thread(target=consume, args=(handle, t_arr), daemon=True)
+        th.start()
+        threads.append(th)
+    for th in threads:
+        th.join()
+    span = max(r["end"] for r in results) - t_start
+    ttft = [r["ttft_ms"] for r in results]
+    return {
+        "mode": mode,
+        "offered_qps": rate,
+        "achieved_qps": len(results) / span,
+        "p50_ttft_ms": pct(ttft, 0.5),
+        "p90_ttft_ms": pct(ttft, 0.9),
+        "p50_tpot_ms": pct([r["tpot_ms"] for r in results], 0.5),
+        "requests": len(results),
+    }
+
+
+def main() -> None:
+    ap = model_args(argparse.ArgumentParser(description=__doc__))
+    ap.add_argument("--modes", nargs="+", default=["full_recompute", "prefix_cache", "hypic"])
+    ap.add_argument("--loads", type=float, nargs="+", default=[1, 2, 4, 8, 16])
+    ap.add_argument("--per-load", type=int, default=0, help="requests per load level (0: 12 s worth, >= 12)")
+    ap.add_argument("--warm-requests", type=int, default=20)
+    ap.add_argument("--pool", type=int, default=200)
+    ap.add_argument("--segments", type=int, default=20)
+    ap.add_argument("--seg-len", type=int, default=1024)
+    ap.add_argument("--query-len", type=int, default=50)
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--zipf", type=float, default=1.0)
+    ap.add_argument("--sla", type=float, default=1.0, help="p90 TTFT bound, seconds")
+    ap.add_argument("--max-running", type=int, default=32)
+    ap.add_argument("--entry-budget-gib", type=float, default=40.0)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default="bench_out/qps.json")
+    args = ap.parse_args()
+    dtype = getattr(torch, args.dtype)
+    model = random_model(load_shape(args.shape, args.layers), args.device, dtype)
+    rows: list[dict[str, Any]] = []
+    summary: dict[str, float] = {}
+    for mode in args.modes:
+        settings = Settings(
+            max_running=args.max_running,
+            cpu_budget_bytes=int(args.entry_budget_gib * (1 << 30)),
+            kv_pool_fraction=0.5,
+            max_context=args.segments * args.seg_len + args.query_len + args.max_tokens + 64,
+        )
+        engine = Engine(model, None, "qps-bench", settings)
+        engine.tokenizer = _NoText()
+        trace = Trace(args, model.config.vocab_size)
+        run_load(engine, trace, mode, max(args.loads[0], 1.0), args.warm_requests, args.max_tokens, args.seed)
+        best = 0.0
+        for rate in args.loads:
+            n = args.per_load or max(12, round(rate * 12))
+            row = run_load(engine, trace, mode, rate, n, args.max_tokens, args.seed + int(rate * 100))
+            rows.append(row)
+            print({k: round(v, 2) if isinstance(v, float) else v for k, v in row.items()}, flush=True)
+            write_json(args.out, {"args": vars(args), "rows": rows, "partial": True})
+            if row["p90_ttft_ms"] <= args.sla * 1e3:
+                best = max(best, row["achieved_qps"])
+            else:
+                break
+        summary[mode] = best
+        engine.close()
+        del engine
+        if args.device.startswith("cuda"):
+            torch.cuda.empty_cache()
+    cols = ["mode", "offered_qps", "achieved_qps", "p50_ttft_ms", "p90_ttft_ms", "p50_tpot_ms", "requests"]
+    print_table(rows, cols)
+    base = summary.get("prefix_cache") or 0.0
+    for mode, q in summary.items():
+        ratio = f" ({q / base:.2f}x prefix_cache)" if base else ""
+        print(f"{mode}: highest load with p90 TTFT <= {args.sla} s: {q:.2f} QPS{ratio}")
+    dev = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
+    write_json(args.out, {"args": vars(args), "rows": rows, "qps_at_sla": summary, "device": dev})
+
+
+class _NoText:
+    """A tokenizer stand-in: the trace is token ids; no stop strings, so nothing is decoded."""
+
+    eos_token_id = None
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return ""
+
+
+if __name__ == "__main__":
+    main()
