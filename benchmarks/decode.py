@@ -23,7 +23,7 @@ from hypic_agent.runtime.models.config import HybridConfig
 from hypic_agent.runtime.runner.plan import plan_forward
 from hypic_agent.runtime.runner.pool import StatePool
 from hypic_agent.runtime.runner.runner import ModelRunner
-from hypic_agent.runtime.runner.sizing import bytes_per_slot, bytes_per_token
+from hypic_agent.runtime.runner.sizing import bytes_per_slot, bytes_per_token, free_device_memory
 
 HBM_TBS = 4.8  # H200
 
@@ -48,6 +48,16 @@ def floor_ms(model: torch.nn.Module, cfg: HybridConfig, batch: int, context: int
     return (other + expert + kv + states) / (HBM_TBS * 1e12) * 1e3
 
 
+def profile_step(runner: ModelRunner, pool: StatePool, seqs: list, toks: list) -> None:
+    """The top CUDA kernels of one decode step (a graph replay shows its kernels too)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        runner.forward(plan_forward(pool, seqs, toks))
+        sync()
+    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=14, max_name_column_width=70), flush=True)
+
+
 def main() -> None:
     ap = model_args(argparse.ArgumentParser(description=__doc__))
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 64, 128])
@@ -57,6 +67,7 @@ def main() -> None:
     ap.add_argument("--page-size", type=int, default=64)
     ap.add_argument("--memory-fraction", type=float, default=0.85, help="of the free memory, for the pool")
     ap.add_argument("--no-graphs", action="store_true")
+    ap.add_argument("--profile", action="store_true", help="print the top kernels of one step per row (CUDA)")
     ap.add_argument("--out", default="bench_out/decode.json")
     args = ap.parse_args()
     dtype = getattr(torch, args.dtype)
@@ -66,13 +77,14 @@ def main() -> None:
     dev = torch.device(args.device)
     max_b = max(args.batches)
     ps = args.page_size
-    need = max(b * -(-(c + args.steps + args.warmup + 1) // ps) * ps for b in args.batches for c in args.contexts)
+    need = max(b * -(-(c + args.steps + args.warmup + 2) // ps) * ps for b in args.batches for c in args.contexts)
     if dev.type == "cuda":
-        free = torch.cuda.mem_get_info(dev)[0] * args.memory_fraction - max_b * bytes_per_slot(cfg, dtype)
+        free = free_device_memory(dev) * args.memory_fraction - max_b * bytes_per_slot(cfg, dtype)
         kv_tokens = int(min(need, free // bytes_per_token(cfg, dtype)))
+        print(f"pool: {kv_tokens} KV rows ({free / 2**30:.1f} GiB free for it)", flush=True)
     else:
         kv_tokens = need
-    max_seq = max(args.contexts) + args.steps + args.warmup + 1
+    max_seq = max(args.contexts) + args.steps + args.warmup + 2
     pool = StatePool(
         cfg, slots=max_b, kv_tokens=kv_tokens, page_size=args.page_size, device=dev, dtype=dtype, max_seq_tokens=max_seq
     )
@@ -80,7 +92,7 @@ def main() -> None:
     rows: list[dict[str, Any]] = []
     for context in args.contexts:
         for batch in args.batches:
-            seqs = [pool.alloc(context + args.steps + args.warmup + 1) for _ in range(batch)]
+            seqs = [pool.alloc(context + args.steps + args.warmup + 2) for _ in range(batch)]
             if any(s is None for s in seqs):
                 rows.append({"context": context, "batch": batch, "note": f"does not fit ({kv_tokens} KV rows)"})
                 for s in seqs:
@@ -101,6 +113,8 @@ def main() -> None:
                 toks = [[t] for t in logits.argmax(-1).tolist()]
                 if i >= args.warmup:
                     times.append((time.perf_counter() - t0) * 1e3)
+            if args.profile and dev.type == "cuda" and batch in (1, 64):
+                profile_step(runner, pool, seqs, toks)
             for s in seqs:
                 pool.free(s)  # type: ignore[arg-type]
             times.sort()

@@ -110,14 +110,16 @@ class DecodeGraphs:
         and page): no live request's state moves."""
         for t in (self.ids, self.positions, self.slots, self.rows, self.table, self.context_lens):
             t.zero_()
-        plan = self._plan(b)
         dev = self.ids.device
         try:
             with eager_stages():
                 side = torch.cuda.Stream(device=dev)
                 side.wait_stream(torch.cuda.current_stream(dev))
                 with torch.cuda.stream(side):  # warm-up outside the capture: compiles, workspaces
-                    self.runner.layers(plan)
+                    self.runner.layers(self._plan(b))
+                # NOTE: a fresh plan (new tensor views) for the capture: RoPE tables are cached per
+                # positions tensor, and the warm-up's were computed outside the graph, from zeros
+                plan = self._plan(b)
                 torch.cuda.current_stream(dev).wait_stream(side)
                 if self._mempool is None:
                     self._mempool = torch.cuda.graph_pool_handle()

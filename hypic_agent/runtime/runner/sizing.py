@@ -22,6 +22,13 @@ def bytes_per_token(cfg: HybridConfig, dtype: torch.dtype) -> int:
     return n_att * 2 * cfg.num_key_value_heads * cfg.head_dim * dtype.itemsize
 
 
+def free_device_memory(device: torch.device) -> int:
+    """Free bytes on ``device``, counting the caching allocator's reserved but unused blocks."""
+    torch.cuda.empty_cache()
+    free, _ = torch.cuda.mem_get_info(device)
+    return int(free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device))
+
+
 def pool_sizes(
     cfg: HybridConfig, settings: Settings, max_context: int, device: torch.device, dtype: torch.dtype
 ) -> tuple[int, int]:
@@ -33,7 +40,7 @@ def pool_sizes(
     cap = slots * max_context
     per_token = max(bytes_per_token(cfg, dtype), 1)
     if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
+        free = free_device_memory(device)
         budget = int(free * settings.kv_pool_fraction) - slots * bytes_per_slot(cfg, dtype)
         return slots, max(settings.kv_page_size, min(cap, budget // per_token))
     return slots, min(cap, 2 * max_context)
