@@ -20,7 +20,6 @@ import torch
 from _common import load_shape, model_args, print_table, random_model, sync, write_json
 
 from hypic_agent.runtime.models.config import HybridConfig
-from hypic_agent.runtime.runner.plan import plan_forward
 from hypic_agent.runtime.runner.pool import StatePool
 from hypic_agent.runtime.runner.runner import ModelRunner
 from hypic_agent.runtime.runner.sizing import bytes_per_slot, bytes_per_token, free_device_memory
@@ -53,7 +52,7 @@ def profile_step(runner: ModelRunner, pool: StatePool, seqs: list, toks: list) -
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        runner.forward(plan_forward(pool, seqs, toks))
+        runner.forward(runner.plan(seqs, toks))
         sync()
     print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=14, max_name_column_width=70), flush=True)
 
@@ -108,7 +107,7 @@ def main() -> None:
             for i in range(args.warmup + args.steps):
                 sync()
                 t0 = time.perf_counter()
-                plan = plan_forward(pool, seqs, toks)  # type: ignore[arg-type]
+                plan = runner.plan(seqs, toks)  # type: ignore[arg-type]
                 logits = runner.forward(plan)
                 toks = [[t] for t in logits.argmax(-1).tolist()]
                 if i >= args.warmup:

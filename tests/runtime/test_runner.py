@@ -40,8 +40,9 @@ def test_chunked_prefill_equals_one_pass(arch):
             torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("paged", [False, True])  # True: decode attends through the block table (twin on CPU)
 @pytest.mark.parametrize("arch", ["qwen3_5_text", "llama"])
-def test_batched_decode_equals_each_alone(arch):
+def test_batched_decode_equals_each_alone(arch, paged):
     model, pool, runner = _runner(arch)
     prompts = [rand_tokens(n, 10 + n) for n in (5, 17, 9)]
     seqs = [pool.alloc(40) for _ in prompts]
@@ -51,7 +52,9 @@ def test_batched_decode_equals_each_alone(arch):
     steps = [rand_tokens(3, 100 + i) for i in range(6)]
     batched = [logits]
     for step in steps:
-        batched.append(runner.forward(plan_forward(pool, seqs, [[t] for t in step])))
+        plan = plan_forward(pool, seqs, [[t] for t in step], paged=paged)
+        assert (plan.key_rows.numel() == 0) == paged
+        batched.append(runner.forward(plan))
     for i, p in enumerate(prompts):
         alone = prefill(model, [p])[0]
         torch.testing.assert_close(batched[0][i], alone.last_logits, rtol=1e-4, atol=1e-4)

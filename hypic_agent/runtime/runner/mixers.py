@@ -56,7 +56,7 @@ def attention_mix(
     v_rows = pool.v[j].view(-1, *pool.v.shape[3:])
     k_rows.index_copy_(0, plan.rows, k.to(k_rows.dtype))
     v_rows.index_copy_(0, plan.rows, v.to(v_rows.dtype))
-    if plan.decode_only and q.is_cuda and attn.backend != "torch":
+    if plan.decode_only and plan.key_rows.numel() == 0:  # a paged plan (``plan_forward(paged=True)``)
         from hypic_agent.kernels.paged_attention import paged_decode_attention
 
         o = paged_decode_attention(

@@ -44,12 +44,18 @@ def _cu(lengths: Sequence[int]) -> torch.Tensor:
     return cu
 
 
-def plan_forward(pool: StatePool, seqs: Sequence[PoolSeq], new_tokens: Sequence[Sequence[int]]) -> ForwardPlan:
-    """The plan extending ``seqs[i]`` by ``new_tokens[i]`` (each non-empty, within its reserved pages)."""
+def plan_forward(
+    pool: StatePool, seqs: Sequence[PoolSeq], new_tokens: Sequence[Sequence[int]], *, paged: bool = False
+) -> ForwardPlan:
+    """The plan extending ``seqs[i]`` by ``new_tokens[i]`` (each non-empty, within its reserved pages).
+    ``paged``: a decode-only plan attends through the block table (paged attention), so the
+    per-key gather rows (``key_rows``, the bulk of a long context's plan) are not built."""
     if not seqs or len(seqs) != len(new_tokens) or any(len(t) == 0 for t in new_tokens):
         raise ValueError("a forward plan needs one non-empty token list per sequence")
-    dev = pool.device
     toks = tuple(tuple(int(t) for t in ts) for ts in new_tokens)
+    if paged and all(len(t) == 1 for t in toks):
+        return _decode_plan(pool, seqs, toks)
+    dev = pool.device
     lens = [len(t) for t in toks]
     ctx = [s.length + n for s, n in zip(seqs, lens, strict=True)]
     for s, c in zip(seqs, ctx, strict=True):
@@ -95,4 +101,41 @@ def plan_forward(pool: StatePool, seqs: Sequence[PoolSeq], new_tokens: Sequence[
         block_table=table.to(torch.int32).to(dev),
         context_lens=torch.tensor(ctx, dtype=torch.int32).to(dev),
         last_rows=last,
+    )
+
+
+def _decode_plan(pool: StatePool, seqs: Sequence[PoolSeq], toks: tuple[tuple[int, ...], ...]) -> ForwardPlan:
+    """A decode-only plan for paged attention, built from host ints in one tensor and one upload."""
+    ps, n = pool.page_size, len(seqs)
+    for s in seqs:
+        if s.length + 1 > s.capacity:
+            raise ValueError(f"sequence would hold {s.length + 1} tokens; it reserved {s.capacity}")
+    width = max(len(s.pages) for s in seqs)
+    flat: list[int] = [t[0] for t in toks]
+    flat += [s.length for s in seqs]
+    flat += [s.slot for s in seqs]
+    flat += [s.pages[s.length // ps] * ps + s.length % ps for s in seqs]
+    flat += [s.length + 1 for s in seqs]
+    for s in seqs:
+        flat += s.pages
+        flat += [0] * (width - len(s.pages))
+    host = torch.tensor(flat, dtype=torch.int64)
+    on_dev = host.to(pool.device, non_blocking=True)
+    ids, positions, slots, rows, ctx, table = torch.split(on_dev, [n, n, n, n, n, n * width])
+    cu = torch.arange(n + 1, dtype=torch.int32)
+    return ForwardPlan(
+        seqs=tuple(seqs),
+        new_tokens=toks,
+        decode_only=True,
+        ids=ids,
+        positions=positions,
+        slots=slots,
+        rows=rows,
+        cu_seqlens=cu.to(pool.device),
+        cu_host=cu,
+        key_rows=rows[:0],
+        cu_keys_host=torch.zeros(n + 1, dtype=torch.int32),
+        block_table=table.view(n, width).to(torch.int32),
+        context_lens=ctx.to(torch.int32),
+        last_rows=torch.arange(n, device=pool.device),
     )

@@ -10,13 +10,15 @@ stages still replay from ``runtime.graphs`` per token-count bucket).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from hypic_agent.runtime.graphs import mixer_in, mixer_out
 from hypic_agent.runtime.models.hybrid import HybridForCausalLM
 from hypic_agent.runtime.runner.mixers import attention_mix, linear_mix
-from hypic_agent.runtime.runner.plan import ForwardPlan
-from hypic_agent.runtime.runner.pool import StatePool
+from hypic_agent.runtime.runner.plan import ForwardPlan, plan_forward
+from hypic_agent.runtime.runner.pool import PoolSeq, StatePool
 
 
 class ModelRunner:
@@ -28,6 +30,15 @@ class ModelRunner:
             from hypic_agent.runtime.runner.decode_graphs import DecodeGraphs
 
             self.decode_graphs = DecodeGraphs(self, min(max_batch, pool.n_slots))
+
+    @property
+    def paged_decode(self) -> bool:
+        """Decode attends through the block table (the paged Triton kernel): on CUDA."""
+        return self.pool.device.type == "cuda"
+
+    def plan(self, seqs: Sequence[PoolSeq], new_tokens: Sequence[Sequence[int]]) -> ForwardPlan:
+        """The ``ForwardPlan`` of one step (``plan.plan_forward`` for this runner's decode path)."""
+        return plan_forward(self.pool, seqs, new_tokens, paged=self.paged_decode)
 
     @torch.no_grad()
     def forward(self, plan: ForwardPlan) -> torch.Tensor:

@@ -30,7 +30,6 @@ from hypic_agent.config import Settings
 from hypic_agent.errors import ContextLengthError, QueueFullError
 from hypic_agent.runtime.engine import Engine, PromptPieces
 from hypic_agent.runtime.output import OutputStream
-from hypic_agent.runtime.runner.plan import plan_forward
 from hypic_agent.runtime.runner.runner import ModelRunner
 from hypic_agent.runtime.sampling import make_generator
 from hypic_agent.runtime.scheduler.request import GenerationRequest, RequestHandle
@@ -184,7 +183,7 @@ class Scheduler:
                 self._retire(r, error=exc)
         logits = None
         if rows:
-            plan = plan_forward(self.pool, [r.seq for r, _ in rows], [t for _, t in rows])  # type: ignore[misc]
+            plan = self.runner.plan([r.seq for r, _ in rows], [t for _, t in rows])  # type: ignore[misc]
             try:
                 logits = self.runner.forward(plan)
             except Exception as exc:
