@@ -8,6 +8,7 @@ splits). Prints the time per call of each variant and the bytes-moved floor, wri
 from __future__ import annotations
 
 import argparse
+from functools import partial
 from typing import Any
 
 import torch
@@ -36,11 +37,8 @@ def gdn_rows(batches: list[int]) -> list[dict[str, Any]]:
         floor = 2 * n * HV * K * V * 4 / HBM * 1e6
         for bv in (8, 16, 32, 64, 128):
             for nw in (1, 2, 4, 8):
-                us = 1e3 * device_ms(
-                    lambda bv=bv, nw=nw: gdn_decode_slots_triton(q, k, v, g, beta, pool, slots, bv=bv, num_warps=nw),
-                    reps=20,
-                    warmup=3,
-                )
+                call = partial(gdn_decode_slots_triton, q, k, v, g, beta, pool, slots, bv=bv, num_warps=nw)
+                us = 1e3 * device_ms(call, reps=20, warmup=3)
                 rows.append({"op": "gdn", "batch": n, "variant": f"bv={bv} w={nw}", "us": us, "floor_us": floor})
     return rows
 
@@ -61,13 +59,10 @@ def paged_rows(batches: list[int], contexts: list[int]) -> list[dict[str, Any]]:
             base_ns = default_num_splits(n, Hkv, width, page, q.device)
             for ns in sorted({base_ns, max(1, base_ns // 4), min(256, base_ns * 2), 8, 32}):
                 for blk in sorted({default_block(D, D), (32, 4), (64, 4), (64, 8), (128, 8)}):
-                    us = 1e3 * device_ms(
-                        lambda ns=ns, blk=blk: paged_decode_attention_triton(
-                            q, kc, vc, table, lens, D**-0.5, num_splits=ns, block=blk
-                        ),
-                        reps=20,
-                        warmup=3,
+                    call = partial(
+                        paged_decode_attention_triton, q, kc, vc, table, lens, D**-0.5, num_splits=ns, block=blk
                     )
+                    us = 1e3 * device_ms(call, reps=20, warmup=3)
                     rows.append(
                         {
                             "op": f"paged ctx={ctx}",
