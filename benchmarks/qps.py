@@ -90,7 +90,7 @@ def run_load(engine: Engine, trace: Trace, mode: str, rate: float, n: int, max_t
     t_start = time.perf_counter()
     t_next = t_start
     for plan in plans:
-        t_next += rng.expovariate(rate)
+        t_next += rng.expovariate(rate) if rate > 0 else 0.0  # rate 0: all at once (the warm-up)
         delay = t_next - time.perf_counter()
         if delay > 0:
             time.sleep(delay)
@@ -102,6 +102,7 @@ def run_load(engine: Engine, trace: Trace, mode: str, rate: float, n: int, max_t
     for th in threads:
         th.join()
     span = max(r["end"] for r in results) - t_start
+    snap = engine.scheduler.stats
     ttft = [r["ttft_ms"] for r in results]
     return {
         "mode": mode,
@@ -111,6 +112,7 @@ def run_load(engine: Engine, trace: Trace, mode: str, rate: float, n: int, max_t
         "p90_ttft_ms": pct(ttft, 0.9),
         "p50_tpot_ms": pct([r["tpot_ms"] for r in results], 0.5),
         "requests": len(results),
+        "forwards": snap.forwards,
     }
 
 
@@ -146,7 +148,7 @@ def main() -> None:
         engine = Engine(model, None, "qps-bench", settings)
         engine.tokenizer = _NoText()
         trace = Trace(args, model.config.vocab_size)
-        run_load(engine, trace, mode, max(args.loads[0], 1.0), args.warm_requests, args.max_tokens, args.seed)
+        run_load(engine, trace, mode, 0.0, args.warm_requests, args.max_tokens, args.seed)
         best = 0.0
         for rate in args.loads:
             n = args.per_load or max(12, round(rate * 12))
