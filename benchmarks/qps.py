@@ -130,7 +130,7 @@ def main() -> None:
     ap.add_argument("--zipf", type=float, default=1.0)
     ap.add_argument("--sla", type=float, default=1.0, help="p90 TTFT bound, seconds")
     ap.add_argument("--max-running", type=int, default=32)
-    ap.add_argument("--entry-budget-gib", type=float, default=40.0)
+    ap.add_argument("--entry-budget-gib", type=float, default=30.0)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="bench_out/qps.json")
     args = ap.parse_args()
