@@ -37,7 +37,7 @@ def gdn_rows(batches: list[int]) -> list[dict[str, Any]]:
         floor = 2 * n * HV * K * V * 4 / HBM * 1e6
         for bv in (8, 16, 32, 64, 128):
             for nw in (1, 2, 4, 8):
-                call = partial(gdn_decode_slots_triton, q, k, v, g, beta, pool, slots, bv=bv, num_warps=nw)
+                call = partial(gdn_decode_slots_triton, q, k, v, g, beta, pool, slots, True, None, bv=bv, num_warps=nw)
                 us = 1e3 * device_ms(call, reps=20, warmup=3)
                 rows.append({"op": "gdn", "batch": n, "variant": f"bv={bv} w={nw}", "us": us, "floor_us": floor})
     return rows

@@ -86,6 +86,7 @@ def run_load(engine: Engine, trace: Trace, mode: str, rate: float, n: int, max_t
                     results.append({"ttft_ms": (first - t_arr) * 1e3, "tpot_ms": tpot, "end": end})
 
     plans = [trace.request() for _ in range(n)]
+    before = engine.scheduler.stats.as_dict()
     threads = []
     t_start = time.perf_counter()
     t_next = t_start
@@ -102,7 +103,7 @@ def run_load(engine: Engine, trace: Trace, mode: str, rate: float, n: int, max_t
     for th in threads:
         th.join()
     span = max(r["end"] for r in results) - t_start
-    snap = engine.scheduler.stats
+    after = engine.scheduler.stats.as_dict()
     ttft = [r["ttft_ms"] for r in results]
     return {
         "mode": mode,
@@ -112,7 +113,7 @@ def run_load(engine: Engine, trace: Trace, mode: str, rate: float, n: int, max_t
         "p90_ttft_ms": pct(ttft, 0.9),
         "p50_tpot_ms": pct([r["tpot_ms"] for r in results], 0.5),
         "requests": len(results),
-        "forwards": snap.forwards,
+        **{k: round(after[k] - before[k], 1) for k in after},
     }
 
 
@@ -130,6 +131,7 @@ def main() -> None:
     ap.add_argument("--zipf", type=float, default=1.0)
     ap.add_argument("--sla", type=float, default=1.0, help="p90 TTFT bound, seconds")
     ap.add_argument("--max-running", type=int, default=32)
+    ap.add_argument("--chunk", type=int, default=8192, help="Settings.prefill_chunk_tokens")
     ap.add_argument("--entry-budget-gib", type=float, default=30.0)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="bench_out/qps.json")
@@ -141,6 +143,7 @@ def main() -> None:
     for mode in args.modes:
         settings = Settings(
             max_running=args.max_running,
+            prefill_chunk_tokens=args.chunk,
             cpu_budget_bytes=int(args.entry_budget_gib * (1 << 30)),
             kv_pool_fraction=0.5,
             max_context=args.segments * args.seg_len + args.query_len + args.max_tokens + 64,

@@ -65,7 +65,7 @@ class Settings(BaseSettings):
     max_running: int = Field(default=64, ge=1, description="requests decoding at once (= linear-state slots)")
     max_waiting: int = Field(default=1024, ge=1, description="queued requests; more are answered 429")
     prefill_chunk_tokens: int = Field(
-        default=2048, ge=16, description="prepare tokens (prefill chunks, cold builds) per scheduler step"
+        default=8192, ge=16, description="prepare tokens (prefill chunks, cold builds) per scheduler step"
     )
     kv_page_size: int = Field(default=64, ge=1, description="token rows per attention KV page")
     kv_pool_tokens: int = Field(

@@ -173,7 +173,7 @@ class Scheduler:
                 break
             try:
                 if r.pieces.spec.composed:
-                    budget -= r.composed_step(self.engine, self.pool, budget, alone=not rows)
+                    budget -= r.composed_step(self.engine, self.pool, budget, not rows, self.stats)
                     self.stats.combine_steps += 1
                 elif r.chunks and (len(r.chunks[0]) <= budget or len(rows) == len(decoders)):
                     chunk = r.chunks.popleft()
@@ -182,6 +182,7 @@ class Scheduler:
             except Exception as exc:
                 self._retire(r, error=exc)
         logits = None
+        t0 = time.perf_counter()
         if rows:
             plan = self.runner.plan([r.seq for r, _ in rows], [t for _, t in rows])  # type: ignore[misc]
             try:
@@ -204,6 +205,8 @@ class Scheduler:
         to_sample += [(r, r.first_logits) for r in self.live if r.first_logits is not None and r.last_token is None]
         if to_sample:
             self._sample_and_emit(to_sample)
+        if rows:
+            self.stats.forward_ms += (time.perf_counter() - t0) * 1e3
 
     def _sample_and_emit(self, rows: list[tuple[LiveRequest, torch.Tensor]]) -> None:
         lives = [r for r, _ in rows]

@@ -14,3 +14,11 @@ class SchedulerStats:
     finished: int = 0
     cancelled: int = 0
     failed: int = 0
+    # wall time of the engine thread by kind of work (ms; synchronized where the work ends on the host)
+    forward_ms: float = 0.0  # runner forwards (decode + prefill chunks), with sampling
+    combine_ms: float = 0.0  # composed requests' combine forwards (cold builds fused)
+    cold_build_ms: float = 0.0  # cold segment batches built ahead of a combine
+    cold_built_tokens: int = 0
+
+    def as_dict(self) -> dict[str, float]:
+        return dict(vars(self))

@@ -26,6 +26,7 @@ from hypic_agent.runtime.output import OutputStream
 from hypic_agent.runtime.results import Prepared, SegmentUsage
 from hypic_agent.runtime.runner.pool import PoolSeq, StatePool
 from hypic_agent.runtime.scheduler.request import RequestHandle
+from hypic_agent.runtime.scheduler.stats import SchedulerStats
 
 
 def split_chunks(tokens: Sequence[int], size: int) -> list[tuple[int, ...]]:
@@ -109,10 +110,11 @@ class LiveRequest:
             engine.prefix_cache.insert(self.prefix_keys, self.pieces.segs, pool.export(self.seq))
             self.boundary = 0
 
-    def composed_step(self, engine: Engine, pool: StatePool, budget: int, alone: bool) -> int:
+    def composed_step(self, engine: Engine, pool: StatePool, budget: int, alone: bool, stats: SchedulerStats) -> int:
         """One step of a composed request's prepare work; returns the tokens it computed. Alone (nobody
         else decoding) or with few cold tokens: the whole prepare (cold builds fused into the
         combine); otherwise a batch of cold segments within ``budget`` first."""
+        t0 = time.perf_counter()
         assert self.seq is not None
         p = self.pieces
         if not alone:
@@ -127,6 +129,8 @@ class LiveRequest:
                     take.append(i)
                     used += n
                 engine.build_cold(p, self.tenant, take)
+                stats.cold_build_ms += (time.perf_counter() - t0) * 1e3
+                stats.cold_built_tokens += used
                 return used
         prepared = engine.prepare_pieces(p, self.tenant)
         state = prepared.state
@@ -135,6 +139,7 @@ class LiveRequest:
         self.first_logits = state.last_logits
         prepared.state = None  # the pool holds it now
         self.prepared = prepared
+        stats.combine_ms += (time.perf_counter() - t0) * 1e3
         return prepared.recomputed_tokens
 
     def describe(self) -> dict[str, Any]:
