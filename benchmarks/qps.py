@@ -15,6 +15,7 @@ holds the popular documents (as a long-running server's would).
 from __future__ import annotations
 
 import argparse
+import gc
 import random
 import threading
 import time
@@ -102,6 +103,8 @@ def run_load(engine: Engine, trace: Trace, mode: str, rate: float, n: int, max_t
         threads.append(th)
     for th in threads:
         th.join()
+    if not results:
+        raise SystemExit(f"{mode} at {rate} QPS: every request failed (see the log)")
     span = max(r["end"] for r in results) - t_start
     after = engine.scheduler.stats.as_dict()
     ttft = [r["ttft_ms"] for r in results]
@@ -165,7 +168,8 @@ def main() -> None:
                 break
         summary[mode] = best
         engine.close()
-        del engine
+        del engine, trace
+        gc.collect()  # the engine's pool, entry cache and prefix cache go before the next mode's
         if args.device.startswith("cuda"):
             torch.cuda.empty_cache()
     cols = ["mode", "offered_qps", "achieved_qps", "p50_ttft_ms", "p90_ttft_ms", "p50_tpot_ms", "requests"]
