@@ -22,6 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
+
 def default_launch(n_rows: int) -> tuple[int, int]:
     """``(BV, num_warps)`` measured best on the H200 at the Qwen3.5-35B-A3B shape (HV 32, K = V = 128;
     ``benchmarks/decode_kernels.py``): (16, 1) up to 16 rows (batch 1: 6.8 us, against 23 us at
