@@ -34,8 +34,8 @@ class Function:
         return {"type": "function", "function": fn}
 
     def key(self) -> str:
-        """Canonical JSON of the definition (cache key of its rendering)."""
-        return json.dumps(self.openai(), sort_keys=True)
+        """JSON of the definition as rendered (cache key of its rendering; key order kept: it shows)."""
+        return json.dumps(self.openai())
 
 
 @dataclass(frozen=True)
