@@ -92,6 +92,8 @@ def chat_body(messages: Sequence[Mapping[str, Any]], model: str | None, stream: 
     body: dict[str, Any] = {"messages": [dict(m) for m in messages], "stream": stream}
     if model is not None:
         body["model"] = model
+    if kwargs.get("segments") is not None:  # the chat route's extension: cached segments after the system messages
+        kwargs = {**kwargs, "segments": segments_to_wire(kwargs["segments"])}
     body.update(drop_none(output_params(kwargs)))
     return body
 
