@@ -109,6 +109,13 @@ class Settings(BaseSettings):
     max_segments: int = Field(default=256, ge=1)
     max_body_bytes: int = Field(default=8 << 20, ge=1024)
     max_tokens_limit: int = Field(default=4096, ge=1)
+    model_aliases: list[str] = Field(
+        default_factory=list,
+        description="more names the served model answers to in a request's `model` (any other name: 404)",
+    )
+    grammar_cache_size: int = Field(
+        default=256, ge=1, description="compiled grammars kept (response_format schemas, forced tool calls)"
+    )
     tenant_requests_per_minute: int = Field(default=0, ge=0, description="0 = unlimited")
     log_level: str = "INFO"
 

@@ -42,6 +42,13 @@ class ModelNotAvailableError(HypicError):
     status = 404
 
 
+class ModelNotFoundError(HypicError):
+    """A request names a model this server does not serve."""
+
+    type = "model_not_found"
+    status = 404
+
+
 class ContextLengthError(InvalidRequestError):
     type = "context_length_exceeded"
 

@@ -20,7 +20,7 @@ from hypic_agent.api.errors import install_error_handlers
 from hypic_agent.api.logs import log_event
 from hypic_agent.api.metrics import Metrics
 from hypic_agent.api.middleware import AccessLogMiddleware, BodyLimitMiddleware
-from hypic_agent.api.routes import chat, generate, segments, system
+from hypic_agent.api.routes import chat, completions, generate, segments, system
 from hypic_agent.api.state import ServerState
 from hypic_agent.config import Settings, get_settings
 from hypic_agent.runtime.engine import Engine
@@ -95,7 +95,7 @@ def create_app(
         metrics.errors.labels(type_).inc()
 
     install_error_handlers(app, on_error=count_error)
-    for r in (generate.router, segments.router, chat.router, system.router):
+    for r in (generate.router, segments.router, chat.router, completions.router, system.router):
         app.include_router(r)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes, on_error=count_error)
     app.add_middleware(AccessLogMiddleware, metrics=metrics)

@@ -6,7 +6,10 @@ How a conversation becomes segments (in this order):
 2. the extension field ``segments`` (native segment list: documents, stored ids, ...);
 3. every other message -> one ``turn`` segment, except the last message when it is from the
    user: that one is the query (the uncached suffix);
-4. content blocks carrying ``cache_control`` (Anthropic style) are segment boundaries inside a
+4. ``tools`` (when given): the catalogue, placed after the system segments (one segment per
+   function, ``hypic_agent/tools/catalogue.py``); an assistant message's ``tool_calls`` are
+   part of its ``turn`` and a ``tool`` message (a function's result) is a ``turn`` of its own;
+5. content blocks carrying ``cache_control`` (Anthropic style) are segment boundaries inside a
    message: the text up to and including such a block is a segment of its own (for the final
    user message, everything up to its last marked block becomes turn segments and the rest is
    the query).
@@ -19,8 +22,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from hypic_agent.api.schemas import SamplingIn
+from hypic_agent.api.tool_schemas import ResponseFormatIn, ToolCallIn, ToolChoiceIn, ToolIn
 from hypic_agent.errors import InvalidRequestError
 from hypic_agent.segments.kinds import Message, Segment, SegmentIn
+from hypic_agent.tools.format import ToolFormat, call_text
 
 DEFAULT_CHAT_MAX_TOKENS = 256
 
@@ -39,6 +44,8 @@ class ChatMessageIn(BaseModel):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentBlock] | None = None
     name: str | None = None
+    tool_calls: list[ToolCallIn] | None = None
+    tool_call_id: str | None = None
 
 
 class StreamOptions(BaseModel):
@@ -49,7 +56,8 @@ class StreamOptions(BaseModel):
 
 class ChatRequest(SamplingIn):
     """OpenAI fields we honour (others are accepted and ignored) + extensions ``segments``,
-    ``mode``, ``seam``, ``top_k``. Default temperature is 0 (greedy), unlike OpenAI's 1."""
+    ``mode``, ``seam``, ``top_k``. Default temperature is 0 (greedy), unlike OpenAI's 1.
+    ``tools`` / ``tool_choice`` / ``parallel_tool_calls`` / ``response_format``: docs/api.md."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -65,6 +73,11 @@ class ChatRequest(SamplingIn):
     stream: bool = False
     stream_options: StreamOptions | None = None
     segments: list[SegmentIn] | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=20, description="needs logprobs=true")
+    tools: list[ToolIn] | None = None
+    tool_choice: ToolChoiceIn | None = None
+    parallel_tool_calls: bool | None = None
+    response_format: ResponseFormatIn | None = None
 
     def to_sampling(self) -> SamplingIn:
         """The native sampling fields (OpenAI's nulls become our defaults)."""
@@ -106,14 +119,26 @@ def _role(role: str) -> str:
     return "system" if role == "developer" else role
 
 
-def _turn(role: str, text: str) -> Segment | None:
-    if not text.strip():
+def _turn(role: str, text: str, calls: tuple[tuple[str, str], ...] = ()) -> Segment | None:
+    if not text.strip() and not calls:
         return None
-    return Segment(kind="turn", messages=(Message(role=_role(role), content=text),))
+    return Segment(kind="turn", messages=(Message(role=_role(role), content=text, tool_calls=calls),))
 
 
-def chat_to_segments(req: ChatRequest) -> tuple[list[Segment], str | None]:
-    """Segments and query of a chat request (see the module doc)."""
+def _calls(msg: ChatMessageIn, text: str, fmt: ToolFormat) -> tuple[str, tuple[tuple[str, str], ...]]:
+    """An assistant message's text and calls: the calls go to the template when it renders them,
+    else they are written into the text in the default format (``tools/format.py``)."""
+    calls = tuple((c.function.name, c.function.arguments) for c in msg.tool_calls or [])
+    if not calls or fmt.template_tools:
+        return text, calls
+    written = "\n".join(call_text(name, args, fmt.syntax) for name, args in calls)
+    return (f"{text}\n{written}" if text.strip() else written), ()
+
+
+def chat_to_segments(req: ChatRequest, fmt: ToolFormat | None = None) -> tuple[list[Segment], str | None]:
+    """Segments and query of a chat request (see the module doc; the tool catalogue is added by
+    ``tools.catalogue.with_tools``, which needs the server's framer)."""
+    fmt = fmt or ToolFormat()
     if req.n != 1:
         raise InvalidRequestError("only n=1 is supported", param="n")
     msgs = list(enumerate(req.messages))
@@ -134,6 +159,8 @@ def chat_to_segments(req: ChatRequest) -> tuple[list[Segment], str | None]:
     out.extend(s.to_segment() for s in req.segments or [])
     for i, m in msgs:
         closed, rest = _pieces(m, i)
-        out.extend(s for s in (_turn(m.role, p) for p in [*closed, rest]) if s is not None)
+        rest, calls = _calls(m, rest, fmt) if m.role == "assistant" else (rest, ())
+        turns = [_turn(m.role, p) for p in closed] + [_turn(m.role, rest, calls)]
+        out.extend(s for s in turns if s is not None)
     out.extend(tail_segments)
     return out, query

@@ -19,6 +19,7 @@ piece of its own at the start of the prompt (see ``tokenize.py``), never part of
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
@@ -47,7 +48,7 @@ def header_block(kind: str, text: str, title: str | None) -> str:
     return f"{head}\n{text}\n\n"
 
 
-def plain_messages(messages: Sequence[Message | Mapping[str, str]]) -> str:
+def plain_messages(messages: Sequence[Message | Mapping[str, Any]]) -> str:
     """Fallback chat rendering: one ``role: content`` line per message."""
     return "".join(f"{_role(m)}: {_content(m)}\n" for m in messages)
 
@@ -91,7 +92,7 @@ class Framer:
 
     def frame_messages(self, messages: Sequence[Message | Mapping[str, str]]) -> str:
         """Chat markup for a run of messages in the middle of a conversation."""
-        msgs = [{"role": _role(m), "content": _content(m)} for m in messages]
+        msgs = [_as_dict(m) for m in messages]
         if self.has_chat_template:
             return self._render_fragment(msgs, anchor=True)
         return plain_messages(msgs)
@@ -104,17 +105,23 @@ class Framer:
             return self._render_fragment(msgs, anchor=True, generation_prompt=True)
         return plain_messages(msgs) + "assistant:"
 
+    def render_conversation(self, msgs: Sequence[Mapping[str, Any]], tools: Sequence[Any] | None = None) -> str:
+        """The template's text for a whole conversation from its start (BOS stripped), with the
+        ``tools`` list passed to the template (tool catalogues: ``hypic_agent/tools/catalogue.py``)."""
+        return self._strip_bos(self._render([dict(m) for m in msgs], tools=tools))
+
     # ------------------------------------------------------------------ internals
-    def _render(self, msgs: list[dict[str, str]], generation_prompt: bool = False) -> str:
+    def _render(self, msgs: list[dict[str, Any]], generation_prompt: bool = False, tools: Any = None) -> str:
         assert self.tokenizer is not None
+        extra = {"tools": list(tools)} if tools else {}
         out = self.tokenizer.apply_chat_template(
-            msgs, tokenize=False, add_generation_prompt=generation_prompt, **self.kwargs
+            msgs, tokenize=False, add_generation_prompt=generation_prompt, **extra, **self.kwargs
         )
         if not isinstance(out, str):
             raise TypeError(f"apply_chat_template(tokenize=False) returned {type(out).__name__}, not str")
         return out
 
-    def _render_fragment(self, msgs: list[dict[str, str]], *, anchor: bool, generation_prompt: bool = False) -> str:
+    def _render_fragment(self, msgs: list[dict[str, Any]], *, anchor: bool, generation_prompt: bool = False) -> str:
         """What ``msgs`` add to a conversation (see the module NOTE)."""
         if not msgs and generation_prompt:
             # generation prompt alone: the difference made by add_generation_prompt
@@ -149,6 +156,17 @@ def _difference(base: str, full: str) -> str:
     if not full.startswith(base):
         raise ValueError("chat template output is not append-only; cannot frame a fragment")
     return full[len(base) :]
+
+
+def _as_dict(m: Message | Mapping[str, str]) -> dict[str, Any]:
+    """A message for the template; an assistant's calls as OpenAI ``tool_calls`` with parsed arguments."""
+    out: dict[str, Any] = {"role": _role(m), "content": _content(m)}
+    calls = m.tool_calls if isinstance(m, Message) else ()
+    if calls:
+        out["tool_calls"] = [
+            {"type": "function", "function": {"name": name, "arguments": json.loads(args)}} for name, args in calls
+        ]
+    return out
 
 
 def _role(m: Message | Mapping[str, str]) -> str:

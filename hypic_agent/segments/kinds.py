@@ -46,8 +46,12 @@ class CachePolicy:
 
 @dataclass(frozen=True)
 class Message:
+    """One chat message. ``tool_calls``: an assistant's calls as ``(name, arguments JSON)`` pairs,
+    passed to chat templates that render them (``hypic_agent/tools/format.py``)."""
+
     role: str
     content: str
+    tool_calls: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,8 @@ HISTORY = [
 
 
 def chat(client, messages, **kw):
-    r = client.post("/v1/chat/completions", json={"model": "anything", "messages": messages, "max_tokens": 3, **kw})
+    body = {"model": "tiny:qwen3_5_text", "messages": messages, "max_tokens": 3, **kw}
+    r = client.post("/v1/chat/completions", json=body)
     assert r.status_code == 200, r.text
     return r.json()
 

@@ -128,3 +128,10 @@ def test_prefill_smoke(tmp_path):
         out=tmp_path / "p.json",
     )
     assert res["rows"][0]["tokens"] == 32 and res["rows"][0]["speedup"] > 0
+
+
+def test_grammar_smoke(tmp_path):
+    res = run("grammar.py", "--tokenizers", "tiny", "--engines", "xgrammar", "--reps", "1", out=tmp_path / "g.json")
+    rows = {(r["engine"], r["case"]): r for r in res["rows"]}
+    assert set(rows) == {("xgrammar", "json_object"), ("xgrammar", "json_schema"), ("xgrammar", "tool_call")}
+    assert all(r["tokens"] > 0 and r["total_us"] > 0 for r in rows.values())

@@ -133,6 +133,12 @@ def test_agent_memory(server: str) -> None:
     assert "OK agent_memory: 3 steps" in out
 
 
+def test_agent_tools(server: str) -> None:
+    out = smoke("agent_tools", server)
+    assert "OK agent_tools: 2 tasks" in out and " 0 tool calls" not in out
+    assert "of prompt tokens cached" in out
+
+
 def test_langchain_rag(server: str) -> None:
     pytest.importorskip("langchain_core")
     out = smoke("langchain_rag", server)

@@ -1,7 +1,9 @@
 """``POST /v1/chat/completions`` (OpenAI-compatible, incl. streaming and ``stream_options.include_usage``).
 
 Besides OpenAI's fields, responses carry ``hypic`` with the native per-segment usage and timings;
-``usage.prompt_tokens_details.cached_tokens`` is the tokens served from segment entries.
+``usage.prompt_tokens_details.cached_tokens`` is the tokens served from segment entries. Tool
+calls, ``response_format`` and ``top_logprobs``: ``api/chat_job.py`` (request side) and
+``api/chat_output.py`` (response side).
 """
 
 from __future__ import annotations
@@ -14,7 +16,9 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from hypic_agent.api import service
-from hypic_agent.api.chat import ChatRequest, chat_to_segments
+from hypic_agent.api.chat import ChatRequest
+from hypic_agent.api.chat_job import ChatJob, prepare_chat
+from hypic_agent.api.chat_output import ChatOutput, logprob_entry, logprobs_content
 from hypic_agent.api.deps import tenant
 from hypic_agent.api.routes.generate import SSE_HEADERS
 from hypic_agent.api.schemas import UsageOut
@@ -34,35 +38,30 @@ def chat_usage(u: UsageOut) -> dict[str, Any]:
     }
 
 
-def _prepare(st: ServerState, req: ChatRequest, tenant_name: str) -> service.GenerateJob:
-    segments, query = chat_to_segments(req)
-    return service.prepare_job(st, req.to_sampling(), segments, query, tenant_name)
-
-
 @router.post("/v1/chat/completions")
 async def chat_completions(req: ChatRequest, request: Request, tenant_name: str = Depends(tenant)) -> Any:
     st = get_state(request)
-    job = await run_in_threadpool(_prepare, st, req, tenant_name)
+    cj = await run_in_threadpool(prepare_chat, st, req, tenant_name)
     created = int(time.time())
-    cid = f"chatcmpl-{job.id}"
+    cid = f"chatcmpl-{cj.job.id}"
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        return await _stream(st, job, cid, created, include_usage)
-    body = await run_in_threadpool(service.collect, st, job)
-    usage = UsageOut.model_validate(body["usage"])
+        return await _stream(st, cj, cid, created, include_usage)
+    job = cj.job
+    fin, ttft = await run_in_threadpool(_collect, st, job)
+    ev = fin.event
+    assert isinstance(ev, FinishEvent)
+    usage = service.usage_of(job, ev.prepared, ev.completion_tokens)
+    service.observe(st, job, ev, ttft, usage)
+    out = ChatOutput(cj)
     choice: dict[str, Any] = {
         "index": 0,
-        "message": {"role": "assistant", "content": body["text"]},
-        "finish_reason": body["finish_reason"],
+        "message": out.message(ev.text),
+        "finish_reason": out.finish_reason(ev.finish_reason),
         "logprobs": None,
     }
     if job.sampling.logprobs:
-        choice["logprobs"] = {
-            "content": [
-                {"token": x["token"], "logprob": x["logprob"], "bytes": list(x["token"].encode()), "top_logprobs": []}
-                for x in body["logprobs"]
-            ]
-        }
+        choice["logprobs"] = logprobs_content(st.engine.tokenizer, ev.token_ids, ev.logprobs, ev.top_logprobs)
     return JSONResponse(
         {
             "id": cid,
@@ -71,38 +70,57 @@ async def chat_completions(req: ChatRequest, request: Request, tenant_name: str 
             "model": st.engine.name,
             "choices": [choice],
             "usage": chat_usage(usage),
-            "hypic": {"usage": body["usage"], "timings": body["timings"]},
+            "hypic": {"usage": usage.model_dump(), "timings": service.timings_of(fin, ttft).model_dump()},
         }
     )
 
 
-async def _stream(
-    st: ServerState, job: service.GenerateJob, cid: str, created: int, include_usage: bool
-) -> StreamingResponse:
+def _collect(st: ServerState, job: service.GenerateJob) -> tuple[service.Timed, float]:
+    """Run to the end: the finish event (with the worker's clock) and the ms to the first event."""
+    ttft: float | None = None
+    fin: service.Timed | None = None
+    for t in service.run_job(st, job):
+        ttft = t.since_start_ms if ttft is None else ttft
+        fin = t if isinstance(t.event, FinishEvent) else fin
+    assert fin is not None and ttft is not None
+    return fin, ttft
+
+
+async def _stream(st: ServerState, cj: ChatJob, cid: str, created: int, include_usage: bool) -> StreamingResponse:
+    job = cj.job
     pump: EventPump[service.Timed] = EventPump(lambda: service.run_job(st, job))
     first = await pump.next()
     assert first is not None
     ttft = first.since_start_ms
     base = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": st.engine.name}
+    out = ChatOutput(cj)
+    tok = st.engine.tokenizer
 
-    def chunk(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> dict[str, Any]:
-        return {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}], **extra}
+    def chunk(delta: dict[str, Any], finish: str | None = None, logprobs: Any = None, **extra: Any) -> dict[str, Any]:
+        choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": logprobs}
+        return {**base, "choices": [choice], **extra}
 
     opening = [chunk({"role": "assistant", "content": ""})]
 
     def render(t: service.Timed) -> list[dict[str, Any]]:
-        out = [opening.pop()] if opening else []
+        res = [opening.pop()] if opening else []
         ev = t.event
         if not isinstance(ev, FinishEvent):
-            if ev.text:
-                out.append(chunk({"content": ev.text}))
-            return out
+            deltas = out.feed(ev.text)
+            lp = None
+            if ev.token_id is not None and ev.logprob is not None:  # logprobs requested
+                lp = {"content": [logprob_entry(tok, ev.token_id, ev.logprob, ev.top_logprobs)]}
+                if not deltas:
+                    deltas = [{}]
+            res.extend(chunk(d, logprobs=lp if i == 0 else None) for i, d in enumerate(deltas))
+            return res
+        res.extend(chunk(d) for d in out.finish())
         usage = service.usage_of(job, ev.prepared, ev.completion_tokens)
         service.observe(st, job, ev, ttft, usage)
         hypic = {"usage": usage.model_dump(), "timings": service.timings_of(t, ttft).model_dump()}
-        out.append(chunk({}, ev.finish_reason, hypic=hypic))
+        res.append(chunk({}, out.finish_reason(ev.finish_reason), hypic=hypic))
         if include_usage:
-            out.append({**base, "choices": [], "usage": chat_usage(usage)})
-        return out
+            res.append({**base, "choices": [], "usage": chat_usage(usage)})
+        return res
 
     return StreamingResponse(sse_body(first, pump, render), media_type="text/event-stream", headers=SSE_HEADERS)

@@ -1,4 +1,4 @@
-"""``GET /v1/models``, ``/health``, ``/metrics``."""
+"""``GET /v1/models``, ``GET /v1/models/{id}``, ``/health``, ``/metrics``."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from fastapi import APIRouter, Depends, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from hypic_agent.api.deps import tenant
+from hypic_agent.api.served import check_model, model_card, served_names
 from hypic_agent.api.state import get_state
 
 router = APIRouter(tags=["system"])
@@ -16,21 +17,15 @@ router = APIRouter(tags=["system"])
 @router.get("/v1/models")
 async def models(request: Request, _tenant: str = Depends(tenant)) -> Any:
     st = get_state(request)
-    e = st.engine
-    return {
-        "object": "list",
-        "data": [
-            {
-                "id": e.name,
-                "object": "model",
-                "created": int(st.started_at),
-                "owned_by": "hypic-agent",
-                "fingerprint": e.fingerprint,
-                "max_context": e.max_context,
-                "modes": ["full_recompute", "prefix_cache", "addition", "transition", "transition_rope", "hypic"],
-            }
-        ],
-    }
+    return {"object": "list", "data": [model_card(st, name) for name in served_names(st)]}
+
+
+@router.get("/v1/models/{model_id:path}")
+async def model(model_id: str, request: Request, _tenant: str = Depends(tenant)) -> Any:
+    """One served model (the engine's name or an alias); 404 ``model_not_found`` otherwise."""
+    st = get_state(request)
+    check_model(st, model_id)
+    return model_card(st, model_id)
 
 
 @router.get("/health")

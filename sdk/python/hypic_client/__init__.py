@@ -16,6 +16,7 @@ Adapters live in ``hypic_client.langchain`` and ``hypic_client.llamaindex`` (opt
 """
 
 from ._async_client import AsyncHypic
+from ._chat_stream import AsyncChatCompletionStream, ChatCompletionStream
 from ._client import Hypic
 from ._errors import (
     APIConnectionError,
@@ -37,6 +38,8 @@ from ._errors import (
 from ._models import (
     ChatCompletion,
     ChatCompletionChunk,
+    ChatMessage,
+    FunctionCall,
     GenerateChunk,
     GenerateResponse,
     Health,
@@ -48,6 +51,8 @@ from ._models import (
     SegmentUsage,
     Timings,
     TokenLogprob,
+    ToolCall,
+    ToolCallDelta,
     Usage,
 )
 from ._segments import (
@@ -75,6 +80,7 @@ __all__ = [
     "APIStatusError",
     "APIStreamError",
     "APITimeoutError",
+    "AsyncChatCompletionStream",
     "AsyncGenerateStream",
     "AsyncHypic",
     "AsyncStream",
@@ -83,7 +89,10 @@ __all__ = [
     "CachePolicy",
     "ChatCompletion",
     "ChatCompletionChunk",
+    "ChatCompletionStream",
+    "ChatMessage",
     "ConflictError",
+    "FunctionCall",
     "GenerateChunk",
     "GenerateResponse",
     "GenerateStream",
@@ -108,6 +117,8 @@ __all__ = [
     "Stream",
     "Timings",
     "TokenLogprob",
+    "ToolCall",
+    "ToolCallDelta",
     "UnprocessableEntityError",
     "Usage",
     "__version__",

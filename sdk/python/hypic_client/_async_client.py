@@ -24,12 +24,13 @@ from ._base import (
     segment_path,
     update_body,
 )
+from ._chat_stream import AsyncChatCompletionStream
 from ._errors import APIConnectionError, APITimeoutError, make_status_error
 from ._models import (
     ChatCompletion,
-    ChatCompletionChunk,
     GenerateResponse,
     Health,
+    Model,
     ModelList,
     SegmentDeleted,
     SegmentInfo,
@@ -37,7 +38,7 @@ from ._models import (
 )
 from ._resources import chat_body, deleted_from
 from ._segments import SegmentLike, segments_to_wire
-from ._streaming import AsyncGenerateStream, AsyncStream
+from ._streaming import AsyncGenerateStream
 
 
 class AsyncHypic:
@@ -255,11 +256,13 @@ class AsyncCompletions:
         model: str | None = None,
         stream: bool = False,
         **kwargs: Any,
-    ) -> ChatCompletion | AsyncStream[ChatCompletionChunk]:
+    ) -> ChatCompletion | AsyncChatCompletionStream:
+        """``POST /v1/chat/completions`` (see the sync ``Completions``); ``stream=True`` returns an
+        :class:`AsyncChatCompletionStream`."""
         body = chat_body(messages, model, stream, **kwargs)
         if stream:
             response = await self._client.request("POST", "/v1/chat/completions", json=body, stream=True, headers=SSE)
-            return AsyncStream(response, ChatCompletionChunk)
+            return AsyncChatCompletionStream(response)
         return parse_model(await self._client.request("POST", "/v1/chat/completions", json=body), ChatCompletion)
 
 
@@ -274,3 +277,6 @@ class AsyncModels:
 
     async def list(self) -> ModelList:
         return parse_model(await self._client.request("GET", "/v1/models"), ModelList)
+
+    async def retrieve(self, model_id: str) -> Model:
+        return parse_model(await self._client.request("GET", f"/v1/models/{model_id}"), Model)

@@ -5,6 +5,7 @@ Unknown fields stay reachable as attributes (``resp.some_new_field``) and in ``m
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -136,15 +137,50 @@ class SegmentDeleted(HypicModel):
 # --- OpenAI-compatible passthrough -----------------------------------------------------------
 
 
+class FunctionCall(HypicModel):
+    """A called function: ``arguments`` is JSON text (``.parsed_arguments()`` decodes it)."""
+
+    name: str = ""
+    arguments: str = ""
+
+    def parsed_arguments(self) -> Any:
+        return json.loads(self.arguments or "{}")
+
+
+class ToolCall(HypicModel):
+    """One tool call of an assistant message (``finish_reason == "tool_calls"``)."""
+
+    id: str | None = None
+    type: str = "function"
+    function: FunctionCall = Field(default_factory=FunctionCall)
+
+
+class ToolCallDelta(HypicModel):
+    """A streamed piece of a tool call; pieces with the same ``index`` add up to one call."""
+
+    index: int = 0
+    id: str | None = None
+    type: str | None = None
+    function: FunctionCall | None = None
+
+
 class ChatMessage(HypicModel):
     role: str = "assistant"
     content: str | list[Any] | None = None
+    tool_calls: list[ToolCall] | None = None
+
+    def parsed(self) -> Any:
+        """The content decoded as JSON (for ``response_format`` json_object / json_schema)."""
+        if not isinstance(self.content, str):
+            raise ValueError("the message has no text content to parse")
+        return json.loads(self.content)
 
 
 class ChatChoice(HypicModel):
     index: int = 0
     message: ChatMessage = Field(default_factory=ChatMessage)
     finish_reason: str | None = None
+    logprobs: Any = None
 
 
 class PromptTokensDetails(HypicModel):
@@ -172,12 +208,14 @@ class ChatCompletion(HypicModel):
 class ChatDelta(HypicModel):
     role: str | None = None
     content: str | None = None
+    tool_calls: list[ToolCallDelta] | None = None
 
 
 class ChatChunkChoice(HypicModel):
     index: int = 0
     delta: ChatDelta = Field(default_factory=ChatDelta)
     finish_reason: str | None = None
+    logprobs: Any = None
 
 
 class ChatCompletionChunk(HypicModel):

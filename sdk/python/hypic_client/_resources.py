@@ -18,9 +18,10 @@ from ._base import (
     segment_path,
     update_body,
 )
-from ._models import ChatCompletion, ChatCompletionChunk, ModelList, SegmentDeleted, SegmentInfo, SegmentPage
+from ._chat_stream import ChatCompletionStream
+from ._models import ChatCompletion, Model, ModelList, SegmentDeleted, SegmentInfo, SegmentPage
 from ._segments import SegmentLike, segments_to_wire
-from ._streaming import Stream
+from ._tools import output_params
 
 if TYPE_CHECKING:
     from ._client import Hypic
@@ -91,12 +92,16 @@ def chat_body(messages: Sequence[Mapping[str, Any]], model: str | None, stream: 
     body: dict[str, Any] = {"messages": [dict(m) for m in messages], "stream": stream}
     if model is not None:
         body["model"] = model
-    body.update(drop_none(kwargs))
+    if kwargs.get("segments") is not None:  # the chat route's extension: cached segments after the system messages
+        kwargs = {**kwargs, "segments": segments_to_wire(kwargs["segments"])}
+    body.update(drop_none(output_params(kwargs)))
     return body
 
 
 class Completions:
-    """``POST /v1/chat/completions`` (OpenAI-compatible). Extra keyword arguments go into the body."""
+    """``POST /v1/chat/completions`` (OpenAI-compatible). Extra keyword arguments go into the body:
+    ``tools``, ``tool_choice``, ``parallel_tool_calls``, ``response_format`` (pydantic classes
+    accepted, see ``_tools.py``), ``logprobs`` / ``top_logprobs``, ``segments``, ``mode``..."""
 
     def __init__(self, client: Hypic) -> None:
         self._client = client
@@ -114,7 +119,7 @@ class Completions:
     @overload
     def create(
         self, *, messages: Sequence[Mapping[str, Any]], model: str | None = ..., stream: Literal[True], **kwargs: Any
-    ) -> Stream[ChatCompletionChunk]: ...
+    ) -> ChatCompletionStream: ...
 
     def create(
         self,
@@ -123,11 +128,11 @@ class Completions:
         model: str | None = None,
         stream: bool = False,
         **kwargs: Any,
-    ) -> ChatCompletion | Stream[ChatCompletionChunk]:
+    ) -> ChatCompletion | ChatCompletionStream:
         body = chat_body(messages, model, stream, **kwargs)
         if stream:
             response = self._client.request("POST", "/v1/chat/completions", json=body, stream=True, headers=SSE)
-            return Stream(response, ChatCompletionChunk)
+            return ChatCompletionStream(response)
         return parse_model(self._client.request("POST", "/v1/chat/completions", json=body), ChatCompletion)
 
 
@@ -143,3 +148,7 @@ class Models:
     def list(self) -> ModelList:
         """``GET /v1/models``."""
         return parse_model(self._client.request("GET", "/v1/models"), ModelList)
+
+    def retrieve(self, model_id: str) -> Model:
+        """``GET /v1/models/{id}``; raises :class:`NotFoundError` for a model the server does not serve."""
+        return parse_model(self._client.request("GET", f"/v1/models/{model_id}"), Model)

@@ -6,16 +6,22 @@ from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
+from langchain_core.language_models import LanguageModelInput
 from langchain_core.language_models.chat_models import BaseChatModel
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
+from langchain_core.output_parsers import JsonOutputParser, PydanticOutputParser
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
-from pydantic import ConfigDict, Field, SecretStr, model_validator
+from langchain_core.runnables import Runnable
+from langchain_core.utils.function_calling import convert_to_openai_tool
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
 from .._adapters import resolve_clients, response_metadata, sampling_kwargs
 from .._async_client import AsyncHypic
 from .._client import Hypic
 from .._models import GenerateChunk, GenerateResponse
+from .._tools import response_format_param
 from ._convert import DocumentLike, documents_to_segments, messages_to_plan, usage_metadata
+from ._tools import chat_body, chat_chunk, chat_result, format_tools, tool_choice_of, wants_chat_route
 
 
 class ChatHypic(BaseChatModel):
@@ -35,6 +41,11 @@ class ChatHypic(BaseChatModel):
 
     Per-call keyword arguments (``invoke(..., documents=[...], mode="full_recompute")``) override
     the fields of the same name.
+
+    Tools and structured output: ``bind_tools([...], tool_choice=...)`` and
+    ``with_structured_output(Model)`` (``method="function_calling"``, the default, or
+    ``"json_schema"``); such calls go to ``/v1/chat/completions`` (``_tools.py``), where forced
+    calls and schemas are decoded under a grammar, so the arguments always parse.
     """
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
@@ -84,9 +95,44 @@ class ChatHypic(BaseChatModel):
 
     # --- request/response mapping ------------------------------------------------------------
 
-    def _request(self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict[str, Any]) -> dict[str, Any]:
+    def bind_tools(
+        self, tools: Sequence[Any], *, tool_choice: Any = None, **kwargs: Any
+    ) -> Runnable[LanguageModelInput, AIMessage]:
+        """Bind OpenAI-style tools (dicts, pydantic classes, functions, LangChain tools).
+        ``tool_choice``: ``"auto"``, ``"none"``, ``"any"`` / ``"required"`` / ``True`` (a call is
+        required), or a tool's name (that tool is called)."""
+        formatted = format_tools(tools)
+        return self.bind(tools=formatted, tool_choice=tool_choice_of(tool_choice, formatted), **kwargs)
+
+    def with_structured_output(
+        self, schema: Any, *, include_raw: bool = False, method: str = "function_calling", **kwargs: Any
+    ) -> Runnable[LanguageModelInput, Any]:
+        """``method="function_calling"``: a forced call of a tool made from ``schema``;
+        ``"json_schema"``: ``response_format`` with the schema (the answer is the JSON)."""
+        if method == "function_calling":
+            return super().with_structured_output(schema, include_raw=include_raw, **kwargs)
+        if method != "json_schema" or include_raw:
+            raise ValueError("ChatHypic supports method='function_calling', or 'json_schema' without include_raw")
+        if isinstance(schema, type) and issubclass(schema, BaseModel):
+            parser: Any = PydanticOutputParser(pydantic_object=schema)
+            fmt = response_format_param(schema)
+        else:
+            fn = convert_to_openai_tool(schema)["function"]
+            parser = JsonOutputParser()
+            fmt = {"type": "json_schema", "json_schema": {"name": fn["name"], "schema": fn["parameters"]}}
+        return self.bind(response_format=fmt) | parser
+
+    def _bound(self, kwargs: dict[str, Any]) -> list[Any]:
         documents = [*self.documents, *kwargs.get("documents", [])]
-        bound = [*self.segments, *kwargs.get("segments", []), *documents_to_segments(documents, self.document_kind)]
+        return [*self.segments, *kwargs.get("segments", []), *documents_to_segments(documents, self.document_kind)]
+
+    def _chat_request(self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict[str, Any]) -> dict:
+        body = chat_body(messages, self._bound(kwargs), kwargs)
+        stop = stop if stop is not None else self.stop
+        return {**body, **({"stop": stop} if stop else {}), **sampling_kwargs(self, kwargs)}
+
+    def _request(self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict[str, Any]) -> dict[str, Any]:
+        bound = self._bound(kwargs)
         plan = messages_to_plan(messages, bound)
         return {
             "segments": plan.segments,
@@ -133,6 +179,8 @@ class ChatHypic(BaseChatModel):
         **kwargs: Any,
     ) -> ChatResult:
         assert self.client is not None
+        if wants_chat_route(kwargs):
+            return chat_result(self.client.chat.completions.create(**self._chat_request(messages, stop, kwargs)))
         return self._result(self.client.generate(**self._request(messages, stop, kwargs)))
 
     def _stream(
@@ -143,6 +191,13 @@ class ChatHypic(BaseChatModel):
         **kwargs: Any,
     ) -> Iterator[ChatGenerationChunk]:
         assert self.client is not None
+        if wants_chat_route(kwargs):
+            with self.client.chat.completions.create(**self._chat_request(messages, stop, kwargs), stream=True) as chat:
+                for c in chat:
+                    out = chat_chunk(c)
+                    if out is not None:
+                        yield out
+            return
         with self.client.generate(**self._request(messages, stop, kwargs), stream=True) as stream:
             for chunk in stream:
                 yield self._chunk(chunk)
@@ -156,6 +211,9 @@ class ChatHypic(BaseChatModel):
     ) -> ChatResult:
         if self.async_client is None:
             return await super()._agenerate(messages, stop, run_manager, **kwargs)
+        if wants_chat_route(kwargs):
+            body = self._chat_request(messages, stop, kwargs)
+            return chat_result(await self.async_client.chat.completions.create(**body))
         return self._result(await self.async_client.generate(**self._request(messages, stop, kwargs)))
 
     async def _astream(
@@ -168,6 +226,15 @@ class ChatHypic(BaseChatModel):
         if self.async_client is None:
             async for out in super()._astream(messages, stop, run_manager, **kwargs):
                 yield out
+            return
+        if wants_chat_route(kwargs):
+            body = self._chat_request(messages, stop, kwargs)
+            chat = await self.async_client.chat.completions.create(**body, stream=True)
+            async with chat:
+                async for c in chat:
+                    piece = chat_chunk(c)
+                    if piece is not None:
+                        yield piece
             return
         stream = await self.async_client.generate(**self._request(messages, stop, kwargs), stream=True)
         async with stream:

@@ -17,6 +17,8 @@ from llama_index.core.base.llms.types import (
 from llama_index.core.bridge.pydantic import Field, PrivateAttr
 from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
 from llama_index.core.llms.custom import CustomLLM
+from llama_index.core.llms.function_calling import FunctionCallingLLM
+from llama_index.core.llms.llm import ToolSelection
 
 from .._adapters import resolve_clients, response_metadata, sampling_kwargs
 from .._async_client import AsyncHypic
@@ -24,9 +26,10 @@ from .._client import Hypic
 from .._models import GenerateChunk, GenerateResponse
 from .._segments import system
 from ._convert import messages_to_plan, nodes_to_segments
+from ._tools import chat_body, chat_response, tool_kwargs, tool_selections, usage_extra, wants_chat_route
 
 
-class HypicLLM(CustomLLM):
+class HypicLLM(CustomLLM, FunctionCallingLLM):
     """LLM served by hypic-agent.
 
     ``complete(prompt)`` sends ``[system_prompt?, *segments, *documents]`` as cached segments and the
@@ -35,6 +38,11 @@ class HypicLLM(CustomLLM):
     accepts nodes / ``NodeWithScore`` (tagged ones from :class:`HypicRetriever` go by id), strings
     or segments. Per-call ``documents=`` / ``segments=`` / sampling keyword arguments add/override.
     Usage (with ``cached_tokens``) is in ``response.additional_kwargs``.
+
+    Function calling (``FunctionCallingLLM``): ``chat_with_tools`` / ``predict_and_call`` / agents;
+    ``chat(..., tools=[...])`` goes to ``/v1/chat/completions`` (``_tools.py``), the calls come
+    back in ``message.additional_kwargs["tool_calls"]``; ``tool_required=True`` (or a
+    ``tool_choice`` naming a tool) decodes under the tools' schemas, so the arguments parse.
     """
 
     base_url: str | None = Field(default=None, description="hypic-agent server root")
@@ -73,6 +81,7 @@ class HypicLLM(CustomLLM):
             context_window=self.context_window,
             num_output=self.max_tokens or 256,
             is_chat_model=True,
+            is_function_calling_model=True,
             model_name=self.model_name,
         )
 
@@ -107,6 +116,34 @@ class HypicLLM(CustomLLM):
             return {}
         return response_metadata(GenerateResponse.model_validate(chunk.model_dump(exclude_none=True)))
 
+    def _chat_route_kwargs(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> dict[str, Any]:
+        if self.system_prompt and not any(m.role == MessageRole.SYSTEM for m in messages):
+            messages = [ChatMessage(role=MessageRole.SYSTEM, content=self.system_prompt), *messages]
+        body = chat_body(messages, self._bound(kwargs), kwargs)
+        stop = kwargs.get("stop", self.stop)
+        return {**body, **({"stop": stop} if stop else {}), **sampling_kwargs(self, kwargs)}
+
+    # --- function calling ----------------------------------------------------------------------
+
+    def _prepare_chat_with_tools(
+        self,
+        tools: Sequence[Any],
+        user_msg: str | ChatMessage | None = None,
+        chat_history: list[ChatMessage] | None = None,
+        verbose: bool = False,
+        allow_parallel_tool_calls: bool = False,
+        tool_required: bool = False,
+        tool_choice: Any = None,
+        **kwargs: Any,
+    ) -> dict[str, Any]:
+        prepared = tool_kwargs(tools, user_msg, chat_history, allow_parallel_tool_calls, tool_required, tool_choice)
+        return {**prepared, **kwargs}
+
+    def get_tool_calls_from_response(
+        self, response: ChatResponse, error_on_no_tool_call: bool = True, **kwargs: Any
+    ) -> list[ToolSelection]:
+        return tool_selections(response, error_on_no_tool_call)
+
     # --- completion --------------------------------------------------------------------------
 
     @llm_completion_callback()
@@ -140,6 +177,9 @@ class HypicLLM(CustomLLM):
 
     @llm_chat_callback()
     def chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
+        if wants_chat_route(kwargs):
+            out = self._client.chat.completions.create(**self._chat_route_kwargs(messages, kwargs))
+            return chat_response(out, usage_extra(out))
         resp = self._client.generate(**self._chat_params(messages, kwargs))
         return ChatResponse(
             message=ChatMessage(role=MessageRole.ASSISTANT, content=resp.text),
@@ -149,6 +189,19 @@ class HypicLLM(CustomLLM):
 
     @llm_chat_callback()
     def stream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseGen:
+        if wants_chat_route(kwargs):
+            chat = self._client.chat.completions.create(**self._chat_route_kwargs(messages, kwargs), stream=True)
+
+            def calls() -> ChatResponseGen:
+                text = ""
+                with chat:
+                    for delta in chat.text_deltas():
+                        text += delta
+                        yield ChatResponse(message=ChatMessage(role=MessageRole.ASSISTANT, content=text), delta=delta)
+                final = chat.final_response()
+                yield chat_response(final, usage_extra(final))
+
+            return calls()
         stream = self._client.generate(**self._chat_params(messages, kwargs), stream=True)
 
         def gen() -> ChatResponseGen:
@@ -169,6 +222,9 @@ class HypicLLM(CustomLLM):
     async def achat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
         if self._aclient is None:
             return self.chat(messages, **kwargs)
+        if wants_chat_route(kwargs):
+            out = await self._aclient.chat.completions.create(**self._chat_route_kwargs(messages, kwargs))
+            return chat_response(out, usage_extra(out))
         resp = await self._aclient.generate(**self._chat_params(messages, kwargs))
         return ChatResponse(
             message=ChatMessage(role=MessageRole.ASSISTANT, content=resp.text),

@@ -1,0 +1,159 @@
+"""``POST /v1/completions``: OpenAI's legacy text completion, for clients that still use it.
+
+The prompt is raw text (no chat template, no generation prompt): a ``text`` segment after the
+extension ``segments``, if any, so a long prompt sent again is served from the cache like any
+segment. ``logprobs`` is OpenAI's legacy integer (that many top alternatives per token, 0-5);
+``echo``, ``suffix``, ``best_of`` > 1 and ``n`` > 1 are refused (400). Streaming sends
+``text_completion`` chunks and ``data: [DONE]``; ``stream_options.include_usage`` adds a usage chunk.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import replace
+from typing import Any
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.concurrency import run_in_threadpool
+
+from hypic_agent.api import service
+from hypic_agent.api.chat import StreamOptions
+from hypic_agent.api.chat_job import check_top_logprobs, with_output_controls
+from hypic_agent.api.deps import tenant
+from hypic_agent.api.routes.chat import chat_usage
+from hypic_agent.api.routes.generate import SSE_HEADERS
+from hypic_agent.api.schemas import SamplingIn
+from hypic_agent.api.served import check_model
+from hypic_agent.api.state import ServerState, get_state
+from hypic_agent.api.streaming import EventPump, sse_body
+from hypic_agent.errors import InvalidRequestError
+from hypic_agent.runtime.results import FinishEvent
+from hypic_agent.segments.kinds import Segment, SegmentIn
+
+router = APIRouter(tags=["openai"])
+
+
+class CompletionRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    model: str | None = None
+    prompt: str | list[str] = Field(description="raw text (a list of one string is accepted)")
+    max_tokens: int | None = 16
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    logprobs: int | None = Field(default=None, ge=0, le=5, description="top alternatives per token")
+    echo: bool = False
+    suffix: str | None = None
+    n: int = 1
+    best_of: int | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    mode: str | None = None
+    seam: float | None = None
+    segments: list[SegmentIn] | None = None
+
+    def text(self) -> str:
+        if isinstance(self.prompt, str):
+            return self.prompt
+        if len(self.prompt) != 1:
+            raise InvalidRequestError("send one prompt per request (a list of exactly one string)", param="prompt")
+        return self.prompt[0]
+
+    def check(self) -> None:
+        for name, bad in (("echo", self.echo), ("suffix", self.suffix), ("n", self.n != 1)):
+            if bad:
+                raise InvalidRequestError(f"{name} is not supported here", param=name)
+        if self.best_of not in (None, 1):
+            raise InvalidRequestError("best_of is not supported here", param="best_of")
+        if not self.text().strip():
+            raise InvalidRequestError("prompt must not be empty", param="prompt")
+
+    def sampling(self) -> SamplingIn:
+        return SamplingIn(
+            max_tokens=16 if self.max_tokens is None else self.max_tokens,
+            temperature=0.0 if self.temperature is None else self.temperature,
+            top_p=1.0 if self.top_p is None else self.top_p,
+            top_k=self.top_k or 0,
+            stop=self.stop,
+            seed=self.seed,
+            logprobs=self.logprobs is not None,
+            mode=self.mode,
+            seam=self.seam,
+        )
+
+
+def prepare(st: ServerState, req: CompletionRequest, tenant_name: str) -> service.GenerateJob:
+    check_model(st, req.model)
+    req.check()
+    t0 = time.perf_counter()
+    mode, seam, key_seam = service.resolve_mode(st, req.mode, req.seam)
+    top = check_top_logprobs(req.logprobs, req.logprobs is not None)
+    sampling = with_output_controls(st, service.sampling_of(st, req.sampling()), None, top)
+    segments = [*(s.to_segment() for s in req.segments or []), Segment(kind="text", text=req.text())]
+    plan = replace(service.build_request_plan(st, segments, None, tenant_name, key_seam), suffix_ids=())
+    plan.check_fits(st.engine.max_context, sampling.max_tokens)
+    return service.GenerateJob(uuid.uuid4().hex, tenant_name, plan, sampling, mode, seam, key_seam, t0)
+
+
+def legacy_logprobs(tok: Any, ids: list[int], lps: list[float], tops: list[list[tuple[int, float]]]) -> dict:
+    tokens = [tok.decode([t]) for t in ids]
+    offsets, pos = [], 0
+    for t in tokens:
+        offsets.append(pos)
+        pos += len(t)
+    return {
+        "tokens": tokens,
+        "token_logprobs": lps,
+        "top_logprobs": [{tok.decode([t]): lp for t, lp in top} for top in tops] or None,
+        "text_offset": offsets,
+    }
+
+
+@router.post("/v1/completions")
+async def completions(req: CompletionRequest, request: Request, tenant_name: str = Depends(tenant)) -> Any:
+    st = get_state(request)
+    job = await run_in_threadpool(prepare, st, req, tenant_name)
+    base = {"id": f"cmpl-{job.id}", "object": "text_completion", "created": int(time.time()), "model": st.engine.name}
+    pump: EventPump[service.Timed] = EventPump(lambda: service.run_job(st, job))
+    first = await pump.next()
+    assert first is not None
+    ttft = first.since_start_ms
+    tok = st.engine.tokenizer
+
+    def finish(t: service.Timed) -> tuple[FinishEvent, Any]:
+        ev = t.event
+        assert isinstance(ev, FinishEvent)
+        usage = service.usage_of(job, ev.prepared, ev.completion_tokens)
+        service.observe(st, job, ev, ttft, usage)
+        return ev, usage
+
+    if not req.stream:
+        t: service.Timed | None = first
+        while t is not None and not isinstance(t.event, FinishEvent):
+            t = await pump.next()
+        assert t is not None
+        ev, usage = finish(t)
+        lp = legacy_logprobs(tok, ev.token_ids, ev.logprobs, ev.top_logprobs) if job.sampling.logprobs else None
+        choice = {"text": ev.text, "index": 0, "logprobs": lp, "finish_reason": ev.finish_reason}
+        return JSONResponse({**base, "choices": [choice], "usage": chat_usage(usage)})
+
+    def render(t: service.Timed) -> list[dict[str, Any]]:
+        ev = t.event
+        if not isinstance(ev, FinishEvent):
+            lp = None
+            if ev.token_id is not None and ev.logprob is not None:
+                lp = legacy_logprobs(tok, [ev.token_id], [ev.logprob], [ev.top_logprobs or []])
+            return [{**base, "choices": [{"text": ev.text, "index": 0, "logprobs": lp, "finish_reason": None}]}]
+        ev, usage = finish(t)
+        out = [{**base, "choices": [{"text": "", "index": 0, "logprobs": None, "finish_reason": ev.finish_reason}]}]
+        if req.stream_options and req.stream_options.include_usage:
+            out.append({**base, "choices": [], "usage": chat_usage(usage)})
+        return out
+
+    return StreamingResponse(sse_body(first, pump, render), media_type="text/event-stream", headers=SSE_HEADERS)

@@ -1,0 +1,130 @@
+"""Tool calls in /v1/chat/completions: forced / required / none, streamed deltas, history, catalogue caching."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import pytest
+
+from tests.api.conftest import err, sse_events
+
+WEATHER = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "pattern": "^[a-z]{1,8}$"},
+        "unit": {"enum": ["celsius", "fahrenheit"]},
+        "days": {"type": "integer", "minimum": 1, "maximum": 7},
+    },
+    "required": ["city", "unit", "days"],
+    "additionalProperties": False,
+}
+CLOCK = {"type": "object", "properties": {"zone": {"enum": ["utc", "cet"]}}, "required": ["zone"]}
+
+
+def tool(name, params, description="a tool"):
+    return {"type": "function", "function": {"name": name, "description": description, "parameters": params}}
+
+
+TOOLS = [tool("get_weather", WEATHER, "Weather forecast for a city"), tool("get_time", CLOCK, "The time in a zone")]
+SCHEMAS = {"get_weather": WEATHER, "get_time": CLOCK}
+MSGS = [{"role": "system", "content": "You are a helpful agent."}, {"role": "user", "content": "Weather in Paris?"}]
+NAMED = {"type": "function", "function": {"name": "get_weather"}}
+BAD_ARGS = {"name": "get_time", "arguments": "{oops"}
+
+
+def post(client, **body):
+    r = client.post("/v1/chat/completions", json={"messages": MSGS, "tools": TOOLS, **body})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def valid_calls(calls):
+    for c in calls:
+        assert c["type"] == "function" and c["id"].startswith("call_")
+        jsonschema.validate(json.loads(c["function"]["arguments"]), SCHEMAS[c["function"]["name"]])
+    return calls
+
+
+def test_forced_named_call_parses_and_validates(client):
+    body = post(client, tool_choice=NAMED)
+    choice = body["choices"][0]
+    assert choice["finish_reason"] == "tool_calls"
+    assert choice["message"]["content"] is None
+    calls = valid_calls(choice["message"]["tool_calls"])
+    assert [c["function"]["name"] for c in calls] == ["get_weather"]
+
+
+def test_required_without_parallel_gives_exactly_one_valid_call(client):
+    body = post(client, tool_choice="required", parallel_tool_calls=False)
+    calls = valid_calls(body["choices"][0]["message"]["tool_calls"])
+    assert len(calls) == 1 and calls[0]["function"]["name"] in SCHEMAS
+
+
+def test_stream_deltas_add_up_to_the_same_call(client):
+    whole = post(client, tool_choice=NAMED)["choices"][0]["message"]["tool_calls"]
+    body = {"messages": MSGS, "tools": TOOLS, "tool_choice": NAMED, "stream": True}
+    r = client.post("/v1/chat/completions", json=body)
+    events = [e for e in sse_events(r.text) if e != "[DONE]"]
+    deltas = [d["tool_calls"] for e in events for d in [e["choices"][0]["delta"]] if "tool_calls" in d]
+    assert len(deltas) == 1 and deltas[0][0]["index"] == 0
+    streamed = deltas[0][0]
+    assert streamed["function"] == whole[0]["function"]  # greedy: the same call, in one delta
+    assert events[-1]["choices"][0]["finish_reason"] == "tool_calls"
+    assert not any(e["choices"][0]["delta"].get("content") for e in events)
+
+
+def test_tool_choice_none_parses_nothing(client):
+    body = post(client, tool_choice="none", max_tokens=8)
+    msg = body["choices"][0]["message"]
+    assert "tool_calls" not in msg and isinstance(msg["content"], str)
+    assert body["choices"][0]["finish_reason"] in ("stop", "length")
+
+
+def test_catalogue_is_one_segment_per_tool_and_hits_in_any_order(client):
+    first = post(client, tool_choice=NAMED)
+    segs = first["hypic"]["usage"]["segments"]
+    assert [s["kind"] for s in segs] == ["system", "system", "text", "text"]  # system, instructions, 2 tools
+    assert not any(s["hit"] for s in segs)
+    swapped = client.post(
+        "/v1/chat/completions",
+        json={"messages": MSGS, "tools": TOOLS[::-1], "tool_choice": NAMED},
+    ).json()
+    again = swapped["hypic"]["usage"]["segments"]
+    assert all(s["hit"] for s in again)
+    assert [s["id"] for s in again[2:]] == [s["id"] for s in segs[2:]][::-1]
+    seams = 8 * len(segs)  # hypic recomputes the default 8-token seam of each segment
+    assert swapped["usage"]["prompt_tokens_details"]["cached_tokens"] == sum(s["tokens"] for s in segs) - seams
+
+
+def test_history_with_calls_and_results(client):
+    call = {"id": "call_1", "type": "function", "function": {"name": "get_time", "arguments": '{"zone": "utc"}'}}
+    msgs = [
+        *MSGS,
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "12:00"},
+    ]
+    r = client.post("/v1/chat/completions", json={"messages": msgs, "tools": TOOLS, "max_tokens": 4})
+    assert r.status_code == 200, r.text
+    kinds = [s["kind"] for s in r.json()["hypic"]["usage"]["segments"]]
+    assert kinds == ["system", "system", "text", "text", "turn", "turn", "turn"]
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "param"),
+    [
+        ({"tool_choice": {"type": "function", "function": {"name": "nope"}}}, 400, "tool_choice"),
+        ({"tools": None, "tool_choice": "required"}, 400, "tool_choice"),
+        ({"tools": [tool("bad name!", CLOCK)]}, 422, "tools.0.function.name"),
+        ({"tools": [tool("a", CLOCK), tool("a", WEATHER)]}, 400, "tools"),
+        ({"tool_choice": NAMED, "response_format": {"type": "json_object"}}, 400, "response_format"),
+        ({"tools": [tool("x", {"properties": {"a": {"type": "nonsense"}}})], "tool_choice": "required"}, 400, "tools"),
+        ({"messages": [*MSGS, {"role": "assistant", "tool_calls": [{"function": BAD_ARGS}]}]}, 422, None),
+    ],
+)
+def test_bad_tool_requests_get_the_envelope(client, body, status, param):
+    r = client.post("/v1/chat/completions", json={"messages": MSGS, "tools": TOOLS, "max_tokens": 2, **body})
+    assert r.status_code == status, r.text
+    e = err(r)
+    if param is not None:
+        assert e["param"] == param
