@@ -102,19 +102,18 @@ class StartupLog:
             self._end_bar()
             self._step, self._step_t0, self._last_count = msg, now, (-1.0, -1.0)
         pct = 100.0 * done / total if total > 0 else 0.0
+        complete = total > 0 and done >= total
+        last_t, last_pct = self._last_count
+        if complete and last_pct >= 100.0:
+            return  # the completion was shown already
         text = f"{msg}: {self._amount(done, total, unit)}"
         if self.tty:
             self.stream.write(f"\r{text}\x1b[K")
             self.stream.flush()
-            self._bar_open, self._last_line = True, now
-            if total > 0 and done >= total:
+            self._bar_open, self._last_line, self._last_count = True, now, (now, pct)
+            if complete:
                 self._end_bar()
-            return
-        last_t, last_pct = self._last_count
-        complete = total > 0 and done >= total
-        if last_t < 0 or complete or now - last_t >= self.every_s or pct - last_pct >= self.every_pct:
-            if complete and last_pct >= 100.0:
-                return  # the completion was logged already
+        elif last_t < 0 or complete or now - last_t >= self.every_s or pct - last_pct >= self.every_pct:
             self._last_count = (now, pct)
             self._line(text, done=done, total=total or None, unit=unit)
 

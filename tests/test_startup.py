@@ -76,7 +76,7 @@ def test_terminal_gets_one_redrawn_line(caplog: pytest.LogCaptureFixture) -> Non
     caplog.set_level(logging.INFO, logger="hypic.startup")
     stream, clock = io.StringIO(), Clock()
     log = StartupLog(stream=stream, tty=True, heartbeat_s=0, clock=clock)
-    for done in (0, 25, 50, 100):
+    for done in (0, 25, 50, 100, 100):  # the last count repeated (the watcher's final report) draws nothing
         clock.t += 1
         log("downloading", done=done * MiB, total=100 * MiB)
     log("extracting")
