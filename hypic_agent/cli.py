@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import logging
 import sys
-import time
+from pathlib import Path
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
-from hypic_agent.config import Settings
+from hypic_agent.config import MODES, Settings
 from hypic_agent.errors import HypicError
 from hypic_agent.runtime.models.cli import models_app
+from hypic_agent.startup import LOGGER as STARTUP_LOGGER
+from hypic_agent.startup import StartupLog
 
 app = typer.Typer(
     help="HYPIC position-independent segment caching for hybrid-attention LLMs.",
@@ -22,6 +25,12 @@ app.add_typer(models_app, name="models", help="List and fetch models.")
 err = Console(stderr=True)
 
 
+def _fail(message: str, code: int, kind: str = "") -> typer.Exit:
+    """Print ``error: message`` on stderr (the message is not rich markup); the exit to raise."""
+    err.print(f"[red]error{f' ({kind})' if kind else ''}:[/red] {escape(message)}", highlight=False, soft_wrap=True)
+    return typer.Exit(code)
+
+
 def _settings(model: str | None, device: str | None) -> Settings:
     s = Settings()
     updates = {k: v for k, v in {"model": model, "device": device}.items() if v}
@@ -30,53 +39,65 @@ def _settings(model: str | None, device: str | None) -> Settings:
 
 @app.command()
 def generate(
-    prompt: str = typer.Option(..., "--prompt", "-p", help="user message"),
-    model: str | None = typer.Option(None, help="model name/path (default: as for the server)"),
-    max_tokens: int = typer.Option(64, "--max-tokens"),
-    temperature: float = typer.Option(0.0),
-    top_p: float = typer.Option(1.0, "--top-p"),
-    top_k: int = typer.Option(0, "--top-k"),
-    device: str | None = typer.Option(None),
-    raw: bool = typer.Option(False, help="no chat template: complete the prompt text as is"),
+    prompt: str = typer.Option(..., "--prompt", "-p", help="the question (the uncached suffix of the prompt)"),
+    segment: list[Path] = typer.Option([], "--segment", "-s", help="a text file sent as one segment (repeatable)"),
+    kind: list[str] = typer.Option(
+        [],
+        help="kind of the --segment files, once for all or once per file: document | system | skill | memory | text",
+    ),
+    mode: str | None = typer.Option(None, help=f"{' | '.join(MODES)} (default: the server's, hypic)"),
+    seam: float | None = typer.Option(None, help="recomputed tokens per segment: 0, a fraction (0, 1] or a count (8)"),
+    url: str | None = typer.Option(None, help="send the request to a running server (no model load here)"),
+    api_key: str | None = typer.Option(None, "--api-key", help="bearer key for --url"),
+    model: str | None = typer.Option(None, help="local run: model name/path (default: as for the server)"),
+    device: str | None = typer.Option(None, help="local run: auto | cpu | cuda | cuda:N"),
+    max_tokens: int = typer.Option(64, "--max-tokens", min=1),
+    temperature: float = typer.Option(0.0, min=0.0),
+    top_p: float = typer.Option(1.0, "--top-p", min=0.0, max=1.0),
+    top_k: int = typer.Option(0, "--top-k", min=0),
+    raw: bool = typer.Option(False, help="local run: no chat template, complete the prompt text as is"),
 ) -> None:
-    """Print a completion of PROMPT (streamed)."""
-    from hypic_agent.runtime.loader import load_engine
-    from hypic_agent.runtime.results import FinishEvent
-    from hypic_agent.runtime.sampling import SamplingParams
-    from hypic_agent.segments.tokenize import suffix_ids
+    """Print a completion of PROMPT after the --segment files (streamed), then its usage on stderr.
+
+    With --url the request goes to a running `hypic-agent serve` (its cache persists between
+    calls); without, the model is loaded here and the server's app runs in-process."""
+    from hypic_agent import cli_generate as g
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger(STARTUP_LOGGER).setLevel(logging.INFO)
+    settings = _settings(model, device)
+    try:  # every check that needs no model, before anything is loaded
+        req = g.check_request(
+            prompt=prompt, files=segment, kinds=kind, mode=mode, seam=seam, url=url, raw=raw,
+            local_only={"model": model, "device": device},
+            max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
+        )  # fmt: skip
+        if not raw:
+            g.require_sdk()
+        if url is None:
+            g.check_model(settings)
+    except (g.BadArgument, HypicError) as e:
+        raise _fail(e.message if isinstance(e, HypicError) else str(e), 2) from e
     try:
-        settings = _settings(model, device)
-        with err.status("loading model..."):
-            engine = load_engine(settings)
-        if raw:
-            ids = tuple(engine.tokenizer.encode(prompt, add_special_tokens=True))
+        if url is not None:
+            with g.remote_client(url, api_key) as client:
+                line = g.stream_completion(client, req, sys.stdout)
         else:
-            ids = tuple(suffix_ids(prompt, engine.tokenizer))
+            from hypic_agent.runtime.loader import load_engine
 
-        class _Plan:
-            segments: tuple = ()
-            suffix_ids = ids
-            bos_id = None
-
-        params = SamplingParams(
-            max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=settings.seed
-        )
-        t0 = time.perf_counter()
-        for ev in engine.generate(_Plan(), params, mode="full_recompute"):
-            if isinstance(ev, FinishEvent):
-                sys.stdout.write("\n")
-                err.print(
-                    f"[dim]{ev.completion_tokens} tokens, ttft {ev.ttft_ms:.0f} ms, "
-                    f"total {(time.perf_counter() - t0) * 1e3:.0f} ms, finish={ev.finish_reason}[/dim]"
-                )
+            with StartupLog() as progress:
+                engine = load_engine(settings, progress=progress)
+                progress.done(f"model {engine.name} ready on {engine.device}")
+            if raw:
+                line = g.raw_completion(engine, req, settings.seed, sys.stdout)
             else:
-                sys.stdout.write(ev.text)
-                sys.stdout.flush()
+                with g.local_client(settings, engine) as client:
+                    line = g.stream_completion(client, req, sys.stdout)
     except HypicError as e:
-        err.print(f"[red]error ({e.type}):[/red] {e.message}")
-        raise typer.Exit(2) from e
+        raise _fail(e.message, 1, e.type) from e
+    except g.client_errors() as e:
+        raise _fail(g.client_error_message(e, url), 1) from e
+    err.print(escape(line), style="dim", highlight=False, soft_wrap=True)
 
 
 @app.command()
@@ -91,10 +112,10 @@ def serve(
     tenant: str = typer.Option("default", help="tenant that owns the --prewarm segments"),
 ) -> None:
     """Start the HTTP API server (segment-aware generate, segments store, OpenAI-compatible chat)."""
-    from pathlib import Path
-
     from hypic_agent.api.serve import run_server
 
+    if prewarm is not None and not Path(prewarm).is_file():
+        raise _fail(f"--prewarm {prewarm}: no such file", 2)
     try:
         settings = _settings(model, device)
         updates = {k: v for k, v in {"host": host, "port": port}.items() if v is not None}
@@ -151,7 +172,6 @@ def distill(
 ) -> None:
     """Distill the all-attention teacher into a Qwen3.5-style hybrid (GDN + 1-in-4 attention)."""
     from dataclasses import replace
-    from pathlib import Path
 
     from hypic_agent.training.convert import ConvertOptions
     from hypic_agent.training.data import default_shared_data

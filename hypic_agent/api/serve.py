@@ -1,5 +1,6 @@
-"""``hypic-agent serve``: load the model (rich progress), open the store, optionally pre-warm
-segments from a JSON file, then run uvicorn. Logs are JSON lines on stderr."""
+"""``hypic-agent serve``: load the model, open the store, optionally pre-warm segments from a JSON
+file, then run uvicorn. Logs are JSON lines on stderr; start-up says what it is doing (fetching,
+reading weights, building, pre-warming) with a line every few seconds (``startup.StartupLog``)."""
 
 from __future__ import annotations
 
@@ -8,25 +9,12 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-
 from hypic_agent.api.logs import configure_logging, log_event
 from hypic_agent.config import Settings
 from hypic_agent.errors import InvalidRequestError
+from hypic_agent.startup import StartupLog
 
 log = logging.getLogger("hypic.serve")
-
-
-def _progress(console: Console) -> Progress:
-    return Progress(
-        SpinnerColumn(),
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=console,
-    )
 
 
 def read_prewarm(path: Path) -> list[dict[str, Any]]:
@@ -50,20 +38,19 @@ def run_server(settings: Settings, *, prewarm: Path | None = None, tenant: str =
     from hypic_agent.segments.store import SegmentStore
 
     configure_logging(settings.log_level)
-    console = Console(stderr=True)
-    with _progress(console) as progress:
-        task = progress.add_task(f"loading model {settings.model}", total=2)
-        engine = load_engine(settings, progress=lambda msg: progress.update(task, description=msg))
-        progress.update(task, advance=1, description=f"opening store under {settings.home}")
+    items = read_prewarm(prewarm) if prewarm is not None else None  # a bad file fails before loading
+    with StartupLog() as progress:
+        progress(f"starting: model {settings.model}, home {settings.home}")
+        engine = load_engine(settings, progress=progress)
+        progress(f"opening the segment store under {settings.resolved_store_dir()}")
         store = SegmentStore.from_settings(settings)
-        progress.update(task, advance=1, description=f"model {engine.name} ready, {store.stats().entries} entries")
-        if prewarm is not None:
-            items = read_prewarm(prewarm)
+        if items is not None:
             state = ServerState.build(settings, engine, store, Metrics(), owns_store=False)
-            warm = progress.add_task(f"pre-warming {len(items)} segments", total=len(items))
-            for item in items:
+            for i, item in enumerate(items):
+                progress(f"pre-warming {len(items)} segments", done=i, total=len(items), unit="segments")
                 put_segments(state, PutSegmentsRequest.model_validate({"segments": [item]}), tenant)
-                progress.advance(warm)
+            progress(f"pre-warming {len(items)} segments", done=len(items), total=len(items), unit="segments")
+        progress.done(f"model {engine.name} ready, {store.stats().entries} stored entries")
     app = create_app(settings, engine=engine, store=store, close_store=True)  # closed by the lifespan
     log_event(log, "listening", host=settings.host, port=settings.port, url=f"http://{settings.host}:{settings.port}")
     # NOTE: uvicorn re-raises SIGTERM/SIGINT after a graceful shutdown, so nothing after run() is reached

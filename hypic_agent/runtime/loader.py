@@ -19,6 +19,7 @@ from hypic_agent.runtime.models.catalog import ModelSource, resolve_model
 from hypic_agent.runtime.models.loading import load_weights
 from hypic_agent.runtime.models.registry import build_model
 from hypic_agent.runtime.models.tokenizer import load_tokenizer, tiny_tokenizer
+from hypic_agent.startup import human_bytes, path_bytes
 
 log = logging.getLogger("hypic.loader")
 
@@ -35,10 +36,10 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return getattr(torch, name)
 
 
-def resolve_source(settings: Settings, model: str | None = None) -> ModelSource:
+def resolve_source(settings: Settings, model: str | None = None, progress: Any = None) -> ModelSource:
     name = model or settings.model
     try:
-        return resolve_model(name, settings)
+        return resolve_model(name, settings, progress=progress)
     except ModelNotAvailableError as e:
         if model is None and name == Settings.model_fields["model"].default:
             log.warning(
@@ -54,18 +55,24 @@ def resolve_source(settings: Settings, model: str | None = None) -> ModelSource:
 def load_engine(
     settings: Settings, *, model: str | None = None, cache: EntryCache | None = None, progress: Any = None
 ) -> Engine:
-    """Resolve, load and wrap the model in an ``Engine``."""
-    source = resolve_source(settings, model)
+    """Resolve, load and wrap the model in an ``Engine``; ``progress`` (a ``startup.StartupLog``)
+    hears each stage (fetching, reading weights, building, tokenizer)."""
+    source = resolve_source(settings, model, progress)
     device = resolve_device(settings.device)
     dtype = resolve_dtype(settings.dtype, device)
     if progress:
-        progress(f"loading {source.name} ({source.kind}) on {device} as {dtype}")
+        size = f", {human_bytes(path_bytes(source.path))}" if source.path else ""
+        progress(f"reading the weights of {source.name} ({source.kind}{size}) as {str(dtype).removeprefix('torch.')}")
     weights = load_weights(
         source, dtype=dtype, device="cpu", seed=settings.seed, fingerprint_cache=settings.home / "fingerprints"
     )
+    if progress:
+        progress(f"building the model on {device} ({weights.config.model_type}, {weights.config.num_layers} layers)")
     net = build_model(weights.config, dtype=dtype, device=device)
     net.load_weights(weights.tensors)
     net.set_backend(settings.kernel_backend)
+    if progress:
+        progress(f"loading the tokenizer of {source.name}")
     tokenizer = tiny_tokenizer() if source.kind == "tiny" else load_tokenizer(source)
     log.info(
         "model %s ready: %s, %d layers (%d linear), fingerprint %s",

@@ -78,22 +78,69 @@ def run_eval_kl(cfg: DistillConfig) -> float:
     return json.loads((cfg.out / "model" / "distill.json").read_text())["evals"][-1]["kl"]
 
 
-def test_cached_prefill_steps_lower_the_cached_kl(tiny_run, tmp_path: Path, tiny_corpus: Path) -> None:
+# A corpus of fixed text (not the stdlib's files, which differ between Python versions and moved
+# this test's numbers): words drawn by a 31-bit LCG, the same on every machine.
+_WORDS = (
+    "the cache of a segment is built once and reused in any order by the model when a prompt lists "
+    "documents skills memory and turns so each piece is prefilled alone then the state is composed "
+    "with a seam of recomputed tokens at every boundary"
+).split()
+
+
+def _fixed_text(seed: int, n_words: int) -> str:
+    x, out = seed, []
+    for _ in range(n_words):
+        x = (1103515245 * x + 12345) % 2**31
+        out.append(_WORDS[(x >> 16) % len(_WORDS)])
+    return " ".join(out)
+
+
+def fixed_corpus(folder: Path) -> Path:
+    from hypic_agent.runtime.models.tokenizer import tiny_tokenizer
+    from hypic_agent.training.data import CorpusSpec, build_corpus
+
+    docs = [("synthetic", (f"doc{i}", _fixed_text(i, 180))) for i in range(60)]
+    build_corpus(CorpusSpec(eval_fraction=0.15), tiny_tokenizer(), folder, docs=docs, log=lambda s: None)
+    return folder
+
+
+CACHED_STEPS = 24
+CACHED_OPTS: dict = dict(cached_segment_lens=(6, 8), cached_seams=(1, 2), cached_min_suffix=8, cached_eval=(8, 2))
+
+
+def cached_run(tmp_path: Path) -> tuple[DistillConfig, dict]:
+    """24 cached-prefill steps from the converted student on the fixed corpus, one thread,
+    deterministic algorithms: the same numbers on every machine and any OMP_NUM_THREADS."""
+    data = fixed_corpus(tmp_path / "corpus")
+    cfg = tiny_run_config(
+        tmp_path / "run", data=data, steps=CACHED_STEPS, lr=3e-3, eval_tokens=1024, cached_every=1, log_every=1,
+        **CACHED_OPTS,
+    )  # fmt: skip
+    threads, deterministic = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+    try:
+        return cfg, run_distill(cfg, log=lambda s: None)
+    finally:
+        torch.set_num_threads(threads)
+        torch.use_deterministic_algorithms(deterministic)
+
+
+def test_cached_prefill_steps_lower_the_cached_kl(tmp_path: Path) -> None:
     """--cached-every 1: every step trains the student as the hypic mode serves it; the served
-    (composed) KL to the teacher falls, and the plan of a step is a function of (seed, step)."""
+    (composed) KL to the teacher falls, and the plan of a step is a function of (seed, step).
+
+    Measured (this corpus, seed 0, 1 or 2 threads, any OMP_NUM_THREADS): cached KL 0.1616 -> 0.0604
+    (x0.374); on five other LCG corpora x0.32-0.45. The bound x0.6 leaves a wide margin and still
+    fails when cached steps do not train (the KL stays near x1)."""
     from hypic_agent.training.schedule import cached_plan
 
-    cfg0, _ = tiny_run
-    cached = dict(cached_segment_lens=(6, 8), cached_seams=(1, 2), cached_min_suffix=8, cached_eval=(8, 2))
-    cfg = tiny_run_config(
-        tmp_path, data=tiny_corpus, steps=12, lr=1e-2, init_from=cfg0.out / "model", cached_every=1, log_every=1,
-        **cached,
-    )  # fmt: skip
-    plans = [cached_plan(cfg, s) for s in range(12)]
+    cfg, summary = cached_run(tmp_path)
+    plans = [cached_plan(cfg, s) for s in range(CACHED_STEPS)]
     assert all(p is not None and p.total == cfg.seq and p.suffix_len >= 8 for p in plans)
-    assert plans == [cached_plan(cfg, s) for s in range(12)] and len(set(plans)) > 1
+    assert plans == [cached_plan(cfg, s) for s in range(CACHED_STEPS)] and len(set(plans)) > 1
     assert cached_plan(replace(cfg, cached_every=3), 0) is None and cached_plan(replace(cfg, cached_every=3), 2)
-    summary = run_distill(cfg, log=lambda s: None)
     first, last = summary["evals"][0], summary["evals"][-1]
     assert first["cached_tokens"] > 0 and all(h["cached"] for h in summary["history"])
-    assert last["cached_kl"] < 0.9 * first["cached_kl"], (first, last)
+    assert last["step"] == CACHED_STEPS and math.isfinite(last["cached_kl"])
+    assert last["cached_kl"] < 0.6 * first["cached_kl"], (first, last)

