@@ -99,3 +99,10 @@ class QueueFullError(RateLimitError):
     def __init__(self, message: str, *, retry_after: float = 1.0) -> None:
         super().__init__(message)
         self.retry_after = retry_after
+
+
+class ClientClosedError(HypicError):
+    """The client went away before the answer was complete; its request was cancelled."""
+
+    type = "client_closed_request"
+    status = 499

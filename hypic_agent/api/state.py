@@ -16,6 +16,7 @@ from fastapi import Request
 from hypic_agent.api.auth import KeyAuth, RateLimiter
 from hypic_agent.api.errors import ServiceUnavailableError
 from hypic_agent.api.metrics import Metrics
+from hypic_agent.api.metrics_serving import ServingCollector
 from hypic_agent.config import Settings
 from hypic_agent.runtime.engine import Engine
 from hypic_agent.runtime.hypic.store_cache import StoreEntryCache
@@ -45,6 +46,8 @@ class ServerState:
             cache = StoreEntryCache(store, engine.model.config.layer_types, engine.fingerprint)
             engine.cache = cache
         cache.on_insert = lambda _key: metrics.cold.inc()
+        # the state pool is allocated now, at start-up (not on the first request)
+        metrics.registry.register(ServingCollector(engine.scheduler))
         return cls(
             settings=settings,
             engine=engine,

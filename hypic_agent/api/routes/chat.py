@@ -48,7 +48,7 @@ async def chat_completions(req: ChatRequest, request: Request, tenant_name: str 
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         return await _stream(st, cj, cid, created, include_usage)
     job = cj.job
-    fin, ttft = await run_in_threadpool(_collect, st, job)
+    fin, ttft = await service.finish_job(st, job, request)
     ev = fin.event
     assert isinstance(ev, FinishEvent)
     usage = service.usage_of(job, ev.prepared, ev.completion_tokens)
@@ -73,17 +73,6 @@ async def chat_completions(req: ChatRequest, request: Request, tenant_name: str 
             "hypic": {"usage": usage.model_dump(), "timings": service.timings_of(fin, ttft).model_dump()},
         }
     )
-
-
-def _collect(st: ServerState, job: service.GenerateJob) -> tuple[service.Timed, float]:
-    """Run to the end: the finish event (with the worker's clock) and the ms to the first event."""
-    ttft: float | None = None
-    fin: service.Timed | None = None
-    for t in service.run_job(st, job):
-        ttft = t.since_start_ms if ttft is None else ttft
-        fin = t if isinstance(t.event, FinishEvent) else fin
-    assert fin is not None and ttft is not None
-    return fin, ttft
 
 
 async def _stream(st: ServerState, cj: ChatJob, cid: str, created: int, include_usage: bool) -> StreamingResponse:

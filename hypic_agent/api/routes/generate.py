@@ -32,7 +32,8 @@ async def generate(req: GenerateRequest, request: Request, tenant_name: str = De
     segments = [s.to_segment() for s in req.segments]
     job = await run_in_threadpool(service.prepare_job, st, req, segments, req.query, tenant_name)
     if not req.stream:
-        return JSONResponse(await run_in_threadpool(service.collect, st, job))
+        fin, ttft = await service.finish_job(st, job, request)
+        return JSONResponse(service.body_of(st, job, fin, ttft))
     return await stream_generate(st, job)
 
 
