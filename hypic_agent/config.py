@@ -100,7 +100,7 @@ class Settings(BaseSettings):
     )
     cpu_budget_bytes: int = Field(default=4 << 30, ge=0)
     disk_budget_bytes: int = Field(default=64 << 30, ge=0)
-    default_ttl_s: float | None = None
+    default_ttl_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)
 
     # --- API -------------------------------------------------------------------------
     host: str = "127.0.0.1"
@@ -116,6 +116,14 @@ class Settings(BaseSettings):
     grammar_cache_size: int = Field(
         default=256, ge=1, description="compiled grammars kept (response_format schemas, forced tool calls)"
     )
+    text_chars_per_token: int = Field(
+        default=32,
+        ge=1,
+        description="a prompt (or a PUT segment) with more characters than max_context x this is refused "
+        "before it is tokenized (it could not fit however it tokenizes)",
+    )
+    max_metadata_bytes: int = Field(default=16 << 10, ge=0, description="a segment's metadata as JSON, at most")
+    max_metadata_depth: int = Field(default=8, ge=1, description="nesting levels of a segment's metadata, at most")
     tenant_requests_per_minute: int = Field(default=0, ge=0, description="0 = unlimited")
     log_level: str = "INFO"
 

@@ -9,9 +9,14 @@ Blocking: call from a worker thread.
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Mapping
 from typing import Any
 
+from pydantic_core import PydanticCustomError
+
 from hypic_agent.api.errors import TooManySegmentsError
+from hypic_agent.api.limits import RequestLimits
 from hypic_agent.api.schemas import PatchSegmentRequest, PutSegmentsRequest, SegmentInfo, SegmentList
 from hypic_agent.api.service import key_context, resolve_mode
 from hypic_agent.api.state import ServerState
@@ -22,6 +27,25 @@ from hypic_agent.segments.entries import EntryMeta
 from hypic_agent.segments.registry import EntryRecord
 from hypic_agent.segments.resolve import stored_resolver
 from hypic_agent.segments.tokenize import CanonicalSegment, canonicalize
+from hypic_agent.wire import check_json, json_depth
+
+log = logging.getLogger("hypic.api")
+
+STORED_METADATA_DEPTH = 64
+"""Rows stored before metadata was limited may nest deeper than a response can serialize."""
+
+
+def readable_metadata(rec: EntryRecord) -> dict[str, Any]:
+    """The row's metadata, or ``{}`` (logged) for a row whose metadata no response could carry."""
+    meta: Mapping[str, Any] = rec.meta or {}
+    try:
+        if json_depth(meta) > STORED_METADATA_DEPTH:
+            raise ValueError(f"nests over {STORED_METADATA_DEPTH} levels")
+        check_json(meta)
+    except (ValueError, PydanticCustomError) as exc:
+        log.warning("segment %s: stored metadata left out of the response (%s)", rec.key, exc)
+        return {}
+    return dict(meta)
 
 
 def info_of(rec: EntryRecord, *, hit: bool | None = None, with_text: bool = False) -> SegmentInfo:
@@ -37,7 +61,7 @@ def info_of(rec: EntryRecord, *, hit: bool | None = None, with_text: bool = Fals
         title=rec.title,
         created_at=rec.created_at,
         last_used_at=rec.last_used_at,
-        metadata=dict(rec.meta),
+        metadata=readable_metadata(rec),
         hit=hit,
         text=rec.text if with_text else None,
     )
@@ -58,6 +82,7 @@ def canonical_segments(
         raise TooManySegmentsError(
             f"{len(req.segments)} segments in one request; the limit is {st.settings.max_segments}", param="segments"
         )
+    RequestLimits(st.settings, st.engine.max_context).check_segments(req.segments, each=True)
     ctx = key_context(st, tenant, key_seam)
     resolve = stored_resolver(st.store.info, ctx)
     out: list[CanonicalSegment] = []

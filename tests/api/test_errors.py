@@ -25,6 +25,16 @@ def _gen(**body):
     return {"segments": [doc(PARIS)], "query": "q?", "max_tokens": 2, **body}
 
 
+def _raw(body: str):
+    """A body Python's JSON parser takes but ``json=`` cannot send (NaN, Infinity, lone surrogates)."""
+    return {"content": body.encode("utf-8", "surrogatepass"), "headers": {"content-type": "application/json"}}
+
+
+DEEP = {"a": 1}
+for _ in range(300):
+    DEEP = {"a": DEEP}
+
+
 # fmt: off
 CASES = [
     # (name, method, path, kwargs, status, type, param)
@@ -64,6 +74,32 @@ CASES = [
     ("chat no messages", "POST", "/v1/chat/completions", {"json": {"messages": []}}, 422, "invalid_request", "messages"),
     ("chat bad role", "POST", "/v1/chat/completions", {"json": {"messages": [{"role": "robot", "content": "x"}]}}, 422, "invalid_request", "messages.0.role"),
     ("chat unknown mode", "POST", "/v1/chat/completions", {"json": {"messages": [{"role": "user", "content": "x"}], "mode": "zz"}}, 400, "unknown_mode", "mode"),
+    # values that used to reach the runtime and answer 500 (issue 22)
+    ("tiny temperature", "POST", "/v1/generate", {"json": _gen(temperature=1e-39)}, 400, "invalid_request", "temperature"),
+    ("nan temperature", "POST", "/v1/generate", _raw('{"query": "q", "temperature": NaN}'), 400, "invalid_request", "temperature"),
+    ("seed over 64 bits", "POST", "/v1/generate", {"json": _gen(seed=2**64, temperature=1)}, 400, "invalid_request", "seed"),
+    ("negative seed", "POST", "/v1/generate", {"json": _gen(seed=-1)}, 400, "invalid_request", "seed"),
+    ("infinite seam", "POST", "/v1/generate", _raw('{"query": "q", "seam": Infinity}'), 400, "invalid_request", "seam"),
+    ("put infinite seam", "PUT", "/v1/segments", _raw('{"segments": [{"kind": "document", "text": "x y z"}], "seam": Infinity}'), 400, "invalid_request", "seam"),
+    ("huge top_k", "POST", "/v1/generate", {"json": _gen(top_k=2**70)}, 400, "invalid_request", "top_k"),
+    ("surrogate query", "POST", "/v1/generate", _raw('{"query": "a\\ud800b"}'), 400, "invalid_request", "query"),
+    ("surrogate text", "POST", "/v1/generate", _raw('{"segments": [{"kind": "document", "text": "\\udfff"}], "query": "q"}'), 400, "invalid_request", "segments.0.text"),
+    ("surrogate title", "PUT", "/v1/segments", _raw('{"segments": [{"kind": "document", "text": "x y z", "title": "\\ud800"}]}'), 400, "invalid_request", "segments.0.title"),
+    ("surrogate metadata key", "PUT", "/v1/segments", _raw('{"segments": [{"kind": "document", "text": "x y z", "metadata": {"a": [{"\\ud800": 1}]}}]}'), 400, "invalid_request", "segments.0.metadata"),
+    ("nan in metadata", "PUT", "/v1/segments", _raw('{"segments": [{"kind": "document", "text": "x y z", "metadata": {"a": NaN}}]}'), 400, "invalid_request", "segments.0.metadata"),
+    ("surrogate turn", "PUT", "/v1/segments", _raw('{"segments": [{"kind": "turn", "messages": [{"role": "user", "content": "\\ud800"}]}]}'), 400, "invalid_request", "segments.0.messages.0.content"),
+    ("surrogate stop", "POST", "/v1/generate", _raw('{"query": "q", "stop": ["ok", "\\ud800"]}'), 400, "invalid_request", "stop.1"),
+    ("nul in text", "PUT", "/v1/segments", {"json": {"segments": [doc("a\x00b")]}}, 400, "invalid_request", "segments.0.text"),
+    ("surrogate chat", "POST", "/v1/chat/completions", _raw('{"messages": [{"role": "user", "content": "\\ud800"}]}'), 400, "invalid_request", "messages.0.content"),
+    ("surrogate chat block", "POST", "/v1/chat/completions", _raw('{"messages": [{"role": "user", "content": [{"type": "text", "text": "\\ud800"}]}]}'), 400, "invalid_request", "messages.0.content.0.text"),
+    ("chat tiny temperature", "POST", "/v1/chat/completions", {"json": {"messages": [{"role": "user", "content": "x"}], "temperature": 1e-30}}, 400, "invalid_request", "temperature"),
+    ("deep metadata", "PUT", "/v1/segments", {"json": {"segments": [doc("deep one", metadata=DEEP)]}}, 400, "invalid_request", "segments.0.metadata"),
+    ("big metadata", "PUT", "/v1/segments", {"json": {"segments": [doc("big one", metadata={"k": "v" * 20_000})]}}, 400, "invalid_request", "segments.0.metadata"),
+    ("generate deep metadata", "POST", "/v1/generate", {"json": _gen(segments=[doc(BERLIN, metadata=DEEP)])}, 400, "invalid_request", "segments.0.metadata"),
+    ("infinite ttl", "PUT", "/v1/segments", _raw('{"segments": [{"kind": "document", "text": "x y z", "cache": {"ttl": Infinity}}]}'), 422, "invalid_request", "segments.0.cache.ttl"),
+    ("patch infinite ttl", "PATCH", "/v1/segments/" + "f" * 32, _raw('{"cache": {"ttl": Infinity}}'), 422, "invalid_request", "cache.ttl"),
+    ("cursor with a superscript digit", "GET", "/v1/segments?after=%C2%B9", {}, 400, "invalid_request", "cursor"),
+    ("cursor over 63 bits", "GET", f"/v1/segments?after={2**63}", {}, 400, "invalid_request", "cursor"),
     ("unknown route", "GET", "/v1/nothing", {}, 404, "not_found", None),
     ("wrong method", "DELETE", "/v1/generate", {}, 405, "method_not_allowed", None),
 ]

@@ -16,10 +16,11 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from hypic_agent.api import service
-from hypic_agent.api.chat import ChatRequest
+from hypic_agent.api.chat import ChatRequest, message_texts
 from hypic_agent.api.chat_job import ChatJob, prepare_chat
 from hypic_agent.api.chat_output import ChatOutput, logprob_entry, logprobs_content
 from hypic_agent.api.deps import tenant
+from hypic_agent.api.limits import RequestLimits
 from hypic_agent.api.routes.generate import SSE_HEADERS
 from hypic_agent.api.schemas import UsageOut
 from hypic_agent.api.state import ServerState, get_state
@@ -41,6 +42,7 @@ def chat_usage(u: UsageOut) -> dict[str, Any]:
 @router.post("/v1/chat/completions")
 async def chat_completions(req: ChatRequest, request: Request, tenant_name: str = Depends(tenant)) -> Any:
     st = get_state(request)
+    RequestLimits(st.settings, st.engine.max_context).check_prompt(req.segments or [], message_texts(req))
     cj = await run_in_threadpool(prepare_chat, st, req, tenant_name)
     created = int(time.time())
     cid = f"chatcmpl-{cj.job.id}"

@@ -10,6 +10,7 @@ from starlette.concurrency import run_in_threadpool
 
 from hypic_agent.api import service
 from hypic_agent.api.deps import tenant
+from hypic_agent.api.limits import RequestLimits
 from hypic_agent.api.schemas import GenerateRequest, GenerateResponse
 from hypic_agent.api.served import check_model
 from hypic_agent.api.state import ServerState, get_state
@@ -29,6 +30,7 @@ SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 async def generate(req: GenerateRequest, request: Request, tenant_name: str = Depends(tenant)) -> Any:
     st = get_state(request)
     check_model(st, req.model)
+    RequestLimits(st.settings, st.engine.max_context).check_prompt(req.segments, [req.query])
     segments = [s.to_segment() for s in req.segments]
     job = await run_in_threadpool(service.prepare_job, st, req, segments, req.query, tenant_name)
     if not req.stream:

@@ -24,7 +24,9 @@ async def put_segments(req: PutSegmentsRequest, request: Request, tenant_name: s
 async def list_segments(
     request: Request,
     limit: int = Query(50, ge=1, le=1000),
-    after: str | None = Query(None, description="the 'next' cursor of the previous page"),
+    after: str | None = Query(
+        None, description="the 'next' cursor of the previous page", json_schema_extra={"pattern": "^[0-9]{1,19}$"}
+    ),
     kind: str | None = Query(None),
     tenant_name: str = Depends(tenant),
 ) -> Any:
