@@ -19,7 +19,7 @@ from starlette.concurrency import run_in_threadpool
 from hypic_agent.api.errors import install_error_handlers
 from hypic_agent.api.logs import log_event
 from hypic_agent.api.metrics import Metrics
-from hypic_agent.api.middleware import AccessLogMiddleware, BodyLimitMiddleware
+from hypic_agent.api.middleware import AccessLogMiddleware, BodyLimitMiddleware, ErrorGuardMiddleware
 from hypic_agent.api.routes import chat, completions, generate, segments, system
 from hypic_agent.api.state import ServerState
 from hypic_agent.config import Settings, get_settings
@@ -98,6 +98,7 @@ def create_app(
     for r in (generate.router, segments.router, chat.router, completions.router, system.router):
         app.include_router(r)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes, on_error=count_error)
+    app.add_middleware(ErrorGuardMiddleware, on_error=count_error)
     app.add_middleware(AccessLogMiddleware, metrics=metrics)
     app.state.metrics = metrics
     return app

@@ -11,12 +11,11 @@ Mapping onto HTTP:
 | any other schema violation              | 422    | ``invalid_request``        |
 | body over ``max_body_bytes``            | 413    | ``payload_too_large``      |
 | unknown route / method                  | 404/405| ``not_found`` / ``method_not_allowed`` |
-| anything else                           | 500    | ``internal_error``         |
+| anything else (``ErrorGuardMiddleware``)| 500    | ``internal_error``         |
 """
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -32,9 +31,6 @@ from hypic_agent.errors import (  # noqa: F401 (re-exported for the routes)
     TooManySegmentsError,
 )
 from hypic_agent.wire import INVALID_VALUE
-
-log = logging.getLogger("hypic.api")
-
 
 _HTTP_TYPES = {
     400: "invalid_request",
@@ -152,8 +148,5 @@ def install_error_handlers(app: FastAPI, on_error: Any = None) -> None:
             msg = f"{request.method} is not allowed on {request.url.path}"
         return _respond(exc.status_code, envelope(type_, msg), dict(exc.headers or {}) or None)
 
-    @app.exception_handler(Exception)
-    async def _internal(request: Request, exc: Exception) -> JSONResponse:
-        log.exception("unhandled error on %s %s", request.method, request.url.path)
-        status, body = error_of(exc)
-        return _respond(status, body)
+    # NOTE: any other exception is answered by ``middleware.ErrorGuardMiddleware`` (a handler for
+    # ``Exception`` here would run in Starlette's outermost middleware, which re-raises it)

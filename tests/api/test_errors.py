@@ -136,3 +136,25 @@ def test_errors_are_counted_in_metrics(seeded):
     seeded.post("/v1/generate", json=_gen(mode="magic"))
     text = seeded.get("/metrics").text
     assert 'hypic_errors_total{type="unknown_mode"} 1.0' in text
+
+
+def test_unexpected_exception_is_a_500_envelope_with_request_id(seeded, monkeypatch, caplog):
+    """Any bug becomes a logged 500 with the envelope; nothing escapes the app to drop the connection."""
+    from fastapi.testclient import TestClient
+
+    from hypic_agent.api import segments_service
+
+    def broken(*_a, **_k):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(segments_service, "list_segments", broken)
+    strict = TestClient(seeded.app)  # re-raises whatever the app lets out (the lifespan already ran)
+    with caplog.at_level("ERROR", logger="hypic.api"):
+        r = strict.get("/v1/segments", headers={"x-request-id": "req-42"})
+    assert r.status_code == 500 and r.headers["x-request-id"] == "req-42"
+    e = err(r)
+    assert e["type"] == "internal_error" and "req-42" in e["message"] and "a bug" not in e["message"]
+    [rec] = [x for x in caplog.records if x.getMessage().startswith("unhandled error")]
+    assert rec.fields["request_id"] == "req-42" and rec.exc_info[0] is RuntimeError  # type: ignore[attr-defined]
+    assert strict.get("/v1/segments/" + seeded.ids[0]).status_code == 200  # the app keeps serving
+    assert 'hypic_errors_total{type="internal_error"} 1.0' in strict.get("/metrics").text
