@@ -122,20 +122,33 @@ def _in_range(low: int, high: int, what: str) -> Any:
     return check
 
 
-Text = Annotated[str, AfterValidator(check_text)]
+Text = Annotated[str, AfterValidator(check_text), Field(json_schema_extra={"pattern": "^[^\\u0000]*$"})]
 Finite = Annotated[float, AfterValidator(check_finite)]
 JsonObject = Annotated[dict[str, Any], AfterValidator(check_json)]
 Temperature = Annotated[
-    float, AfterValidator(check_temperature), Field(json_schema_extra={"minimum": 0, "maximum": MAX_TEMPERATURE})
+    float,
+    AfterValidator(check_temperature),
+    Field(json_schema_extra={"anyOf": [{"const": 0}, {"minimum": MIN_TEMPERATURE, "maximum": MAX_TEMPERATURE}]}),
 ]
 TopP = Annotated[float, AfterValidator(check_top_p), Field(json_schema_extra={"exclusiveMinimum": 0, "maximum": 1})]
-TopK = Annotated[int, AfterValidator(_in_range(0, INT32_MAX, "an integer")), Field(json_schema_extra={"minimum": 0})]
+TopK = Annotated[
+    int,
+    AfterValidator(_in_range(0, INT32_MAX, "an integer")),
+    Field(json_schema_extra={"minimum": 0, "maximum": INT32_MAX}),
+]
 Seed = Annotated[
     int,
     AfterValidator(_in_range(0, SEED_LIMIT - 1, "an unsigned 64-bit integer")),
     Field(json_schema_extra={"minimum": 0, "maximum": SEED_LIMIT - 1}),
 ]
-Seam = Annotated[float, AfterValidator(check_seam), Field(json_schema_extra={"minimum": 0})]
+_TOKEN_SEAM = {"type": "integer", "minimum": 1, "maximum": INT32_MAX}
+Seam = Annotated[
+    float,
+    AfterValidator(check_seam),
+    Field(json_schema_extra={"anyOf": [{"minimum": 0, "maximum": 1}, _TOKEN_SEAM]}),
+]
 MaxTokens = Annotated[
-    int, AfterValidator(_in_range(1, INT32_MAX, "a token count")), Field(json_schema_extra={"minimum": 1})
+    int,
+    AfterValidator(_in_range(1, INT32_MAX, "a token count")),
+    Field(json_schema_extra={"minimum": 1, "maximum": INT32_MAX}),
 ]

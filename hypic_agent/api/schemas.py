@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from hypic_agent.config import MODES
 from hypic_agent.segments.kinds import SegmentIn
 from hypic_agent.wire import MaxTokens, Seam, Seed, Temperature, Text, TopK, TopP, invalid
 
@@ -32,7 +33,11 @@ class SamplingIn(BaseModel):
     stop: Text | list[Text] | None = Field(default=None, description=f"up to {MAX_STOP} non-empty strings")
     seed: Seed | None = None
     logprobs: bool = False
-    mode: Text | None = Field(default=None, description="full_recompute | prefix_cache | ... | hypic")
+    mode: Text | None = Field(
+        default=None,
+        description="full_recompute | prefix_cache | ... | hypic",
+        json_schema_extra={"enum": [*MODES, None]},
+    )
     seam: Seam | None = Field(default=None, description="seam width: 0 none, (0,1] fraction, > 1 tokens")
 
     @field_validator("stop")
@@ -47,7 +52,9 @@ class SamplingIn(BaseModel):
 
 
 class GenerateRequest(SamplingIn):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(
+        extra="forbid", json_schema_extra={"anyOf": [{"required": ["segments"]}, {"required": ["query"]}]}
+    )
 
     segments: list[SegmentIn] = Field(default_factory=list)
     query: Text | None = None
@@ -58,13 +65,17 @@ class GenerateRequest(SamplingIn):
 class PutSegmentsRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    segments: list[SegmentIn]
-    mode: Text | None = Field(default=None, description="the mode whose entries to pre-warm (default: server's)")
+    segments: list[SegmentIn] = Field(json_schema_extra={"minItems": 1})
+    mode: Text | None = Field(
+        default=None,
+        description="the mode whose entries to pre-warm (default: server's)",
+        json_schema_extra={"enum": [*MODES, None]},
+    )
     seam: Seam | None = None
 
 
 class CacheUpdate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"minProperties": 1})
 
     pin: bool | None = None
     ttl: float | None = Field(
@@ -128,7 +139,7 @@ class SegmentInfo(BaseModel):
     object: Literal["segment"] = "segment"
     kind: str
     tokens: int
-    tier: str
+    tier: Literal["gpu", "cpu", "disk", "none"] = Field(description="where the payload is; none: rebuilt on next use")
     pin: bool
     ttl: float | None
     bytes: int

@@ -128,6 +128,8 @@ class _SegmentBase(BaseModel):
 
 
 class _TextSegmentIn(_SegmentBase):
+    model_config = ConfigDict(json_schema_extra={"anyOf": [{"required": ["text"]}, {"required": ["id"]}]})
+
     text: Text | None = Field(default=None, description="content; framed per kind")
 
     @model_validator(mode="after")
@@ -170,6 +172,8 @@ class TextSegmentIn(_TextSegmentIn):
 
 class TurnSegmentIn(_SegmentBase):
     """Chat turns, rendered with the model's chat template."""
+
+    model_config = ConfigDict(json_schema_extra={"anyOf": [{"required": ["messages"]}, {"required": ["id"]}]})
 
     kind: Literal["turn"]
     messages: list[MessageIn] | None = None

@@ -21,6 +21,7 @@ from hypic_agent.api.chat_job import ChatJob, prepare_chat
 from hypic_agent.api.chat_output import ChatOutput, logprob_entry, logprobs_content
 from hypic_agent.api.deps import tenant
 from hypic_agent.api.limits import RequestLimits
+from hypic_agent.api.responses import BODY, COMMON, error_responses
 from hypic_agent.api.routes.generate import SSE_HEADERS
 from hypic_agent.api.schemas import UsageOut
 from hypic_agent.api.state import ServerState, get_state
@@ -39,7 +40,13 @@ def chat_usage(u: UsageOut) -> dict[str, Any]:
     }
 
 
-@router.post("/v1/chat/completions")
+@router.post(
+    "/v1/chat/completions",
+    responses={
+        200: {"content": {"text/event-stream": {}}, "description": "JSON, or SSE with stream=true"},
+        **error_responses(*BODY, *COMMON, 404),
+    },
+)
 async def chat_completions(req: ChatRequest, request: Request, tenant_name: str = Depends(tenant)) -> Any:
     st = get_state(request)
     RequestLimits(st.settings, st.engine.max_context).check_prompt(req.segments or [], message_texts(req))

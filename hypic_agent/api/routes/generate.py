@@ -11,6 +11,7 @@ from starlette.concurrency import run_in_threadpool
 from hypic_agent.api import service
 from hypic_agent.api.deps import tenant
 from hypic_agent.api.limits import RequestLimits
+from hypic_agent.api.responses import BODY, COMMON, error_responses
 from hypic_agent.api.schemas import GenerateRequest, GenerateResponse
 from hypic_agent.api.served import check_model
 from hypic_agent.api.state import ServerState, get_state
@@ -25,7 +26,10 @@ SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 @router.post(
     "/v1/generate",
     response_model=GenerateResponse,
-    responses={200: {"content": {"text/event-stream": {}}, "description": "JSON, or SSE with stream=true"}},
+    responses={
+        200: {"content": {"text/event-stream": {}}, "description": "JSON, or SSE with stream=true"},
+        **error_responses(*BODY, *COMMON, 404),
+    },
 )
 async def generate(req: GenerateRequest, request: Request, tenant_name: str = Depends(tenant)) -> Any:
     st = get_state(request)

@@ -5,22 +5,24 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request, Response
+from fastapi.responses import PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from hypic_agent.api.deps import tenant
+from hypic_agent.api.responses import COMMON, error_responses
 from hypic_agent.api.served import check_model, model_card, served_names
 from hypic_agent.api.state import get_state
 
 router = APIRouter(tags=["system"])
 
 
-@router.get("/v1/models")
+@router.get("/v1/models", responses=error_responses(*COMMON))
 async def models(request: Request, _tenant: str = Depends(tenant)) -> Any:
     st = get_state(request)
     return {"object": "list", "data": [model_card(st, name) for name in served_names(st)]}
 
 
-@router.get("/v1/models/{model_id:path}")
+@router.get("/v1/models/{model_id:path}", responses=error_responses(404, 422, *COMMON))
 async def model(model_id: str, request: Request, _tenant: str = Depends(tenant)) -> Any:
     """One served model (the engine's name or an alias); 404 ``model_not_found`` otherwise."""
     st = get_state(request)
@@ -28,7 +30,7 @@ async def model(model_id: str, request: Request, _tenant: str = Depends(tenant))
     return model_card(st, model_id)
 
 
-@router.get("/health")
+@router.get("/health", responses=error_responses(500, 503))
 async def health(request: Request) -> Any:
     st = get_state(request)
     stats = st.store.stats()
@@ -41,6 +43,6 @@ async def health(request: Request) -> Any:
     }
 
 
-@router.get("/metrics")
+@router.get("/metrics", response_class=PlainTextResponse, responses=error_responses(500, 503))
 async def metrics(request: Request) -> Response:
     return Response(get_state(request).metrics.render(), media_type=CONTENT_TYPE_LATEST)
