@@ -201,6 +201,15 @@ class Registry:
         with self._session.begin() as s:
             return _rowcount(s.execute(delete(EntryRow).where(EntryRow.key.in_(keys))))
 
+    def clear_payloads(self, keys: Iterable[str]) -> int:
+        """Rows whose payload is gone: ``tier = none``, no file, ``ready``, 0 bytes (the rows stay)."""
+        keys = list(keys)
+        if not keys:
+            return 0
+        values = {"tier": "none", "location": None, "checksum": None, "state": "ready", "nbytes": 0}
+        with self._session.begin() as s:
+            return _rowcount(s.execute(update(EntryRow).where(EntryRow.key.in_(keys)).values(**values)))
+
     def touch(self, key: str, now: float, hits: int = 1) -> None:
         self.touch_many({key: (now, hits)})
 

@@ -7,11 +7,13 @@ written through on ``put``, so every entry that fits the disk budget survives a 
 
 * hit: served from the tier it is in and promoted to the top memory tier;
 * budgets: a tier over budget sheds its lowest-score entries (``eviction.py``): GPU -> CPU,
-  CPU -> dropped from memory (still on disk), disk -> file removed; an entry left nowhere is
-  gone (its registry row too). Pinned entries are never shed; a TTL still ends them;
-* safety: a disk entry whose checksum, format, key or model fingerprint does not check out,
-  or a hit whose fingerprint / token digest differs from what the caller expects, is deleted
-  and reported as a miss: never served.
+  CPU -> dropped from memory (still on disk), disk -> file removed; an entry left nowhere keeps
+  its registry row (``tier = none``: tokens, text, policy and hits stay, the id still resolves
+  and the next request that uses it rebuilds the payload). Pinned entries are never shed; a
+  TTL still ends them (row and all);
+* safety: a disk entry whose checksum, format, key or model fingerprint does not check out is
+  dropped to ``tier = none`` the same way; a hit whose fingerprint / token digest differs from
+  what the caller expects is deleted with its row. Neither is ever served.
 
 NOTE: one store object owns one store dir; registry rows are the source of truth for what is
 on disk, and ``open()`` makes the two consistent after a crash (``recovery.py``).
@@ -128,7 +130,8 @@ class SegmentStore(TierPolicy, StoreFlights):
     # ------------------------------------------------------------------ put
     def put(self, key: str, tensors: Tensors, meta: EntryMeta) -> str | None:
         """Store a payload (replacing any under ``key``); returns the memory tier it landed in,
-        ``"disk"``, or ``None`` when it fits no budget (then nothing is stored).
+        ``"disk"``, or ``None`` when it fits no budget (then no payload is stored; a row that
+        was there stays, ``tier = none``).
 
         Replacing keeps the old entry's ``created_at``, hit count, pin and TTL unless ``meta``
         pins it or sets a TTL. The disk copy is written before this returns (outside the lock)."""
@@ -152,7 +155,8 @@ class SegmentStore(TierPolicy, StoreFlights):
             placed = self._place_locked(entry, tensors)
             to_disk = self.disk.fits(nbytes)
             if placed is None and not to_disk:
-                self._forget_locked(key)
+                if old is not None:
+                    self._drop_payload_locked(old)
                 return None
             entry.state = "writing" if to_disk else "ready"
             self._index[key] = entry
@@ -187,7 +191,7 @@ class SegmentStore(TierPolicy, StoreFlights):
                 entry.key, tier=entry.tier, location=written.location, checksum=written.checksum, state="ready"
             )
             self._enforce_locked({entry.key}, self.clock())
-            return entry.tier if entry.key in self._index else None
+            return entry.tier if self._index.get(entry.key) is entry and entry.has_payload else None
 
     def register(self, key: str, meta: EntryMeta) -> EntryRecord:
         """Record a segment definition (tokens, policy) without a payload, e.g. one too short
@@ -250,11 +254,11 @@ class SegmentStore(TierPolicy, StoreFlights):
             if md.get("key") != key or md.get("model_fingerprint") != e.model_fingerprint:
                 raise CorruptEntryError(f"{location} belongs to another key or model")
         except CorruptEntryError as exc:
-            log.warning("dropping entry %s: %s", key, exc)
+            log.warning("dropping the payload of entry %s (its row stays, rebuilt on next use): %s", key, exc)
             with self._lock:
                 if self._index.get(key) is e:
                     self._counts["corrupt"] += 1
-                    self._forget_locked(key)
+                    self._drop_payload_locked(e)
                 return self._miss()
         with self._lock:
             if self._index.get(key) is not e or e.location != location:

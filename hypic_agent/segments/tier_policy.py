@@ -66,10 +66,10 @@ class TierPolicy:
         return held_now
 
     def _settle_locked(self, e: IndexEntry) -> None:
-        """Record where ``e`` now lives; an entry left in no tier is gone."""
+        """Record where ``e`` now lives; an entry left in no tier keeps its row (``tier = none``)."""
         if e.has_payload and e.mem_tier is None and e.location is None and e.state != "writing":
             self._counts["evicted"] += 1
-            self._forget_locked(e.key)
+            self._drop_payload_locked(e)
         else:
             self.registry.set_location(e.key, tier=e.tier, location=e.location, checksum=e.checksum)
 
@@ -132,6 +132,13 @@ class TierPolicy:
             self.disk.remove(e.location)
             self.disk.used -= e.file_bytes
         e.mem_tier, e.location, e.checksum, e.file_bytes = None, None, None, 0
+
+    def _drop_payload_locked(self, e: IndexEntry) -> None:
+        """Free ``e``'s payload but keep its row (tokens, text, policy, hits): ``tier = none``,
+        resolvable by id and rebuilt by the next request that uses it."""
+        self._discard_payload_locked(e)
+        e.has_payload, e.nbytes, e.state = False, 0, "ready"
+        self.registry.set_location(e.key, tier="none", location=None, checksum=None, state="ready", nbytes=0)
 
     def _forget_locked(self, key: str) -> None:
         """Remove ``key`` entirely: payload, index record, buffered touches, registry row."""
