@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -101,6 +101,18 @@ class Settings(BaseSettings):
     cpu_budget_bytes: int = Field(default=4 << 30, ge=0)
     disk_budget_bytes: int = Field(default=64 << 30, ge=0)
     default_ttl_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    tenant_share: float | None = Field(
+        default=None,
+        gt=0,
+        le=1,
+        description="each tenant's share of every tier's budget: its pinned bytes may not exceed it (PUT / PATCH "
+        "over it: 409, or 413 for one entry larger than it), and other tenants' entries never evict it below it "
+        "(scaled down when the known tenants' shares add up to more than 1); default 1 / the number of tenants "
+        "in api_keys (1 without keys)",
+    )
+    tenant_shares: dict[str, Annotated[float, Field(gt=0, le=1)]] = Field(
+        default_factory=dict, description="tenant -> share, overriding tenant_share for that tenant"
+    )
 
     # --- API -------------------------------------------------------------------------
     host: str = "127.0.0.1"

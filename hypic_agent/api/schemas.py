@@ -142,7 +142,7 @@ class SegmentInfo(BaseModel):
     tier: Literal["gpu", "cpu", "disk", "none"] = Field(description="where the payload is; none: rebuilt on next use")
     pin: bool
     ttl: float | None
-    bytes: int
+    bytes: int = Field(description="the payload's size (tier none: what rebuilding it takes; 0: never computed)")
     hits: int
     title: str | None = None
     created_at: float

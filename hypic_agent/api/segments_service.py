@@ -24,6 +24,7 @@ from hypic_agent.errors import InvalidRequestError, SegmentNotFoundError
 from hypic_agent.runtime.hypic.modes import mode_spec, seam_tokens
 from hypic_agent.runtime.hypic.store_cache import EntryHint
 from hypic_agent.segments.entries import EntryMeta
+from hypic_agent.segments.quota import EntryTooLargeError, PinQuotaError
 from hypic_agent.segments.registry import EntryRecord
 from hypic_agent.segments.resolve import stored_resolver
 from hypic_agent.segments.tokenize import CanonicalSegment, canonicalize
@@ -109,6 +110,9 @@ def put_segments(st: ServerState, req: PutSegmentsRequest, tenant: str) -> dict[
     warm = [s for s in segs if s.n_tokens >= min_tokens and seam_tokens(key_seam, s.n_tokens) < s.n_tokens]
     hints = {str(s.key): EntryHint(s.text, s.title, s.cache.pin, s.cache.ttl, dict(s.metadata)) for s in segs}
     hit: dict[str, bool] = {}
+    refused: Exception | None = None
+    if any(s.cache.pin for s in warm):
+        st.store.check_pin_room(tenant)  # no quota left: 409 before computing anything
     with st.engine_slot(), st.cache.described(hints):
         if warm:
             usage = st.engine.prewarm(
@@ -117,13 +121,19 @@ def put_segments(st: ServerState, req: PutSegmentsRequest, tenant: str) -> dict[
             hit = {u.id: u.hit for u in usage if u.id is not None}
         for s in segs:
             meta = EntryMeta.for_segment(s, tenant=tenant, model_fingerprint=st.engine.fingerprint)
-            if st.store.info(s.key, tenant) is None:  # too short to cache, or fit no budget
+            rec = st.store.info(s.key, tenant)
+            if rec is None:  # too short to cache, or fit no budget
                 st.store.register(s.key, meta)
-            elif hit.get(s.key) and (s.cache.pin or s.cache.ttl is not None):
+            elif (hit.get(s.key) or (s.cache.pin and not rec.pinned)) and (s.cache.pin or s.cache.ttl is not None):
                 kwargs: dict[str, Any] = {"pinned": True} if s.cache.pin else {}
                 if s.cache.ttl is not None:
                     kwargs["ttl_s"] = s.cache.ttl
-                st.store.set_policy(s.key, tenant, **kwargs)
+                try:  # a pin the store refused (over the tenant's quota) says why here
+                    st.store.set_policy(s.key, tenant, **kwargs)
+                except (PinQuotaError, EntryTooLargeError) as exc:
+                    refused = refused or exc
+    if refused is not None:
+        raise refused  # the entries are stored, unpinned
     data = []
     for s in segs:
         rec = st.store.info(s.key, tenant)

@@ -40,7 +40,7 @@ def recover(registry: Registry, disk: DiskTier, now: float) -> list[IndexEntry]:
             if rec.tier != "disk":
                 registry.set_location(rec.key, tier="disk")
         else:
-            row = rec.replace(tier="none", location=None, checksum=None, state="ready", nbytes=0)
+            row = rec.replace(tier="none", location=None, checksum=None, state="ready")
             keep.append(IndexEntry.from_record(row))
             if row != rec:
                 bare.append(rec.key)

@@ -202,11 +202,11 @@ class Registry:
             return _rowcount(s.execute(delete(EntryRow).where(EntryRow.key.in_(keys))))
 
     def clear_payloads(self, keys: Iterable[str]) -> int:
-        """Rows whose payload is gone: ``tier = none``, no file, ``ready``, 0 bytes (the rows stay)."""
+        """Rows whose payload is gone: ``tier = none``, no file, ``ready`` (the rows stay)."""
         keys = list(keys)
         if not keys:
             return 0
-        values = {"tier": "none", "location": None, "checksum": None, "state": "ready", "nbytes": 0}
+        values = {"tier": "none", "location": None, "checksum": None, "state": "ready"}
         with self._session.begin() as s:
             return _rowcount(s.execute(update(EntryRow).where(EntryRow.key.in_(keys)).values(**values)))
 

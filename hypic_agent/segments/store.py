@@ -11,6 +11,8 @@ written through on ``put``, so every entry that fits the disk budget survives a 
   its registry row (``tier = none``: tokens, text, policy and hits stay, the id still resolves
   and the next request that uses it rebuilds the payload). Pinned entries are never shed; a
   TTL still ends them (row and all);
+* tenants (``quota.py``): a tenant's pinned bytes stay within its share of each tier, and
+  one tenant's entries never push another tenant's below its reserved share;
 * safety: a disk entry whose checksum, format, key or model fingerprint does not check out is
   dropped to ``tier = none`` the same way; a hit whose fingerprint / token digest differs from
   what the caller expects is deleted with its row. Neither is ever served.
@@ -37,6 +39,7 @@ from hypic_agent.config import Settings
 from hypic_agent.errors import InvalidRequestError
 from hypic_agent.segments.entries import EntryMeta, Fetch, IndexEntry, StoreStats, Tensors, TierStats
 from hypic_agent.segments.eviction import EvictionPolicy
+from hypic_agent.segments.quota import TenantShares
 from hypic_agent.segments.recovery import recover
 from hypic_agent.segments.registry import UNSET, EntryRecord, Page, Registry
 from hypic_agent.segments.singleflight import SingleFlight, StoreFlights
@@ -62,6 +65,7 @@ class SegmentStore(TierPolicy, StoreFlights):
         flush_interval_s: float = 2.0,
         clock: Callable[[], float] = time.time,
         owns_registry: bool = False,
+        shares: TenantShares | None = None,
     ) -> None:
         cuda = torch.cuda.is_available()
         if gpu_device == "auto":
@@ -71,6 +75,7 @@ class SegmentStore(TierPolicy, StoreFlights):
         self.cpu = MemoryTier("cpu", "cpu", cpu_budget_bytes, pin=cuda if pin_cpu is None else pin_cpu)
         self.disk = DiskTier(root, disk_budget_bytes)
         self.policy = policy or EvictionPolicy()
+        self.shares = shares or TenantShares()
         self.default_ttl_s = default_ttl_s
         self.flush_interval_s = flush_interval_s
         self.clock = clock
@@ -100,6 +105,7 @@ class SegmentStore(TierPolicy, StoreFlights):
             gpu_device=kwargs.pop("gpu_device", device),
             default_ttl_s=settings.default_ttl_s,
             owns_registry=owns,
+            shares=kwargs.pop("shares", TenantShares.from_settings(settings)),
             **kwargs,
         )
         return store.open()
@@ -134,7 +140,9 @@ class SegmentStore(TierPolicy, StoreFlights):
         was there stays, ``tier = none``).
 
         Replacing keeps the old entry's ``created_at``, hit count, pin and TTL unless ``meta``
-        pins it or sets a TTL. The disk copy is written before this returns (outside the lock)."""
+        pins it or sets a TTL. A pin over the tenant's quota is not applied (the entry is stored
+        unpinned; ``set_policy`` says why). The disk copy is written before this returns (outside
+        the lock)."""
         if not tensors or not all(isinstance(t, torch.Tensor) for t in tensors.values()):
             raise InvalidRequestError("an entry payload must be a non-empty dict of tensors", param="tensors")
         nbytes = payload_nbytes(tensors)
@@ -152,6 +160,10 @@ class SegmentStore(TierPolicy, StoreFlights):
             )  # fmt: skip
             if old is not None:
                 self._discard_payload_locked(old)
+            refused = self._pin_error(entry, nbytes) if entry.pinned else None
+            if refused is not None:
+                log.warning("entry %s stored unpinned: %s", key, refused)
+                entry.pinned = False
             placed = self._place_locked(entry, tensors)
             to_disk = self.disk.fits(nbytes)
             if placed is None and not to_disk:
@@ -187,6 +199,10 @@ class SegmentStore(TierPolicy, StoreFlights):
             entry.location, entry.checksum, entry.file_bytes = written.location, written.checksum, written.file_bytes
             entry.state = "ready"
             self.disk.used += written.file_bytes
+            if entry.pinned and (refused := self._pin_error(entry, entry.nbytes)) is not None:
+                log.warning("entry %s unpinned: its file came out larger than estimated: %s", entry.key, refused)
+                entry.pinned = False  # its file came out larger than the payload bytes the quota was checked with
+                self.registry.set_policy(entry.key, pinned=False)
             self.registry.set_location(
                 entry.key, tier=entry.tier, location=written.location, checksum=written.checksum, state="ready"
             )
@@ -285,11 +301,16 @@ class SegmentStore(TierPolicy, StoreFlights):
     def set_policy(
         self, key: str, tenant: str | None = None, *, pinned: bool | None = None, ttl_s: Any = UNSET
     ) -> EntryRecord | None:
-        """Pin / unpin and set or clear (``ttl_s=None``) the sliding TTL."""
+        """Pin / unpin and set or clear (``ttl_s=None``) the sliding TTL. Pinning over the tenant's
+        quota raises ``quota.PinQuotaError`` (409) or ``quota.EntryTooLargeError`` (413)."""
         with self._lock:
             e = self._index.get(key)
             if e is None or (tenant is not None and e.tenant != tenant):
                 return None
+            if pinned and not e.pinned and e.nbytes:  # an entry without payload: the bytes its rebuild takes
+                refused = self._pin_error(e, e.nbytes)
+                if refused is not None:
+                    raise refused
             self._flush_locked()
             rec = self.registry.set_policy(key, pinned=pinned, ttl_s=ttl_s)
             if pinned is not None:
@@ -297,7 +318,7 @@ class SegmentStore(TierPolicy, StoreFlights):
             if ttl_s is not UNSET:
                 e.ttl_s = ttl_s
             if pinned is False:
-                self._enforce_locked(set(), self.clock())
+                self._enforce_locked(set(), self.clock(), actors={e.tenant})
             return rec
 
     def info(self, key: str, tenant: str | None = None) -> EntryRecord | None:

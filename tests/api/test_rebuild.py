@@ -26,7 +26,7 @@ def test_evicted_id_answers_get_and_is_rebuilt_on_use(make_client):
     r = c.get(f"/v1/segments/{a['id']}")
     assert r.status_code == 200
     got = r.json()
-    assert (got["tier"], got["bytes"], got["title"], got["metadata"]) == ("none", 0, "Paris", {"src": "wiki"})
+    assert (got["tier"], got["bytes"], got["title"], got["metadata"]) == ("none", a["bytes"], "Paris", {"src": "wiki"})
     assert PARIS in got["text"] and got["tokens"] == a["tokens"]
     assert [d["id"] for d in c.get("/v1/segments").json()["data"]] == [b["id"], a["id"]]
 

@@ -60,7 +60,7 @@ def test_budgets_respected_under_churn(tmp_path):
     assert len(files) == s.stats().tiers["disk"].entries == len([r for r in rows if r.location])
     assert len(rows) == s.stats().entries == len({key(i) for i in range(15)} & {r.key for r in rows})
     evicted = [r for r in rows if r.tier == "none"]  # left every tier: the rows stay, without payload
-    assert evicted and all(r.location is None and r.nbytes == 0 for r in evicted)
+    assert evicted and all(r.location is None and r.nbytes == E for r in evicted)
 
 
 def test_eviction_order_is_cost_aware(tmp_path):
@@ -261,7 +261,7 @@ def test_recovery_drops_orphans_keeps_memory_only_rows(tmp_path):
     s.close()
     s = make_store(tmp_path)
     rec = s.registry.get(key(0))
-    assert (rec.tier, rec.nbytes, rec.text) == ("none", 0, "doc 0") and s.get(key(0)) is None
+    assert (rec.tier, rec.location, rec.text) == ("none", None, "doc 0") and s.get(key(0)) is None
     orphan = DiskTier(tmp_path / "store", 1 << 20).write(key(5), payload(5), {"key": key(5)})
     s.put(key(1), payload(1), meta(1))
     s.close()
