@@ -37,7 +37,7 @@ import torch
 
 from hypic_agent.config import Settings
 from hypic_agent.errors import InvalidRequestError
-from hypic_agent.segments.entries import EntryMeta, Fetch, IndexEntry, StoreStats, Tensors, TierStats
+from hypic_agent.segments.entries import EntryMeta, Fetch, IndexEntry, Tensors
 from hypic_agent.segments.eviction import EvictionPolicy
 from hypic_agent.segments.quota import TenantShares
 from hypic_agent.segments.recovery import recover
@@ -45,11 +45,12 @@ from hypic_agent.segments.registry import UNSET, EntryRecord, Page, Registry
 from hypic_agent.segments.singleflight import SingleFlight, StoreFlights
 from hypic_agent.segments.tier_policy import TierPolicy
 from hypic_agent.segments.tiers import CorruptEntryError, DiskTier, MemoryTier, payload_nbytes
+from hypic_agent.segments.usage import UsageLog
 
 log = logging.getLogger(__name__)
 
 
-class SegmentStore(TierPolicy, StoreFlights):
+class SegmentStore(TierPolicy, UsageLog, StoreFlights):
     def __init__(
         self,
         registry: Registry,
@@ -178,36 +179,6 @@ class SegmentStore(TierPolicy, StoreFlights):
         if not to_disk:
             return entry.mem_tier
         return self._write_through(entry, tensors, meta) or entry.mem_tier
-
-    def _write_through(self, entry: IndexEntry, tensors: Tensors, meta: EntryMeta) -> str | None:
-        """Write the disk copy outside the lock, then publish it if the entry is still current."""
-        md = {"key": entry.key, "model_fingerprint": entry.model_fingerprint, "tenant": entry.tenant,
-              "token_digest": entry.token_digest or "", "kind": entry.kind}  # fmt: skip
-        try:
-            written = self.disk.write(entry.key, tensors, md)
-        except OSError as exc:
-            log.warning("disk write of entry %s failed: %s", entry.key, exc)
-            with self._lock:
-                if self._index.get(entry.key) is entry:
-                    entry.state = "ready"
-                    self._settle_locked(entry)
-            return None
-        with self._lock:
-            if self._index.get(entry.key) is not entry:  # deleted or replaced meanwhile
-                self.disk.remove(written.location)
-                return None
-            entry.location, entry.checksum, entry.file_bytes = written.location, written.checksum, written.file_bytes
-            entry.state = "ready"
-            self.disk.used += written.file_bytes
-            if entry.pinned and (refused := self._pin_error(entry, entry.nbytes)) is not None:
-                log.warning("entry %s unpinned: its file came out larger than estimated: %s", entry.key, refused)
-                entry.pinned = False  # its file came out larger than the payload bytes the quota was checked with
-                self.registry.set_policy(entry.key, pinned=False)
-            self.registry.set_location(
-                entry.key, tier=entry.tier, location=written.location, checksum=written.checksum, state="ready"
-            )
-            self._enforce_locked({entry.key}, self.clock())
-            return entry.tier if self._index.get(entry.key) is entry and entry.has_payload else None
 
     def register(self, key: str, meta: EntryMeta) -> EntryRecord:
         """Record a segment definition (tokens, policy) without a payload, e.g. one too short
@@ -342,44 +313,7 @@ class SegmentStore(TierPolicy, StoreFlights):
             self._counts["expired"] += len(dead)
             return len(dead)
 
-    def flush(self) -> None:
-        """Write buffered hit counts / last-used times to the registry."""
-        with self._lock:
-            self._flush_locked()
-
-    def stats(self) -> StoreStats:
-        with self._lock:
-            tiers = {
-                t.name: TierStats(t.used, t.budget, len(t), self._tier_evictions[t.name], t.enabled)
-                for t in (self.gpu, self.cpu)
-            }
-            on_disk = sum(1 for e in self._index.values() if e.location)
-            tiers["disk"] = TierStats(
-                self.disk.used, self.disk.budget, on_disk, self._tier_evictions["disk"], self.disk.enabled
-            )
-            return StoreStats(tiers=tiers, entries=len(self._index), in_flight=self._flight.in_flight(), **self._counts)
-
     # ------------------------------------------------------------------ helpers
     def _require_open(self) -> None:
         if not self._opened:
             raise RuntimeError("SegmentStore.open() must run before use")
-
-    def _miss(self) -> tuple[Tensors, str] | None:
-        self._counts["misses"] += 1
-        return None
-
-    def _hit_locked(self, e: IndexEntry, now: float, tensors: Tensors, found: str) -> tuple[Tensors, str]:
-        self._counts["hits"] += 1
-        e.hits += 1
-        e.last_used_at = now
-        _, n = self._pending.get(e.key, (now, 0))
-        self._pending[e.key] = (now, n + 1)
-        if now - self._last_flush >= self.flush_interval_s:
-            self._flush_locked()
-        return tensors, found
-
-    def _flush_locked(self) -> None:
-        if self._pending:
-            self.registry.touch_many(self._pending)
-            self._pending = {}
-        self._last_flush = self.clock()

@@ -7,13 +7,17 @@ and eviction reserves come from ``quota.TenantQuota``.
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from typing import Any
 
-from hypic_agent.segments.entries import IndexEntry, Tensors
+from hypic_agent.segments.entries import EntryMeta, IndexEntry, Tensors
 from hypic_agent.segments.eviction import EvictionPolicy
 from hypic_agent.segments.quota import TenantQuota, fair_victims
 from hypic_agent.segments.registry import Registry
 from hypic_agent.segments.tiers import DiskTier, MemoryTier
+
+log = logging.getLogger("hypic_agent.segments.store")
 
 
 class TierPolicy(TenantQuota):
@@ -28,6 +32,7 @@ class TierPolicy(TenantQuota):
     _counts: dict[str, int]
     _tier_evictions: dict[str, int]
     _last_expire: float = 0.0
+    clock: Callable[[], float]
 
     def _tier(self, name: str) -> MemoryTier:
         return self.gpu if name == "gpu" else self.cpu
@@ -75,6 +80,37 @@ class TierPolicy(TenantQuota):
             self._drop_payload_locked(e)
         else:
             self.registry.set_location(e.key, tier=e.tier, location=e.location, checksum=e.checksum)
+
+    # ------------------------------------------------------------------ disk copy
+    def _write_through(self, entry: IndexEntry, tensors: Tensors, meta: EntryMeta) -> str | None:
+        """Write the disk copy outside the lock, then publish it if the entry is still current."""
+        md = {"key": entry.key, "model_fingerprint": entry.model_fingerprint, "tenant": entry.tenant,
+              "token_digest": entry.token_digest or "", "kind": entry.kind}  # fmt: skip
+        try:
+            written = self.disk.write(entry.key, tensors, md)
+        except OSError as exc:
+            log.warning("disk write of entry %s failed: %s", entry.key, exc)
+            with self._lock:
+                if self._index.get(entry.key) is entry:
+                    entry.state = "ready"
+                    self._settle_locked(entry)
+            return None
+        with self._lock:
+            if self._index.get(entry.key) is not entry:  # deleted or replaced meanwhile
+                self.disk.remove(written.location)
+                return None
+            entry.location, entry.checksum, entry.file_bytes = written.location, written.checksum, written.file_bytes
+            entry.state = "ready"
+            self.disk.used += written.file_bytes
+            if entry.pinned and (refused := self._pin_error(entry, entry.nbytes)) is not None:
+                log.warning("entry %s unpinned: its file came out larger than estimated: %s", entry.key, refused)
+                entry.pinned = False
+                self.registry.set_policy(entry.key, pinned=False)
+            self.registry.set_location(
+                entry.key, tier=entry.tier, location=written.location, checksum=written.checksum, state="ready"
+            )
+            self._enforce_locked({entry.key}, self.clock())
+            return entry.tier if self._index.get(entry.key) is entry and entry.has_payload else None
 
     # ------------------------------------------------------------------ budgets
     def _enforce_locked(self, protect: set[str], now: float, actors: set[str] | None = None) -> None:
