@@ -101,6 +101,13 @@ class Settings(BaseSettings):
     cpu_budget_bytes: int = Field(default=4 << 30, ge=0)
     disk_budget_bytes: int = Field(default=64 << 30, ge=0)
     default_ttl_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    hit_flush_interval_s: float = Field(
+        default=2.0,
+        ge=0,
+        allow_inf_nan=False,
+        description="hit counts / last-used times are written to the registry at most this long after a hit "
+        "(0 = at every hit); the API writes a request's hits as soon as it has answered it",
+    )
     tenant_share: float | None = Field(
         default=None,
         gt=0,

@@ -105,6 +105,7 @@ class SegmentStore(TierPolicy, UsageLog, StoreFlights):
             disk_budget_bytes=settings.disk_budget_bytes,
             gpu_device=kwargs.pop("gpu_device", device),
             default_ttl_s=settings.default_ttl_s,
+            flush_interval_s=kwargs.pop("flush_interval_s", settings.hit_flush_interval_s),
             owns_registry=owns,
             shares=kwargs.pop("shares", TenantShares.from_settings(settings)),
             **kwargs,
