@@ -125,6 +125,20 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = 8000
     api_keys: dict[str, str] = Field(default_factory=dict, description="api key -> tenant; empty = no auth")
+    auth_failures_per_minute: int = Field(
+        default=20,
+        ge=0,
+        description="wrong API keys (or metrics tokens) one client address may send per minute; past it every "
+        "request from that address that needs a key gets 429 until the minute has passed; 0 = unlimited",
+    )
+    metrics_token: str | None = Field(
+        default=None,
+        description="bearer token GET /metrics requires; unset: /metrics is open without api_keys and answers "
+        "loopback clients only with them",
+    )
+    metrics_tenant_labels: bool = Field(
+        default=False, description="label per-tenant metrics (rate-limit refusals) with tenant names"
+    )
     max_segments: int = Field(default=256, ge=1)
     max_body_bytes: int = Field(default=8 << 20, ge=1024)
     max_tokens_limit: int = Field(default=4096, ge=1)

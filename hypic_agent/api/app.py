@@ -16,6 +16,7 @@ from typing import Any
 from fastapi import FastAPI
 from starlette.concurrency import run_in_threadpool
 
+from hypic_agent.api.auth import FailedKeyLimiter
 from hypic_agent.api.errors import install_error_handlers
 from hypic_agent.api.logs import log_event
 from hypic_agent.api.metrics import Metrics
@@ -47,7 +48,7 @@ def create_app(
         st = holder.get("state")
         return st.store.stats() if st is not None else None
 
-    metrics = Metrics(store_stats)
+    metrics = Metrics(store_stats, tenant_labels=settings.metrics_tenant_labels)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -90,6 +91,7 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.hypic = None
+    app.state.auth_failures = FailedKeyLimiter(settings.auth_failures_per_minute)
 
     def count_error(type_: str) -> None:
         metrics.errors.labels(type_).inc()
