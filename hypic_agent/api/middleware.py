@@ -117,7 +117,7 @@ class AccessLogMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        rid = dict(scope.get("headers") or []).get(b"x-request-id", b"").decode() or uuid.uuid4().hex[:16]
+        rid = _request_id(dict(scope.get("headers") or []).get(b"x-request-id", b""))
         scope.setdefault("state", {})["request_id"] = rid
         t0 = time.perf_counter()
         status = 500
@@ -150,6 +150,13 @@ class AccessLogMiddleware:
                 ms=round(ms, 2),
                 tenant=state.get("tenant"),
             )
+
+
+def _request_id(given: bytes) -> str:
+    """The client's ``x-request-id`` if it is a short printable ASCII token, else a fresh one."""
+    if 0 < len(given) <= 128 and all(0x21 <= b <= 0x7E for b in given):
+        return given.decode("ascii")
+    return uuid.uuid4().hex[:16]
 
 
 async def _send_json(send: Send, status: int, body: dict[str, Any]) -> None:
