@@ -157,6 +157,12 @@ class Settings(BaseSettings):
     )
     max_metadata_bytes: int = Field(default=16 << 10, ge=0, description="a segment's metadata as JSON, at most")
     max_metadata_depth: int = Field(default=8, ge=1, description="nesting levels of a segment's metadata, at most")
+    max_schema_depth: int = Field(
+        default=32,
+        ge=1,
+        description="JSON nesting levels of a tool's parameters or a response_format schema, at most (a grammar "
+        "is compiled from them: 400 schema levels took 8 s)",
+    )
     tenant_requests_per_minute: int = Field(default=0, ge=0, description="0 = unlimited")
     log_level: str = "INFO"
 

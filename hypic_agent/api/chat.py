@@ -17,6 +17,7 @@ How a conversation becomes segments (in this order):
 
 from __future__ import annotations
 
+import json
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -97,13 +98,15 @@ class ChatRequest(SamplingIn):
 
 
 def message_texts(req: ChatRequest) -> list[str]:
-    """Every text of the messages (for the size check before tokenizing)."""
+    """Every text of the messages, their tool calls and the tools (for the size check before tokenizing)."""
     out: list[str] = []
     for m in req.messages:
         if isinstance(m.content, str):
             out.append(m.content)
         elif m.content is not None:
             out.extend(b.text or "" for b in m.content)
+        out.extend(c.function.arguments for c in m.tool_calls or [])
+    out.extend(json.dumps(t.function.parameters or {}) + (t.function.description or "") for t in req.tools or [])
     return out
 
 

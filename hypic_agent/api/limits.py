@@ -5,7 +5,9 @@
   tokenizes, so it is refused before the tokenizer sees it (400 ``context_length_exceeded``);
 * metadata: each segment's ``metadata`` at most ``Settings.max_metadata_depth`` levels deep and
   ``Settings.max_metadata_bytes`` as JSON (400 ``invalid_request``), so nothing is stored that
-  a later listing could not serialize.
+  a later listing could not serialize;
+* schemas: a tool's ``parameters`` and a ``response_format`` schema at most
+  ``Settings.max_schema_depth`` levels deep (a grammar is compiled from them).
 """
 
 from __future__ import annotations
@@ -73,6 +75,15 @@ class RequestLimits:
             total += n
         if not each:
             self.check_chars(total, "the prompt", "segments")
+
+    def check_schema(self, schema: Any, param: str) -> None:
+        depth = json_depth(schema) if schema else 0
+        if depth > self.settings.max_schema_depth:
+            raise InvalidRequestError(
+                f"the schema nests {depth} levels deep; the limit is {self.settings.max_schema_depth} "
+                "(HYPIC_MAX_SCHEMA_DEPTH)",
+                param=param,
+            )
 
     def check_prompt(self, segments: Sequence[Any], texts: Iterable[str | None]) -> None:
         """A generate / chat request: its segments plus the other texts (query, messages)."""

@@ -33,6 +33,11 @@ def _raw(body: str):
 DEEP = {"a": 1}
 for _ in range(300):
     DEEP = {"a": DEEP}
+DEEP_SCHEMA: dict = {"type": "string"}
+for _ in range(20):  # 40 JSON levels
+    DEEP_SCHEMA = {"type": "object", "properties": {"a": DEEP_SCHEMA}}
+_HI = [{"role": "user", "content": "hi"}]
+_CALL = '{"role": "assistant", "content": "", "tool_calls": [{"id": "1", "function": {"name": "f", "arguments": "{\\"a\\": \\"\\\\ud800\\"}"}}]}'
 
 
 # fmt: off
@@ -100,6 +105,13 @@ CASES = [
     ("patch infinite ttl", "PATCH", "/v1/segments/" + "f" * 32, _raw('{"cache": {"ttl": Infinity}}'), 422, "invalid_request", "cache.ttl"),
     ("cursor with a superscript digit", "GET", "/v1/segments?after=%C2%B9", {}, 400, "invalid_request", "cursor"),
     ("cursor over 63 bits", "GET", f"/v1/segments?after={2**63}", {}, 400, "invalid_request", "cursor"),
+    ("completion surrogate prompt", "POST", "/v1/completions", _raw('{"prompt": "a\\ud800"}'), 400, "invalid_request", "prompt"),
+    ("completion tiny temperature", "POST", "/v1/completions", {"json": {"prompt": "x", "temperature": 1e-30}}, 400, "invalid_request", "temperature"),
+    ("completion seed over 64 bits", "POST", "/v1/completions", {"json": {"prompt": "x", "seed": 2**64}}, 400, "invalid_request", "seed"),
+    ("tool call surrogate", "POST", "/v1/chat/completions", _raw('{"messages": [{"role": "user", "content": "hi"}, ' + _CALL + ', {"role": "user", "content": "x"}]}'), 400, "invalid_request", "messages.1.tool_calls.0.function.arguments"),
+    ("tool parameters NaN", "POST", "/v1/chat/completions", _raw('{"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", "function": {"name": "f", "parameters": {"x": NaN}}}]}'), 400, "invalid_request", "tools.0.function.parameters"),
+    ("deep response schema", "POST", "/v1/chat/completions", {"json": {"messages": _HI, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": DEEP_SCHEMA}}}}, 400, "invalid_request", "response_format.json_schema.schema"),
+    ("deep tool parameters", "POST", "/v1/chat/completions", {"json": {"messages": _HI, "tools": [{"type": "function", "function": {"name": "f", "parameters": DEEP_SCHEMA}}]}}, 400, "invalid_request", "tools.0.function.parameters"),
     ("unknown route", "GET", "/v1/nothing", {}, 404, "not_found", None),
     ("wrong method", "DELETE", "/v1/generate", {}, 405, "method_not_allowed", None),
 ]

@@ -56,8 +56,10 @@ def api_schema(engine: Any, tmp_path: Any) -> Iterator[Any]:
 def test_fuzz_no_5xx_and_conforms_to_spec(api_schema: Any) -> None:
     t0 = time.monotonic()
     seen: dict[str, int] = {}
+    operations = 0
     for result in api_schema.get_all_operations():
         op = result.ok()
+        operations += 1
         for mode, n in EXAMPLES.items():
 
             @given(case=op.as_strategy(generation_mode=mode))
@@ -78,5 +80,5 @@ def test_fuzz_no_5xx_and_conforms_to_spec(api_schema: Any) -> None:
             except Unsatisfiable:
                 # a route with no parameters and no body (GET /health) has no invalid request
                 assert mode == GenerationMode.NEGATIVE, op.label
-    assert len(seen) == 10, seen  # every route was exercised
+    assert operations >= 12 and len(seen) == operations, seen  # every route was exercised
     assert time.monotonic() - t0 < TIME_BUDGET_S * 2  # the budget, with slack for a loaded machine

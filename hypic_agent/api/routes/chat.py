@@ -49,7 +49,12 @@ def chat_usage(u: UsageOut) -> dict[str, Any]:
 )
 async def chat_completions(req: ChatRequest, request: Request, tenant_name: str = Depends(tenant)) -> Any:
     st = get_state(request)
-    RequestLimits(st.settings, st.engine.max_context).check_prompt(req.segments or [], message_texts(req))
+    limits = RequestLimits(st.settings, st.engine.max_context)
+    limits.check_prompt(req.segments or [], message_texts(req))
+    for i, tool in enumerate(req.tools or []):
+        limits.check_schema(tool.function.parameters, f"tools.{i}.function.parameters")
+    if req.response_format is not None and req.response_format.json_schema is not None:
+        limits.check_schema(req.response_format.json_schema.schema_, "response_format.json_schema.schema")
     cj = await run_in_threadpool(prepare_chat, st, req, tenant_name)
     created = int(time.time())
     cid = f"chatcmpl-{cj.job.id}"
