@@ -7,8 +7,11 @@ Each request is a system segment + 2-4 documents from a shared pool (random orde
 id, some inline) + a query; with probability ``--miss-ratio`` it also carries a never-seen
 document (a cold segment). Some requests stream (SSE). Afterwards the store is checked: every
 segment the server reported is listed and readable, each stored segment was prefilled exactly
-once (``hypic_cold_segments_total`` == stored entries), the queue is empty, and (when this script
-started the server) every entry re-reads from the disk tier with a valid checksum after shutdown.
+once (``hypic_cold_segments_total`` == stored entries; with evictions, at least once: an evicted
+entry keeps its row and is rebuilt on its next use), the queue is empty, and (when this script
+started the server) every row with a payload has its file and checksum, no file lacks its row,
+and every entry re-reads from the disk tier with a valid checksum after shutdown. Tight budgets
+(``HYPIC_CPU_BUDGET_BYTES`` / ``HYPIC_DISK_BUDGET_BYTES`` in the environment) run it under eviction.
 Prints a table and writes JSON (``--out``). Exit status 1 when errors > 0 or a check fails.
 """
 
@@ -192,13 +195,15 @@ def check_store(http: httpx.Client, results: list[dict[str, Any]]) -> dict[str, 
     unreadable = [i for i in listed if http.get(f"/v1/segments/{i}").status_code != 200]
     metrics = http.get("/metrics").text
     cold = metric(metrics, "hypic_cold_segments_total")
+    evicted = metric(metrics, "hypic_store_evicted_total") or 0
     checks = {
         "listed": len(listed),
         "unique": len(set(listed)) == len(listed),
         "reported_all_listed": reported <= set(listed),
         "all_readable": not unreadable,
         "cold_prefills": cold,
-        "one_prefill_per_segment": cold == len(listed),
+        "evicted": evicted,
+        "one_prefill_per_segment": cold == len(listed) if not evicted else (cold or 0) >= len(listed),
         "queue_empty": metric(metrics, "hypic_queue_depth") == 0,
         "store_corrupt": metric(metrics, "hypic_store_corrupt_total"),
     }
@@ -209,19 +214,35 @@ def check_store(http: httpx.Client, results: list[dict[str, Any]]) -> dict[str, 
 
 
 def check_disk(home: Path) -> dict[str, Any]:
-    """After shutdown: every stored entry re-reads from the disk tier (checksum verified on read)."""
+    """After shutdown, as the server left it: every row with a payload has its file and checksum,
+    no file is without its row (orphans), and every stored entry re-reads from the disk tier
+    (checksum verified on read)."""
     sys.path.insert(0, str(ROOT))
     from hypic_agent.config import Settings
+    from hypic_agent.segments.registry import Registry
     from hypic_agent.segments.store import SegmentStore
 
-    with SegmentStore.from_settings(Settings(home=home, device="cpu")) as store:
+    settings = Settings(home=home, device="cpu")
+    root = settings.resolved_store_dir()
+    files = {p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()}
+    registry = Registry(settings.resolved_database_url())
+    rows = registry.records()
+    registry.close()
+    located = {r.location for r in rows if r.location}
+    no_file = [r.key for r in rows if r.tier != "none" and (r.location not in files or not r.checksum)]
+    orphans = sorted(files - located)
+    with SegmentStore.from_settings(settings) as store:
         recs = [r for r in store.registry.records() if r.location is not None]
         tiers = [store.get(r.key) for r in recs]
         bad = sum(1 for t in tiers if t is None or t[1] != "disk")
         return {
+            "rows": len(rows),
+            "rows_without_payload": sum(r.tier == "none" for r in rows),
+            "rows_missing_file_or_checksum": len(no_file),
+            "orphan_files": len(orphans),
             "entries_on_disk": len(recs),
             "reread_ok": len(recs) - bad,
-            "ok": bad == 0 and store.stats().corrupt == 0,
+            "ok": bad == 0 and store.stats().corrupt == 0 and not no_file and not orphans,
         }
 
 

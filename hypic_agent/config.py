@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -100,12 +100,45 @@ class Settings(BaseSettings):
     )
     cpu_budget_bytes: int = Field(default=4 << 30, ge=0)
     disk_budget_bytes: int = Field(default=64 << 30, ge=0)
-    default_ttl_s: float | None = None
+    default_ttl_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    hit_flush_interval_s: float = Field(
+        default=2.0,
+        ge=0,
+        allow_inf_nan=False,
+        description="hit counts / last-used times are written to the registry at most this long after a hit "
+        "(0 = at every hit); the API writes a request's hits as soon as it has answered it",
+    )
+    tenant_share: float | None = Field(
+        default=None,
+        gt=0,
+        le=1,
+        description="each tenant's share of every tier's budget: its pinned bytes may not exceed it (PUT / PATCH "
+        "over it: 409, or 413 for one entry larger than it), and other tenants' entries never evict it below it "
+        "(scaled down when the known tenants' shares add up to more than 1); default 1 / the number of tenants "
+        "in api_keys (1 without keys)",
+    )
+    tenant_shares: dict[str, Annotated[float, Field(gt=0, le=1)]] = Field(
+        default_factory=dict, description="tenant -> share, overriding tenant_share for that tenant"
+    )
 
     # --- API -------------------------------------------------------------------------
     host: str = "127.0.0.1"
     port: int = 8000
     api_keys: dict[str, str] = Field(default_factory=dict, description="api key -> tenant; empty = no auth")
+    auth_failures_per_minute: int = Field(
+        default=20,
+        ge=0,
+        description="wrong API keys (or metrics tokens) one client address may send per minute; past it every "
+        "request from that address that needs a key gets 429 until the minute has passed; 0 = unlimited",
+    )
+    metrics_token: str | None = Field(
+        default=None,
+        description="bearer token GET /metrics requires; unset: /metrics is open without api_keys and answers "
+        "loopback clients only with them",
+    )
+    metrics_tenant_labels: bool = Field(
+        default=False, description="label per-tenant metrics (rate-limit refusals) with tenant names"
+    )
     max_segments: int = Field(default=256, ge=1)
     max_body_bytes: int = Field(default=8 << 20, ge=1024)
     max_tokens_limit: int = Field(default=4096, ge=1)
@@ -115,6 +148,20 @@ class Settings(BaseSettings):
     )
     grammar_cache_size: int = Field(
         default=256, ge=1, description="compiled grammars kept (response_format schemas, forced tool calls)"
+    )
+    text_chars_per_token: int = Field(
+        default=32,
+        ge=1,
+        description="a prompt (or a PUT segment) with more characters than max_context x this is refused "
+        "before it is tokenized (it could not fit however it tokenizes)",
+    )
+    max_metadata_bytes: int = Field(default=16 << 10, ge=0, description="a segment's metadata as JSON, at most")
+    max_metadata_depth: int = Field(default=8, ge=1, description="nesting levels of a segment's metadata, at most")
+    max_schema_depth: int = Field(
+        default=32,
+        ge=1,
+        description="JSON nesting levels of a tool's parameters or a response_format schema, at most (a grammar "
+        "is compiled from them: 400 schema levels took 8 s)",
     )
     tenant_requests_per_minute: int = Field(default=0, ge=0, description="0 = unlimited")
     log_level: str = "INFO"

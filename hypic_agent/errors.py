@@ -67,6 +67,11 @@ class ConflictError(HypicError):
     status = 409
 
 
+class ForbiddenError(HypicError):
+    type = "forbidden"
+    status = 403
+
+
 class RateLimitError(HypicError):
     type = "rate_limited"
     status = 429

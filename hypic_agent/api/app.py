@@ -16,10 +16,11 @@ from typing import Any
 from fastapi import FastAPI
 from starlette.concurrency import run_in_threadpool
 
+from hypic_agent.api.auth import FailedKeyLimiter
 from hypic_agent.api.errors import install_error_handlers
 from hypic_agent.api.logs import log_event
 from hypic_agent.api.metrics import Metrics
-from hypic_agent.api.middleware import AccessLogMiddleware, BodyLimitMiddleware
+from hypic_agent.api.middleware import AccessLogMiddleware, BodyLimitMiddleware, ErrorGuardMiddleware
 from hypic_agent.api.routes import chat, completions, generate, segments, system
 from hypic_agent.api.state import ServerState
 from hypic_agent.config import Settings, get_settings
@@ -47,7 +48,7 @@ def create_app(
         st = holder.get("state")
         return st.store.stats() if st is not None else None
 
-    metrics = Metrics(store_stats)
+    metrics = Metrics(store_stats, tenant_labels=settings.metrics_tenant_labels)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -90,6 +91,7 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.hypic = None
+    app.state.auth_failures = FailedKeyLimiter(settings.auth_failures_per_minute)
 
     def count_error(type_: str) -> None:
         metrics.errors.labels(type_).inc()
@@ -98,6 +100,7 @@ def create_app(
     for r in (generate.router, segments.router, chat.router, completions.router, system.router):
         app.include_router(r)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes, on_error=count_error)
+    app.add_middleware(ErrorGuardMiddleware, on_error=count_error)
     app.add_middleware(AccessLogMiddleware, metrics=metrics)
     app.state.metrics = metrics
     return app

@@ -17,6 +17,7 @@ How a conversation becomes segments (in this order):
 
 from __future__ import annotations
 
+import json
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -26,6 +27,7 @@ from hypic_agent.api.tool_schemas import ResponseFormatIn, ToolCallIn, ToolChoic
 from hypic_agent.errors import InvalidRequestError
 from hypic_agent.segments.kinds import Message, Segment, SegmentIn
 from hypic_agent.tools.format import ToolFormat, call_text
+from hypic_agent.wire import MaxTokens, Temperature, Text, TopK, TopP
 
 DEFAULT_CHAT_MAX_TOKENS = 256
 
@@ -33,8 +35,8 @@ DEFAULT_CHAT_MAX_TOKENS = 256
 class ContentBlock(BaseModel):
     model_config = ConfigDict(extra="allow")
 
-    type: str = "text"
-    text: str | None = None
+    type: Text = "text"
+    text: Text | None = None
     cache_control: dict[str, Any] | None = None
 
 
@@ -42,10 +44,10 @@ class ChatMessageIn(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[ContentBlock] | None = None
-    name: str | None = None
+    content: Text | list[ContentBlock] | None = None
+    name: Text | None = None
     tool_calls: list[ToolCallIn] | None = None
-    tool_call_id: str | None = None
+    tool_call_id: Text | None = None
 
 
 class StreamOptions(BaseModel):
@@ -61,14 +63,14 @@ class ChatRequest(SamplingIn):
 
     model_config = ConfigDict(extra="allow")
 
-    model: str | None = None
+    model: Text | None = None
     messages: list[ChatMessageIn] = Field(min_length=1)
-    max_tokens: int | None = None  # type: ignore[assignment]
-    temperature: float | None = None  # type: ignore[assignment]
-    top_p: float | None = None  # type: ignore[assignment]
-    top_k: int | None = None  # type: ignore[assignment]
+    max_tokens: MaxTokens | None = None  # type: ignore[assignment]
+    temperature: Temperature | None = None  # type: ignore[assignment]
+    top_p: TopP | None = None  # type: ignore[assignment]
+    top_k: TopK | None = None  # type: ignore[assignment]
     logprobs: bool | None = None  # type: ignore[assignment]
-    max_completion_tokens: int | None = None
+    max_completion_tokens: MaxTokens | None = None
     n: int = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -93,6 +95,19 @@ class ChatRequest(SamplingIn):
             mode=self.mode,
             seam=self.seam,
         )
+
+
+def message_texts(req: ChatRequest) -> list[str]:
+    """Every text of the messages, their tool calls and the tools (for the size check before tokenizing)."""
+    out: list[str] = []
+    for m in req.messages:
+        if isinstance(m.content, str):
+            out.append(m.content)
+        elif m.content is not None:
+            out.extend(b.text or "" for b in m.content)
+        out.extend(c.function.arguments for c in m.tool_calls or [])
+    out.extend(json.dumps(t.function.parameters or {}) + (t.function.description or "") for t in req.tools or [])
+    return out
 
 
 def _pieces(msg: ChatMessageIn, index: int) -> tuple[list[str], str]:

@@ -7,15 +7,15 @@ Mapping onto HTTP:
 | ``HypicError`` subclasses               | .status| .type (``errors.py``)      |
 | body is not valid JSON                  | 400    | ``invalid_json``           |
 | unknown segment ``kind``                | 422    | ``unknown_kind``           |
+| a value out of range (``wire.py``)      | 400    | ``invalid_request``        |
 | any other schema violation              | 422    | ``invalid_request``        |
 | body over ``max_body_bytes``            | 413    | ``payload_too_large``      |
 | unknown route / method                  | 404/405| ``not_found`` / ``method_not_allowed`` |
-| anything else                           | 500    | ``internal_error``         |
+| anything else (``ErrorGuardMiddleware``)| 500    | ``internal_error``         |
 """
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -30,9 +30,7 @@ from hypic_agent.errors import (  # noqa: F401 (re-exported for the routes)
     ServiceUnavailableError,
     TooManySegmentsError,
 )
-
-log = logging.getLogger("hypic.api")
-
+from hypic_agent.wire import INVALID_VALUE
 
 _HTTP_TYPES = {
     400: "invalid_request",
@@ -62,16 +60,23 @@ def error_of(exc: BaseException) -> tuple[int, dict[str, Any]]:
 
 
 def _loc_param(loc: tuple[Any, ...]) -> str | None:
-    parts = [str(p) for p in loc if p not in ("body", "query", "path")]
+    if loc and loc[0] in ("body", "query", "path", "header"):
+        loc = loc[1:]  # where it came from, not a field (a body field may be called "query")
+    parts = [str(p) for p in loc]
     # drop discriminator tags pydantic inserts into the location ("segments.0.document.text")
     return ".".join(parts) or None
+
+
+_VALUE_ERRORS = (INVALID_VALUE, "string_unicode")
+"""Well-typed values out of range, or text that is not valid Unicode: 400, not 422."""
 
 
 def validation_error(exc: RequestValidationError) -> tuple[int, dict[str, Any]]:
     errors = exc.errors()
     if not errors:
         return 422, envelope("invalid_request", "the request body is invalid")
-    first = errors[0]
+    # a union field reports one error per member: the value error, if any, is the one to show
+    first = next((e for e in errors if e.get("type") in _VALUE_ERRORS), errors[0])
     kind = first.get("type", "")
     loc = tuple(first.get("loc", ()))
     if kind == "json_invalid":
@@ -85,22 +90,27 @@ def validation_error(exc: RequestValidationError) -> tuple[int, dict[str, Any]]:
         return 422, envelope("unknown_kind", str(first.get("msg")), f"{_loc_param(loc) or 'segments'}.kind")
     param = _loc_param(_strip_tags(loc))
     msg = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
+    if kind == "string_unicode":
+        msg = "is not valid Unicode text (a lone UTF-16 surrogate?)"
     if kind == "missing":
         msg = f"field {param!r} is required"
     elif param:
         msg = f"{param}: {msg}"
-    more = len(errors) - 1
+    more = len({_loc_param(_strip_tags(tuple(e.get("loc", ())))) for e in errors} - {param})
     if more:
         msg += f" (and {more} more problem{'s' if more > 1 else ''})"
-    return 422, envelope("invalid_request", msg, param)
+    return (400 if kind in _VALUE_ERRORS else 422), envelope("invalid_request", msg, param)
 
 
 def _strip_tags(loc: tuple[Any, ...]) -> tuple[Any, ...]:
     tags = {"system", "document", "skill", "memory", "turn", "text", "ref", "str", "list[...]"}
     out: list[Any] = []
     for i, p in enumerate(loc):
-        # a union/discriminator tag right after a list index ("segments", 0, "document", "text")
-        if isinstance(p, str) and p in tags and i > 0 and isinstance(loc[i - 1], int):
+        # a union/discriminator tag right after a segment's index ("segments", 0, "document", "text")
+        if isinstance(p, str) and p in tags and i > 1 and isinstance(loc[i - 1], int) and loc[i - 2] == "segments":
+            continue
+        # a union member's label ("stop", "list[function-after[check_text(), str]]", 1)
+        if isinstance(p, str) and "[" in p:
             continue
         out.append(p)
     return tuple(out)
@@ -138,8 +148,5 @@ def install_error_handlers(app: FastAPI, on_error: Any = None) -> None:
             msg = f"{request.method} is not allowed on {request.url.path}"
         return _respond(exc.status_code, envelope(type_, msg), dict(exc.headers or {}) or None)
 
-    @app.exception_handler(Exception)
-    async def _internal(request: Request, exc: Exception) -> JSONResponse:
-        log.exception("unhandled error on %s %s", request.method, request.url.path)
-        status, body = error_of(exc)
-        return _respond(status, body)
+    # NOTE: any other exception is answered by ``middleware.ErrorGuardMiddleware`` (a handler for
+    # ``Exception`` here would run in Starlette's outermost middleware, which re-raises it)

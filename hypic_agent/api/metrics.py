@@ -2,7 +2,8 @@
 
 Request-path metrics are updated as requests run; store-side numbers (bytes and entries per
 tier, evictions, corrupt / rejected entries) are read from ``SegmentStore.stats()`` at scrape
-time by a custom collector, so they are always current.
+time by a custom collector, so they are always current. No label carries a tenant name unless
+``tenant_labels`` (``Settings.metrics_tenant_labels``) is on.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ class _StoreCollector(Collector):
 class Metrics:
     """All metrics of one app. ``render()`` is the ``/metrics`` body."""
 
-    def __init__(self, store_stats: Callable[[], Any] | None = None) -> None:
+    def __init__(self, store_stats: Callable[[], Any] | None = None, *, tenant_labels: bool = False) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.requests = Counter("hypic_requests", "HTTP requests", ["route", "status"], registry=r)
@@ -67,11 +68,18 @@ class Metrics:
         self.cold = Counter("hypic_cold_segments", "segments prefilled cold (one per store insert)", registry=r)
         self.tokens = Counter("hypic_tokens", "prompt tokens by how they were served", ["kind"], registry=r)
         self.queue_depth = Gauge("hypic_queue_depth", "requests waiting for or running on the engine", registry=r)
-        self.rate_limited = Counter("hypic_rate_limited", "requests refused with 429", ["tenant"], registry=r)
+        self.tenant_labels = tenant_labels
+        self.rate_limited = Counter(
+            "hypic_rate_limited", "requests refused with 429", ["tenant"] if tenant_labels else [], registry=r
+        )
+        self.auth_failures = Counter("hypic_auth_failures", "requests with a wrong API key", registry=r)
         self._hit = 0
         self._cacheable = 0
         if store_stats is not None:
             r.register(_StoreCollector(store_stats))
+
+    def count_rate_limited(self, tenant: str) -> None:
+        (self.rate_limited.labels(tenant) if self.tenant_labels else self.rate_limited).inc()
 
     def observe_usage(self, mode: str, segments: list[Any], cached: int, recomputed: int, completion: int) -> None:
         for s in segments:

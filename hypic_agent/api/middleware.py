@@ -1,7 +1,9 @@
-"""Pure-ASGI middleware (streaming-safe): request size limit (413), request id, access log + metrics."""
+"""Pure-ASGI middleware (streaming-safe): request size limit (413), request id, access log + metrics,
+and the last-resort guard that turns any exception into a 500 envelope."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
@@ -15,6 +17,7 @@ from hypic_agent.api.errors import envelope
 from hypic_agent.api.logs import log_event
 
 log = logging.getLogger("hypic.api.access")
+error_log = logging.getLogger("hypic.api")
 
 
 class BodyLimitMiddleware:
@@ -57,6 +60,52 @@ class BodyLimitMiddleware:
         await self.app(scope, limited, send)
 
 
+class ErrorGuardMiddleware:
+    """Any exception the app lets out becomes a 500 with the error envelope, logged with the request id.
+
+    Nothing propagates to the server, so the connection stays open (uvicorn closes a keep-alive
+    connection on an exception from the app). If the response had already started, its body is
+    ended cleanly instead. Sits inside ``AccessLogMiddleware`` (which assigns the request id)."""
+
+    def __init__(self, app: ASGIApp, on_error: Any = None) -> None:
+        self.app = app
+        self.on_error = on_error
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = finished = False
+
+        async def send_tracked(msg: Message) -> None:
+            nonlocal started, finished
+            if msg["type"] == "http.response.start":
+                started = True
+            elif msg["type"] == "http.response.body" and not msg.get("more_body", False):
+                finished = True
+            await send(msg)
+
+        try:
+            await self.app(scope, receive, send_tracked)
+        except Exception:
+            rid = (scope.get("state") or {}).get("request_id")
+            error_log.error(
+                "unhandled error on %s %s",
+                scope.get("method"),
+                scope.get("path"),
+                exc_info=True,
+                extra={"fields": {"request_id": rid, "response_started": started}},
+            )
+            if self.on_error is not None:
+                self.on_error("internal_error")
+            with contextlib.suppress(Exception):  # the client may be gone
+                if not started:
+                    msg = f"internal server error (request id {rid}); see the server log"
+                    await _send_json(send, 500, envelope("internal_error", msg))
+                elif not finished:
+                    await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
 class AccessLogMiddleware:
     """Adds ``x-request-id``; logs one JSON line per request; feeds request count / latency metrics."""
 
@@ -68,7 +117,7 @@ class AccessLogMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        rid = dict(scope.get("headers") or []).get(b"x-request-id", b"").decode() or uuid.uuid4().hex[:16]
+        rid = _request_id(dict(scope.get("headers") or []).get(b"x-request-id", b""))
         scope.setdefault("state", {})["request_id"] = rid
         t0 = time.perf_counter()
         status = 500
@@ -101,6 +150,13 @@ class AccessLogMiddleware:
                 ms=round(ms, 2),
                 tenant=state.get("tenant"),
             )
+
+
+def _request_id(given: bytes) -> str:
+    """The client's ``x-request-id`` if it is a short printable ASCII token, else a fresh one."""
+    if 0 < len(given) <= 128 and all(0x21 <= b <= 0x7E for b in given):
+        return given.decode("ascii")
+    return uuid.uuid4().hex[:16]
 
 
 async def _send_json(send: Send, status: int, body: dict[str, Any]) -> None:

@@ -1,17 +1,24 @@
-"""Wire schemas of the native routes (``/v1/generate``, ``/v1/segments``).
+"""Wire schemas of the native routes (``/v1/generate``, ``/v1/segments``) and the error envelope.
 
-Requests check types and shapes here (violations: 422); value ranges of sampling parameters,
-modes, segment counts and context limits are checked by the service (400 with a ``param``).
-Responses keep the names of ``/work/shared/DESIGN.md`` and what ``hypic_client`` parses.
+Requests check types and shapes here (violations: 422) and every value's range with the
+``hypic_agent.wire`` types (finite numbers, sampling ranges, text without lone surrogates or
+NUL: violations 400 with a ``param``); modes, segment counts and context limits are checked by
+the service (400). Responses keep the names of ``/work/shared/DESIGN.md`` and what
+``hypic_client`` parses.
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from hypic_agent.config import MODES
 from hypic_agent.segments.kinds import SegmentIn
+from hypic_agent.wire import MaxTokens, Seam, Seed, Temperature, Text, TopK, TopP, invalid
+
+MAX_STOP = 16
+MAX_STOP_CHARS = 1000
 
 # --------------------------------------------------------------------------- requests
 
@@ -19,39 +26,61 @@ from hypic_agent.segments.kinds import SegmentIn
 class SamplingIn(BaseModel):
     """Sampling fields shared by generate and chat (ranges checked by ``SamplingParams.validate``)."""
 
-    max_tokens: int = Field(default=64, description="completion tokens at most (>= 1)")
-    temperature: float = Field(default=0.0, description="0 = greedy")
-    top_p: float = 1.0
-    top_k: int = 0
-    stop: str | list[str] | None = None
-    seed: int | None = None
+    max_tokens: MaxTokens = Field(default=64, description="completion tokens at most (>= 1)")
+    temperature: Temperature = Field(default=0.0, description="0 = greedy, else in [0.001, 5]")
+    top_p: TopP = 1.0
+    top_k: TopK = 0
+    stop: Text | list[Text] | None = Field(default=None, description=f"up to {MAX_STOP} non-empty strings")
+    seed: Seed | None = None
     logprobs: bool = False
-    mode: str | None = Field(default=None, description="full_recompute | prefix_cache | ... | hypic")
-    seam: float | None = Field(default=None, description="seam width: 0 none, (0,1] fraction, > 1 tokens")
+    mode: Text | None = Field(
+        default=None,
+        description="full_recompute | prefix_cache | ... | hypic",
+        json_schema_extra={"enum": [*MODES, None]},
+    )
+    seam: Seam | None = Field(default=None, description="seam width: 0 none, (0,1] fraction, > 1 tokens")
+
+    @field_validator("stop")
+    @classmethod
+    def _stop(cls, value: str | list[str] | None) -> str | list[str] | None:
+        stops = [value] if isinstance(value, str) else value or []
+        if len(stops) > MAX_STOP:
+            raise invalid("at most {n} stop strings, got {got}", n=MAX_STOP, got=len(stops))
+        if any(not s or len(s) > MAX_STOP_CHARS for s in stops):
+            raise invalid("stop strings must be non-empty and at most {n} characters", n=MAX_STOP_CHARS)
+        return value
 
 
 class GenerateRequest(SamplingIn):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(
+        extra="forbid", json_schema_extra={"anyOf": [{"required": ["segments"]}, {"required": ["query"]}]}
+    )
 
     segments: list[SegmentIn] = Field(default_factory=list)
-    query: str | None = None
+    query: Text | None = None
     stream: bool = False
-    model: str | None = None
+    model: Text | None = None
 
 
 class PutSegmentsRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    segments: list[SegmentIn]
-    mode: str | None = Field(default=None, description="the mode whose entries to pre-warm (default: server's)")
-    seam: float | None = None
+    segments: list[SegmentIn] = Field(json_schema_extra={"minItems": 1})
+    mode: Text | None = Field(
+        default=None,
+        description="the mode whose entries to pre-warm (default: server's)",
+        json_schema_extra={"enum": [*MODES, None]},
+    )
+    seam: Seam | None = None
 
 
 class CacheUpdate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"minProperties": 1})
 
     pin: bool | None = None
-    ttl: float | None = Field(default=None, gt=0, description="seconds after last use; null clears it")
+    ttl: float | None = Field(
+        default=None, gt=0, allow_inf_nan=False, description="seconds after last use (finite); null clears it"
+    )
 
 
 class PatchSegmentRequest(BaseModel):
@@ -110,10 +139,10 @@ class SegmentInfo(BaseModel):
     object: Literal["segment"] = "segment"
     kind: str
     tokens: int
-    tier: str
+    tier: Literal["gpu", "cpu", "disk", "none"] = Field(description="where the payload is; none: rebuilt on next use")
     pin: bool
     ttl: float | None
-    bytes: int
+    bytes: int = Field(description="the payload's size (tier none: what rebuilding it takes; 0: never computed)")
     hits: int
     title: str | None = None
     created_at: float

@@ -9,9 +9,14 @@ Blocking: call from a worker thread.
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Mapping
 from typing import Any
 
+from pydantic_core import PydanticCustomError
+
 from hypic_agent.api.errors import TooManySegmentsError
+from hypic_agent.api.limits import RequestLimits
 from hypic_agent.api.schemas import PatchSegmentRequest, PutSegmentsRequest, SegmentInfo, SegmentList
 from hypic_agent.api.service import key_context, resolve_mode
 from hypic_agent.api.state import ServerState
@@ -19,9 +24,29 @@ from hypic_agent.errors import InvalidRequestError, SegmentNotFoundError
 from hypic_agent.runtime.hypic.modes import mode_spec, seam_tokens
 from hypic_agent.runtime.hypic.store_cache import EntryHint
 from hypic_agent.segments.entries import EntryMeta
+from hypic_agent.segments.quota import EntryTooLargeError, PinQuotaError
 from hypic_agent.segments.registry import EntryRecord
 from hypic_agent.segments.resolve import stored_resolver
 from hypic_agent.segments.tokenize import CanonicalSegment, canonicalize
+from hypic_agent.wire import check_json, json_depth
+
+log = logging.getLogger("hypic.api")
+
+STORED_METADATA_DEPTH = 64
+"""Rows stored before metadata was limited may nest deeper than a response can serialize."""
+
+
+def readable_metadata(rec: EntryRecord) -> dict[str, Any]:
+    """The row's metadata, or ``{}`` (logged) for a row whose metadata no response could carry."""
+    meta: Mapping[str, Any] = rec.meta or {}
+    try:
+        if json_depth(meta) > STORED_METADATA_DEPTH:
+            raise ValueError(f"nests over {STORED_METADATA_DEPTH} levels")
+        check_json(meta)
+    except (ValueError, PydanticCustomError) as exc:
+        log.warning("segment %s: stored metadata left out of the response (%s)", rec.key, exc)
+        return {}
+    return dict(meta)
 
 
 def info_of(rec: EntryRecord, *, hit: bool | None = None, with_text: bool = False) -> SegmentInfo:
@@ -37,7 +62,7 @@ def info_of(rec: EntryRecord, *, hit: bool | None = None, with_text: bool = Fals
         title=rec.title,
         created_at=rec.created_at,
         last_used_at=rec.last_used_at,
-        metadata=dict(rec.meta),
+        metadata=readable_metadata(rec),
         hit=hit,
         text=rec.text if with_text else None,
     )
@@ -58,6 +83,7 @@ def canonical_segments(
         raise TooManySegmentsError(
             f"{len(req.segments)} segments in one request; the limit is {st.settings.max_segments}", param="segments"
         )
+    RequestLimits(st.settings, st.engine.max_context).check_segments(req.segments, each=True)
     ctx = key_context(st, tenant, key_seam)
     resolve = stored_resolver(st.store.info, ctx)
     out: list[CanonicalSegment] = []
@@ -84,6 +110,9 @@ def put_segments(st: ServerState, req: PutSegmentsRequest, tenant: str) -> dict[
     warm = [s for s in segs if s.n_tokens >= min_tokens and seam_tokens(key_seam, s.n_tokens) < s.n_tokens]
     hints = {str(s.key): EntryHint(s.text, s.title, s.cache.pin, s.cache.ttl, dict(s.metadata)) for s in segs}
     hit: dict[str, bool] = {}
+    refused: Exception | None = None
+    if any(s.cache.pin for s in warm):
+        st.store.check_pin_room(tenant)  # no quota left: 409 before computing anything
     with st.engine_slot(), st.cache.described(hints):
         if warm:
             usage = st.engine.prewarm(
@@ -92,13 +121,19 @@ def put_segments(st: ServerState, req: PutSegmentsRequest, tenant: str) -> dict[
             hit = {u.id: u.hit for u in usage if u.id is not None}
         for s in segs:
             meta = EntryMeta.for_segment(s, tenant=tenant, model_fingerprint=st.engine.fingerprint)
-            if st.store.info(s.key, tenant) is None:  # too short to cache, or fit no budget
+            rec = st.store.info(s.key, tenant)
+            if rec is None:  # too short to cache, or fit no budget
                 st.store.register(s.key, meta)
-            elif hit.get(s.key) and (s.cache.pin or s.cache.ttl is not None):
+            elif (hit.get(s.key) or (s.cache.pin and not rec.pinned)) and (s.cache.pin or s.cache.ttl is not None):
                 kwargs: dict[str, Any] = {"pinned": True} if s.cache.pin else {}
                 if s.cache.ttl is not None:
                     kwargs["ttl_s"] = s.cache.ttl
-                st.store.set_policy(s.key, tenant, **kwargs)
+                try:  # a pin the store refused (over the tenant's quota) says why here
+                    st.store.set_policy(s.key, tenant, **kwargs)
+                except (PinQuotaError, EntryTooLargeError) as exc:
+                    refused = refused or exc
+    if refused is not None:
+        raise refused  # the entries are stored, unpinned
     data = []
     for s in segs:
         rec = st.store.info(s.key, tenant)

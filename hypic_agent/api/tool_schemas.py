@@ -9,13 +9,14 @@ call with no tools, a forced call together with a JSON ``response_format``) is a
 from __future__ import annotations
 
 import json
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from hypic_agent.errors import InvalidRequestError
 from hypic_agent.runtime.constraints.compiler import GrammarSpec
 from hypic_agent.tools.spec import EMPTY_PARAMETERS, Function, ToolChoice, ToolSetup
+from hypic_agent.wire import JsonObject, Text, check_json
 
 _NAME = r"^[A-Za-z0-9_.\-]{1,64}$"
 
@@ -24,8 +25,8 @@ class FunctionIn(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     name: str = Field(pattern=_NAME, description="a-z, A-Z, 0-9, _ . - (64 at most)")
-    description: str | None = None
-    parameters: dict[str, Any] | None = Field(default=None, description="JSON Schema of the arguments object")
+    description: Text | None = None
+    parameters: JsonObject | None = Field(default=None, description="JSON Schema of the arguments object")
     strict: bool | None = None
 
 
@@ -37,7 +38,7 @@ class ToolIn(BaseModel):
 
 
 class NamedFunctionIn(BaseModel):
-    name: str
+    name: Text
 
 
 class NamedToolChoiceIn(BaseModel):
@@ -50,9 +51,9 @@ class NamedToolChoiceIn(BaseModel):
 class JsonSchemaIn(BaseModel):
     model_config = ConfigDict(extra="allow", populate_by_name=True)
 
-    name: str = "response"
-    description: str | None = None
-    schema_: dict[str, Any] = Field(default_factory=dict, alias="schema")
+    name: Text = "response"
+    description: Text | None = None
+    schema_: JsonObject = Field(default_factory=dict, alias="schema")
     strict: bool | None = None
 
 
@@ -64,16 +65,17 @@ class ResponseFormatIn(BaseModel):
 
 
 class CalledFunctionIn(BaseModel):
-    name: str
-    arguments: str = "{}"
+    name: Text
+    arguments: Text = "{}"
 
     @field_validator("arguments")
     @classmethod
     def _json_object(cls, v: str) -> str:
         try:
-            json.loads(v or "{}")
-        except ValueError as e:
+            parsed = json.loads(v or "{}")
+        except (ValueError, RecursionError) as e:
             raise ValueError(f"tool call arguments must be a JSON text ({e})") from e
+        check_json(parsed)  # its strings go into the prompt: no lone surrogates, no NaN
         return v or "{}"
 
 
@@ -82,7 +84,7 @@ class ToolCallIn(BaseModel):
 
     model_config = ConfigDict(extra="allow")
 
-    id: str | None = None
+    id: Text | None = None
     type: Literal["function"] = "function"
     function: CalledFunctionIn
 

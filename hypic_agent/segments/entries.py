@@ -3,6 +3,7 @@ live index record (``IndexEntry``), a lookup result (``Fetch``) and ``StoreStats
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,8 +41,8 @@ class EntryMeta:
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.ttl_s is not None and not self.ttl_s > 0:
-            raise InvalidRequestError(f"ttl must be > 0 seconds, got {self.ttl_s}", param="cache.ttl")
+        if self.ttl_s is not None and not 0 < self.ttl_s < math.inf:
+            raise InvalidRequestError(f"ttl must be a finite number > 0 seconds, got {self.ttl_s}", param="cache.ttl")
         if self.token_ids is not None and self.token_digest is None:
             object.__setattr__(self, "token_digest", token_digest(self.token_ids))
 

@@ -14,6 +14,7 @@ reference model); ``SegmentIn`` values turn into ``Segment`` dataclasses with ``
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -22,6 +23,7 @@ from typing import Annotated, Any, Literal, get_args
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapter, model_validator
 
 from hypic_agent.errors import InvalidRequestError
+from hypic_agent.wire import JsonObject, Text
 
 SegmentKind = Literal["system", "document", "skill", "memory", "turn", "text"]
 KINDS: tuple[str, ...] = get_args(SegmentKind)
@@ -40,8 +42,8 @@ class CachePolicy:
     ttl: float | None = None
 
     def __post_init__(self) -> None:
-        if self.ttl is not None and not self.ttl > 0:
-            raise InvalidRequestError(f"cache.ttl must be > 0 seconds, got {self.ttl}", param="cache.ttl")
+        if self.ttl is not None and not 0 < self.ttl < math.inf:
+            raise InvalidRequestError(f"cache.ttl must be finite and > 0 seconds, got {self.ttl}", param="cache.ttl")
 
 
 @dataclass(frozen=True)
@@ -102,21 +104,23 @@ class Segment:
 class CacheIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
     pin: bool = False
-    ttl: float | None = Field(default=None, gt=0, description="seconds after last use; none = no expiry")
+    ttl: float | None = Field(
+        default=None, gt=0, allow_inf_nan=False, description="seconds after last use (finite); none = no expiry"
+    )
 
 
 class MessageIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
     role: Role
-    content: str = Field(min_length=1)
+    content: Text = Field(min_length=1)
 
 
 class _SegmentBase(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    id: str | None = Field(default=None, min_length=1, max_length=128, description="id of a stored segment")
-    title: str | None = Field(default=None, max_length=512)
-    metadata: dict[str, Any] = Field(default_factory=dict)
+    id: Text | None = Field(default=None, min_length=1, max_length=128, description="id of a stored segment")
+    title: Text | None = Field(default=None, max_length=512)
+    metadata: JsonObject = Field(default_factory=dict, description="free-form JSON, stored with the segment")
     cache: CacheIn = Field(default_factory=CacheIn)
 
     def _policy(self) -> CachePolicy:
@@ -124,7 +128,9 @@ class _SegmentBase(BaseModel):
 
 
 class _TextSegmentIn(_SegmentBase):
-    text: str | None = Field(default=None, description="content; framed per kind")
+    model_config = ConfigDict(json_schema_extra={"anyOf": [{"required": ["text"]}, {"required": ["id"]}]})
+
+    text: Text | None = Field(default=None, description="content; framed per kind")
 
     @model_validator(mode="after")
     def _one_source(self) -> _TextSegmentIn:
@@ -167,6 +173,8 @@ class TextSegmentIn(_TextSegmentIn):
 class TurnSegmentIn(_SegmentBase):
     """Chat turns, rendered with the model's chat template."""
 
+    model_config = ConfigDict(json_schema_extra={"anyOf": [{"required": ["messages"]}, {"required": ["id"]}]})
+
     kind: Literal["turn"]
     messages: list[MessageIn] | None = None
 
@@ -191,7 +199,7 @@ class TurnSegmentIn(_SegmentBase):
 class SegmentRefIn(_SegmentBase):
     """A stored segment by id, kind left open: ``{"id": "..."}``."""
 
-    id: str = Field(min_length=1, max_length=128)
+    id: Text = Field(min_length=1, max_length=128)
 
     def to_segment(self) -> Segment:
         return Segment(kind=None, ref=self.id, title=self.title, metadata=self.metadata, cache=self._policy())

@@ -12,6 +12,7 @@ objects, so results are safe to share across threads.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -200,6 +201,15 @@ class Registry:
         with self._session.begin() as s:
             return _rowcount(s.execute(delete(EntryRow).where(EntryRow.key.in_(keys))))
 
+    def clear_payloads(self, keys: Iterable[str]) -> int:
+        """Rows whose payload is gone: ``tier = none``, no file, ``ready`` (the rows stay)."""
+        keys = list(keys)
+        if not keys:
+            return 0
+        values = {"tier": "none", "location": None, "checksum": None, "state": "ready"}
+        with self._session.begin() as s:
+            return _rowcount(s.execute(update(EntryRow).where(EntryRow.key.in_(keys)).values(**values)))
+
     def touch(self, key: str, now: float, hits: int = 1) -> None:
         self.touch_many({key: (now, hits)})
 
@@ -219,8 +229,8 @@ class Registry:
         self, key: str, tenant: str | None = None, *, pinned: bool | None = None, ttl_s: Any = UNSET
     ) -> EntryRecord | None:
         """Change ``pinned`` and/or ``ttl_s`` (pass ``ttl_s=None`` to clear it)."""
-        if ttl_s is not UNSET and ttl_s is not None and not ttl_s > 0:
-            raise InvalidRequestError(f"ttl must be > 0 seconds, got {ttl_s}", param="cache.ttl")
+        if ttl_s is not UNSET and ttl_s is not None and not 0 < ttl_s < math.inf:
+            raise InvalidRequestError(f"ttl must be a finite number > 0 seconds, got {ttl_s}", param="cache.ttl")
         with self._session.begin() as s:
             row = self._row(s, key, tenant)
             if row is None:
@@ -272,9 +282,10 @@ class Registry:
         if kind is not None:
             stmt = stmt.where(EntryRow.kind == kind)
         if cursor is not None:
-            if not cursor.isdigit():
+            # ASCII digits only ("¹".isdigit() is true) and within a BIGINT
+            if not (cursor.isascii() and cursor.isdigit() and len(cursor) <= 19 and int(cursor) < 1 << 63):
                 raise InvalidRequestError(
-                    f"invalid cursor {cursor!r}; pass next_cursor from the last page", param="cursor"
+                    f"invalid cursor {cursor[:40]!r}; pass next_cursor from the last page", param="cursor"
                 )
             stmt = stmt.where(EntryRow.seq < int(cursor))
         stmt = stmt.order_by(EntryRow.seq.desc()).limit(limit + 1)

@@ -7,11 +7,15 @@ written through on ``put``, so every entry that fits the disk budget survives a 
 
 * hit: served from the tier it is in and promoted to the top memory tier;
 * budgets: a tier over budget sheds its lowest-score entries (``eviction.py``): GPU -> CPU,
-  CPU -> dropped from memory (still on disk), disk -> file removed; an entry left nowhere is
-  gone (its registry row too). Pinned entries are never shed; a TTL still ends them;
-* safety: a disk entry whose checksum, format, key or model fingerprint does not check out,
-  or a hit whose fingerprint / token digest differs from what the caller expects, is deleted
-  and reported as a miss: never served.
+  CPU -> dropped from memory (still on disk), disk -> file removed; an entry left nowhere keeps
+  its registry row (``tier = none``: tokens, text, policy and hits stay, the id still resolves
+  and the next request that uses it rebuilds the payload). Pinned entries are never shed; a
+  TTL still ends them (row and all);
+* tenants (``quota.py``): a tenant's pinned bytes stay within its share of each tier, and
+  one tenant's entries never push another tenant's below its reserved share;
+* safety: a disk entry whose checksum, format, key or model fingerprint does not check out is
+  dropped to ``tier = none`` the same way; a hit whose fingerprint / token digest differs from
+  what the caller expects is deleted with its row. Neither is ever served.
 
 NOTE: one store object owns one store dir; registry rows are the source of truth for what is
 on disk, and ``open()`` makes the two consistent after a crash (``recovery.py``).
@@ -33,18 +37,20 @@ import torch
 
 from hypic_agent.config import Settings
 from hypic_agent.errors import InvalidRequestError
-from hypic_agent.segments.entries import EntryMeta, Fetch, IndexEntry, StoreStats, Tensors, TierStats
+from hypic_agent.segments.entries import EntryMeta, Fetch, IndexEntry, Tensors
 from hypic_agent.segments.eviction import EvictionPolicy
+from hypic_agent.segments.quota import TenantShares
 from hypic_agent.segments.recovery import recover
 from hypic_agent.segments.registry import UNSET, EntryRecord, Page, Registry
 from hypic_agent.segments.singleflight import SingleFlight, StoreFlights
 from hypic_agent.segments.tier_policy import TierPolicy
 from hypic_agent.segments.tiers import CorruptEntryError, DiskTier, MemoryTier, payload_nbytes
+from hypic_agent.segments.usage import UsageLog
 
 log = logging.getLogger(__name__)
 
 
-class SegmentStore(TierPolicy, StoreFlights):
+class SegmentStore(TierPolicy, UsageLog, StoreFlights):
     def __init__(
         self,
         registry: Registry,
@@ -60,6 +66,7 @@ class SegmentStore(TierPolicy, StoreFlights):
         flush_interval_s: float = 2.0,
         clock: Callable[[], float] = time.time,
         owns_registry: bool = False,
+        shares: TenantShares | None = None,
     ) -> None:
         cuda = torch.cuda.is_available()
         if gpu_device == "auto":
@@ -69,6 +76,7 @@ class SegmentStore(TierPolicy, StoreFlights):
         self.cpu = MemoryTier("cpu", "cpu", cpu_budget_bytes, pin=cuda if pin_cpu is None else pin_cpu)
         self.disk = DiskTier(root, disk_budget_bytes)
         self.policy = policy or EvictionPolicy()
+        self.shares = shares or TenantShares()
         self.default_ttl_s = default_ttl_s
         self.flush_interval_s = flush_interval_s
         self.clock = clock
@@ -97,7 +105,9 @@ class SegmentStore(TierPolicy, StoreFlights):
             disk_budget_bytes=settings.disk_budget_bytes,
             gpu_device=kwargs.pop("gpu_device", device),
             default_ttl_s=settings.default_ttl_s,
+            flush_interval_s=kwargs.pop("flush_interval_s", settings.hit_flush_interval_s),
             owns_registry=owns,
+            shares=kwargs.pop("shares", TenantShares.from_settings(settings)),
             **kwargs,
         )
         return store.open()
@@ -128,10 +138,13 @@ class SegmentStore(TierPolicy, StoreFlights):
     # ------------------------------------------------------------------ put
     def put(self, key: str, tensors: Tensors, meta: EntryMeta) -> str | None:
         """Store a payload (replacing any under ``key``); returns the memory tier it landed in,
-        ``"disk"``, or ``None`` when it fits no budget (then nothing is stored).
+        ``"disk"``, or ``None`` when it fits no budget (then no payload is stored; a row that
+        was there stays, ``tier = none``).
 
         Replacing keeps the old entry's ``created_at``, hit count, pin and TTL unless ``meta``
-        pins it or sets a TTL. The disk copy is written before this returns (outside the lock)."""
+        pins it or sets a TTL. A pin over the tenant's quota is not applied (the entry is stored
+        unpinned; ``set_policy`` says why). The disk copy is written before this returns (outside
+        the lock)."""
         if not tensors or not all(isinstance(t, torch.Tensor) for t in tensors.values()):
             raise InvalidRequestError("an entry payload must be a non-empty dict of tensors", param="tensors")
         nbytes = payload_nbytes(tensors)
@@ -149,10 +162,15 @@ class SegmentStore(TierPolicy, StoreFlights):
             )  # fmt: skip
             if old is not None:
                 self._discard_payload_locked(old)
+            refused = self._pin_error(entry, nbytes) if entry.pinned else None
+            if refused is not None:
+                log.warning("entry %s stored unpinned: %s", key, refused)
+                entry.pinned = False
             placed = self._place_locked(entry, tensors)
             to_disk = self.disk.fits(nbytes)
             if placed is None and not to_disk:
-                self._forget_locked(key)
+                if old is not None:
+                    self._drop_payload_locked(old)
                 return None
             entry.state = "writing" if to_disk else "ready"
             self._index[key] = entry
@@ -162,32 +180,6 @@ class SegmentStore(TierPolicy, StoreFlights):
         if not to_disk:
             return entry.mem_tier
         return self._write_through(entry, tensors, meta) or entry.mem_tier
-
-    def _write_through(self, entry: IndexEntry, tensors: Tensors, meta: EntryMeta) -> str | None:
-        """Write the disk copy outside the lock, then publish it if the entry is still current."""
-        md = {"key": entry.key, "model_fingerprint": entry.model_fingerprint, "tenant": entry.tenant,
-              "token_digest": entry.token_digest or "", "kind": entry.kind}  # fmt: skip
-        try:
-            written = self.disk.write(entry.key, tensors, md)
-        except OSError as exc:
-            log.warning("disk write of entry %s failed: %s", entry.key, exc)
-            with self._lock:
-                if self._index.get(entry.key) is entry:
-                    entry.state = "ready"
-                    self._settle_locked(entry)
-            return None
-        with self._lock:
-            if self._index.get(entry.key) is not entry:  # deleted or replaced meanwhile
-                self.disk.remove(written.location)
-                return None
-            entry.location, entry.checksum, entry.file_bytes = written.location, written.checksum, written.file_bytes
-            entry.state = "ready"
-            self.disk.used += written.file_bytes
-            self.registry.set_location(
-                entry.key, tier=entry.tier, location=written.location, checksum=written.checksum, state="ready"
-            )
-            self._enforce_locked({entry.key}, self.clock())
-            return entry.tier if entry.key in self._index else None
 
     def register(self, key: str, meta: EntryMeta) -> EntryRecord:
         """Record a segment definition (tokens, policy) without a payload, e.g. one too short
@@ -250,11 +242,11 @@ class SegmentStore(TierPolicy, StoreFlights):
             if md.get("key") != key or md.get("model_fingerprint") != e.model_fingerprint:
                 raise CorruptEntryError(f"{location} belongs to another key or model")
         except CorruptEntryError as exc:
-            log.warning("dropping entry %s: %s", key, exc)
+            log.warning("dropping the payload of entry %s (its row stays, rebuilt on next use): %s", key, exc)
             with self._lock:
                 if self._index.get(key) is e:
                     self._counts["corrupt"] += 1
-                    self._forget_locked(key)
+                    self._drop_payload_locked(e)
                 return self._miss()
         with self._lock:
             if self._index.get(key) is not e or e.location != location:
@@ -281,11 +273,16 @@ class SegmentStore(TierPolicy, StoreFlights):
     def set_policy(
         self, key: str, tenant: str | None = None, *, pinned: bool | None = None, ttl_s: Any = UNSET
     ) -> EntryRecord | None:
-        """Pin / unpin and set or clear (``ttl_s=None``) the sliding TTL."""
+        """Pin / unpin and set or clear (``ttl_s=None``) the sliding TTL. Pinning over the tenant's
+        quota raises ``quota.PinQuotaError`` (409) or ``quota.EntryTooLargeError`` (413)."""
         with self._lock:
             e = self._index.get(key)
             if e is None or (tenant is not None and e.tenant != tenant):
                 return None
+            if pinned and not e.pinned and e.nbytes:  # an entry without payload: the bytes its rebuild takes
+                refused = self._pin_error(e, e.nbytes)
+                if refused is not None:
+                    raise refused
             self._flush_locked()
             rec = self.registry.set_policy(key, pinned=pinned, ttl_s=ttl_s)
             if pinned is not None:
@@ -293,7 +290,7 @@ class SegmentStore(TierPolicy, StoreFlights):
             if ttl_s is not UNSET:
                 e.ttl_s = ttl_s
             if pinned is False:
-                self._enforce_locked(set(), self.clock())
+                self._enforce_locked(set(), self.clock(), actors={e.tenant})
             return rec
 
     def info(self, key: str, tenant: str | None = None) -> EntryRecord | None:
@@ -317,44 +314,7 @@ class SegmentStore(TierPolicy, StoreFlights):
             self._counts["expired"] += len(dead)
             return len(dead)
 
-    def flush(self) -> None:
-        """Write buffered hit counts / last-used times to the registry."""
-        with self._lock:
-            self._flush_locked()
-
-    def stats(self) -> StoreStats:
-        with self._lock:
-            tiers = {
-                t.name: TierStats(t.used, t.budget, len(t), self._tier_evictions[t.name], t.enabled)
-                for t in (self.gpu, self.cpu)
-            }
-            on_disk = sum(1 for e in self._index.values() if e.location)
-            tiers["disk"] = TierStats(
-                self.disk.used, self.disk.budget, on_disk, self._tier_evictions["disk"], self.disk.enabled
-            )
-            return StoreStats(tiers=tiers, entries=len(self._index), in_flight=self._flight.in_flight(), **self._counts)
-
     # ------------------------------------------------------------------ helpers
     def _require_open(self) -> None:
         if not self._opened:
             raise RuntimeError("SegmentStore.open() must run before use")
-
-    def _miss(self) -> tuple[Tensors, str] | None:
-        self._counts["misses"] += 1
-        return None
-
-    def _hit_locked(self, e: IndexEntry, now: float, tensors: Tensors, found: str) -> tuple[Tensors, str]:
-        self._counts["hits"] += 1
-        e.hits += 1
-        e.last_used_at = now
-        _, n = self._pending.get(e.key, (now, 0))
-        self._pending[e.key] = (now, n + 1)
-        if now - self._last_flush >= self.flush_interval_s:
-            self._flush_locked()
-        return tensors, found
-
-    def _flush_locked(self) -> None:
-        if self._pending:
-            self.registry.touch_many(self._pending)
-            self._pending = {}
-        self._last_flush = self.clock()

@@ -111,6 +111,8 @@ class DiskTier:
     another reader or writer still refers to; the registry row names the current file.
     """
 
+    name = "disk"
+
     def __init__(self, root: Path | str, budget_bytes: int) -> None:
         self.root = Path(root)
         self.budget = int(budget_bytes)

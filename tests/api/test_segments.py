@@ -88,3 +88,14 @@ def test_inline_segments_of_generate_are_listed_and_resolvable(client):
     assert info["title"] == "Rome" and ROME in info["text"]
     r = client.post("/v1/generate", json={"segments": [{"id": sid}], "query": "q", "max_tokens": 1})
     assert r.json()["usage"]["segments"][0]["hit"] is True
+
+
+def test_hits_are_in_the_registry_once_answered(client):
+    """Not buffered past the response (issue 22: hit counts were lost on kill -9)."""
+    [d] = client.put("/v1/segments", json={"segments": [doc(PARIS)]}).json()["data"]
+    reg = state(client).store.registry  # read the rows directly: no flush on the way
+    for n in (1, 2, 3):
+        r = client.post("/v1/generate", json={"segments": [{"id": d["id"]}], "query": "q", "max_tokens": 1})
+        assert r.json()["usage"]["segments"][0]["hit"] is True
+        assert reg.get(d["id"]).hits == n
+    assert state(client).store.flush_interval_s == 2.0  # the store alone would have buffered them

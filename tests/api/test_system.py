@@ -36,3 +36,11 @@ def test_metrics_exposes_hypic_series(client):
 def test_request_id_is_echoed(client):
     r = client.get("/health", headers={"x-request-id": "abc123"})
     assert r.headers["x-request-id"] == "abc123"
+
+
+def test_unusable_request_id_is_replaced(client):
+    for bad in (b"\xff\xfe", b"a b", b"x" * 500):
+        r = client.get("/health", headers={"x-request-id": bad})
+        assert r.status_code == 200
+        rid = r.headers["x-request-id"]
+        assert rid != bad.decode("latin-1") and len(rid) == 16 and rid.isalnum()

@@ -1,4 +1,5 @@
-"""API keys -> tenants: isolation (no get / list / delete / use / hit across tenants), 401, 429."""
+"""API keys -> tenants: isolation (no get / list / delete / use / hit across tenants), 401, 429,
+failed keys per client address, /health and /metrics with keys on."""
 
 from __future__ import annotations
 
@@ -20,8 +21,16 @@ def test_missing_or_unknown_key_is_401(auth_client):
     for headers in ({}, {"Authorization": "Bearer nope"}):
         r = auth_client.get("/v1/segments", headers=headers)
         assert r.status_code == 401 and err(r)["type"] == "unauthorized"
-    assert auth_client.get("/health").status_code == 200  # probes stay open
     assert auth_client.get("/v1/models", headers=A).status_code == 200
+
+
+def test_health_without_a_key_is_liveness_only(auth_client):
+    assert auth_client.get("/health").json() == {"status": "ok"}  # probes stay open, and learn nothing
+    full = auth_client.get("/health", headers=A).json()
+    assert full["status"] == "ok" and full["model"] == "tiny:qwen3_5_text" and full["auth"] == "api_keys"
+    assert set(full["store"]) == {"entries", "bytes"}
+    r = auth_client.get("/health", headers={"Authorization": "Bearer nope"})
+    assert r.status_code == 401 and err(r)["type"] == "unauthorized"
 
 
 def test_tenant_b_cannot_see_use_delete_or_hit_a(auth_client):
@@ -53,11 +62,60 @@ def test_tenant_b_cannot_see_use_delete_or_hit_a(auth_client):
 
 
 def test_per_tenant_rate_limit_is_429(make_client):
-    c = make_client(api_keys=KEYS, tenant_requests_per_minute=3)
+    c = make_client(api_keys=KEYS, tenant_requests_per_minute=3, metrics_tenant_labels=True, metrics_token="m-tok")
     for _ in range(3):
         assert c.get("/v1/segments", headers=A).status_code == 200
     r = c.get("/v1/segments", headers=A)
     assert r.status_code == 429 and err(r)["type"] == "rate_limited"
     assert int(r.headers["retry-after"]) >= 1
     assert c.get("/v1/segments", headers=B).status_code == 200  # bob has his own budget
-    assert 'hypic_rate_limited_total{tenant="alice"} 1.0' in c.get("/metrics").text
+    text = c.get("/metrics", headers={"Authorization": "Bearer m-tok"}).text
+    assert 'hypic_rate_limited_total{tenant="alice"} 1.0' in text
+
+
+def test_metrics_name_no_tenant_unless_enabled(make_client):
+    c = make_client(api_keys=KEYS, tenant_requests_per_minute=1, metrics_token="m-tok")
+    c.get("/v1/segments", headers=A)
+    assert c.get("/v1/segments", headers=A).status_code == 429
+    text = c.get("/metrics", headers={"Authorization": "Bearer m-tok"}).text
+    assert "hypic_rate_limited_total 1.0" in text and "alice" not in text and "bob" not in text
+
+
+def test_metrics_refuse_without_their_token_when_keys_are_on(make_client):
+    c = make_client(api_keys=KEYS, metrics_token="m-tok")
+    for headers in ({}, A, {"Authorization": "Bearer wrong"}):  # a tenant's key is not the metrics token
+        r = c.get("/metrics", headers=headers)
+        assert r.status_code == 401 and err(r)["type"] == "unauthorized" and "HYPIC_METRICS_TOKEN" in err(r)["message"]
+    r = c.get("/metrics", headers={"Authorization": "Bearer m-tok"})
+    assert r.status_code == 200 and "hypic_requests_total" in r.text
+
+
+def test_metrics_without_a_token_answer_loopback_only(make_client):
+    from fastapi.testclient import TestClient
+
+    c = make_client(api_keys=KEYS)
+    r = c.get("/metrics", headers=A)  # the test client's address is not loopback
+    assert r.status_code == 403 and err(r)["type"] == "forbidden"
+    local = TestClient(c.app, client=("127.0.0.1", 40000))  # same app, a loopback peer
+    assert local.get("/metrics").status_code == 200
+    assert make_client().get("/metrics").status_code == 200  # no API keys: open as before
+
+
+def test_wrong_keys_get_429_after_the_configured_count(make_client):
+    from fastapi.testclient import TestClient
+
+    c = make_client(api_keys=KEYS, auth_failures_per_minute=3)
+    now = [1000.0]
+    c.app.state.auth_failures.clock = lambda: now[0]
+    wrong = {"Authorization": "Bearer guess"}
+    assert [c.get("/v1/segments", headers=wrong).status_code for _ in range(3)] == [401, 401, 401]
+    r = c.get("/v1/segments", headers=wrong)
+    assert r.status_code == 429 and err(r)["type"] == "rate_limited" and int(r.headers["retry-after"]) == 60
+    assert c.get("/v1/segments", headers=A).status_code == 429  # a right key from that address too
+    assert c.get("/health", headers=A).status_code == 429
+    assert c.get("/v1/segments").status_code == 429  # no key: still the same address
+    other = TestClient(c.app, client=("10.0.0.7", 40000))
+    assert other.get("/v1/segments", headers=A).status_code == 200  # another address is not affected
+    now[0] += 61
+    assert c.get("/v1/segments", headers=A).status_code == 200  # the minute has passed
+    assert "hypic_auth_failures_total 3.0" in TestClient(c.app, client=("127.0.0.1", 1)).get("/metrics").text

@@ -56,7 +56,11 @@ def test_budgets_respected_under_churn(tmp_path):
             assert st.tiers[name].bytes <= st.tiers[name].budget, (step, name, st)
     files = [p for p in (tmp_path / "store").rglob("*") if p.is_file()]
     assert sum(p.stat().st_size for p in files) == s.stats().tiers["disk"].bytes
-    assert len(files) == s.stats().tiers["disk"].entries == s.registry.count()
+    rows = s.registry.records()
+    assert len(files) == s.stats().tiers["disk"].entries == len([r for r in rows if r.location])
+    assert len(rows) == s.stats().entries == len({key(i) for i in range(15)} & {r.key for r in rows})
+    evicted = [r for r in rows if r.tier == "none"]  # left every tier: the rows stay, without payload
+    assert evicted and all(r.location is None and r.nbytes == E for r in evicted)
 
 
 def test_eviction_order_is_cost_aware(tmp_path):
@@ -113,7 +117,7 @@ def test_pinned_entries_are_never_evicted(tmp_path):
     for i in range(8, 12):
         clock.now += 100
         s.put(key(i), payload(i), meta(i, prefill_ms=1000.0))
-    assert s.get(key(0)) is None and s.registry.get(key(0)) is None
+    assert s.get(key(0)) is None and s.registry.get(key(0)).tier == "none"  # evicted once unpinned, row kept
 
 
 def test_ttl_expiry_is_sliding(tmp_path):
@@ -158,9 +162,12 @@ def test_corrupt_file_is_detected_and_never_served(tmp_path):
     data[-3] ^= 0xFF  # flip bits inside the tensor bytes
     path.write_bytes(bytes(data))
     assert s.get(key(0)) is None
-    assert s.stats().corrupt == 1 and s.registry.get(key(0)) is None and not path.exists()
-    assert s.get(key(0)) is None  # stays gone: the caller recomputes and puts it again
+    assert s.stats().corrupt == 1 and not path.exists()
+    rec = s.registry.get(key(0))  # the row stays: tokens and text to rebuild it from
+    assert (rec.tier, rec.location, rec.checksum, rec.token_ids, rec.text) == ("none", None, None, (0, 1), "doc 0")
+    assert s.get(key(0)) is None  # no payload until the caller recomputes and puts it again
     assert s.put(key(0), payload(0), meta(0)) == "cpu" and same(s.get(key(0))[0], payload(0))
+    assert s.registry.get(key(0)).hits == 1 and s.registry.get(key(0)).created_at == rec.created_at
 
 
 def test_truncated_and_missing_files(tmp_path):
@@ -172,7 +179,7 @@ def test_truncated_and_missing_files(tmp_path):
     p0.write_bytes(p0.read_bytes()[:40])
     s.disk.path(s.registry.get(key(1)).location).unlink()
     assert s.get(key(0)) is None and s.get(key(1)) is None
-    assert s.stats().corrupt == 2 and s.registry.count() == 0
+    assert s.stats().corrupt == 2 and {r.tier for r in s.registry.records()} == {"none"} and s.registry.count() == 2
 
 
 def test_foreign_fingerprint_is_not_served(tmp_path):
@@ -240,18 +247,21 @@ def test_crash_mid_write_is_never_visible(tmp_path):
     assert reg.get(key(1)).state == "writing"
     assert any(p.name.endswith(".tmp") for p in (tmp_path / "store").rglob("*"))
     s = make_store(tmp_path, registry=reg)
-    assert s.get(key(1)) is None and s.registry.get(key(1)) is None
+    rec = s.registry.get(key(1))  # never published: no payload, but the row stays to rebuild it from
+    assert (rec.tier, rec.state, rec.location, rec.token_ids) == ("none", "ready", None, (1, 2))
+    assert s.get(key(1)) is None
     assert same(s.get(key(0))[0], payload(0))
     assert not any(p.name.endswith(".tmp") for p in (tmp_path / "store").rglob("*"))
 
 
-def test_recovery_drops_orphans_and_memory_only_rows(tmp_path):
-    s = make_store(tmp_path, disk_budget_bytes=0)  # memory only: nothing survives a restart
+def test_recovery_drops_orphans_keeps_memory_only_rows(tmp_path):
+    s = make_store(tmp_path, disk_budget_bytes=0)  # memory only: no payload survives a restart
     s.put(key(0), payload(0), meta(0))
     assert s.registry.get(key(0)).tier == "cpu"
     s.close()
     s = make_store(tmp_path)
-    assert s.registry.get(key(0)) is None
+    rec = s.registry.get(key(0))
+    assert (rec.tier, rec.location, rec.text) == ("none", None, "doc 0") and s.get(key(0)) is None
     orphan = DiskTier(tmp_path / "store", 1 << 20).write(key(5), payload(5), {"key": key(5)})
     s.put(key(1), payload(1), meta(1))
     s.close()

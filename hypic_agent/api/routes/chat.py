@@ -16,10 +16,12 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from hypic_agent.api import service
-from hypic_agent.api.chat import ChatRequest
+from hypic_agent.api.chat import ChatRequest, message_texts
 from hypic_agent.api.chat_job import ChatJob, prepare_chat
 from hypic_agent.api.chat_output import ChatOutput, logprob_entry, logprobs_content
 from hypic_agent.api.deps import tenant
+from hypic_agent.api.limits import RequestLimits
+from hypic_agent.api.responses import BODY, COMMON, error_responses
 from hypic_agent.api.routes.generate import SSE_HEADERS
 from hypic_agent.api.schemas import UsageOut
 from hypic_agent.api.state import ServerState, get_state
@@ -38,9 +40,21 @@ def chat_usage(u: UsageOut) -> dict[str, Any]:
     }
 
 
-@router.post("/v1/chat/completions")
+@router.post(
+    "/v1/chat/completions",
+    responses={
+        200: {"content": {"text/event-stream": {}}, "description": "JSON, or SSE with stream=true"},
+        **error_responses(*BODY, *COMMON, 404),
+    },
+)
 async def chat_completions(req: ChatRequest, request: Request, tenant_name: str = Depends(tenant)) -> Any:
     st = get_state(request)
+    limits = RequestLimits(st.settings, st.engine.max_context)
+    limits.check_prompt(req.segments or [], message_texts(req))
+    for i, tool in enumerate(req.tools or []):
+        limits.check_schema(tool.function.parameters, f"tools.{i}.function.parameters")
+    if req.response_format is not None and req.response_format.json_schema is not None:
+        limits.check_schema(req.response_format.json_schema.schema_, "response_format.json_schema.schema")
     cj = await run_in_threadpool(prepare_chat, st, req, tenant_name)
     created = int(time.time())
     cid = f"chatcmpl-{cj.job.id}"

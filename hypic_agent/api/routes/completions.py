@@ -23,6 +23,8 @@ from hypic_agent.api import service
 from hypic_agent.api.chat import StreamOptions
 from hypic_agent.api.chat_job import check_top_logprobs, with_output_controls
 from hypic_agent.api.deps import tenant
+from hypic_agent.api.limits import RequestLimits
+from hypic_agent.api.responses import BODY, COMMON, error_responses
 from hypic_agent.api.routes.chat import chat_usage
 from hypic_agent.api.routes.generate import SSE_HEADERS
 from hypic_agent.api.schemas import SamplingIn
@@ -32,6 +34,7 @@ from hypic_agent.api.streaming import EventPump, sse_body
 from hypic_agent.errors import InvalidRequestError
 from hypic_agent.runtime.results import FinishEvent
 from hypic_agent.segments.kinds import Segment, SegmentIn
+from hypic_agent.wire import MaxTokens, Seam, Seed, Temperature, Text, TopK, TopP
 
 router = APIRouter(tags=["openai"])
 
@@ -39,23 +42,23 @@ router = APIRouter(tags=["openai"])
 class CompletionRequest(BaseModel):
     model_config = ConfigDict(extra="allow")
 
-    model: str | None = None
-    prompt: str | list[str] = Field(description="raw text (a list of one string is accepted)")
-    max_tokens: int | None = 16
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    stop: str | list[str] | None = None
-    seed: int | None = None
+    model: Text | None = None
+    prompt: Text | list[Text] = Field(description="raw text (a list of one string is accepted)")
+    max_tokens: MaxTokens | None = 16
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
+    top_k: TopK | None = None
+    stop: Text | list[Text] | None = None
+    seed: Seed | None = None
     logprobs: int | None = Field(default=None, ge=0, le=5, description="top alternatives per token")
     echo: bool = False
-    suffix: str | None = None
+    suffix: Text | None = None
     n: int = 1
     best_of: int | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    mode: str | None = None
-    seam: float | None = None
+    mode: Text | None = None
+    seam: Seam | None = None
     segments: list[SegmentIn] | None = None
 
     def text(self) -> str:
@@ -115,9 +118,17 @@ def legacy_logprobs(tok: Any, ids: list[int], lps: list[float], tops: list[list[
     }
 
 
-@router.post("/v1/completions")
+@router.post(
+    "/v1/completions",
+    responses={
+        200: {"content": {"text/event-stream": {}}, "description": "JSON, or SSE with stream=true"},
+        **error_responses(*BODY, *COMMON, 404),
+    },
+)
 async def completions(req: CompletionRequest, request: Request, tenant_name: str = Depends(tenant)) -> Any:
     st = get_state(request)
+    prompts = [req.prompt] if isinstance(req.prompt, str) else req.prompt
+    RequestLimits(st.settings, st.engine.max_context).check_prompt(req.segments or [], prompts)
     job = await run_in_threadpool(prepare, st, req, tenant_name)
     base = {"id": f"cmpl-{job.id}", "object": "text_completion", "created": int(time.time()), "model": st.engine.name}
     pump: EventPump[service.Timed] = EventPump(lambda: service.run_job(st, job))

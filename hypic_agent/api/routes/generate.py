@@ -10,6 +10,8 @@ from starlette.concurrency import run_in_threadpool
 
 from hypic_agent.api import service
 from hypic_agent.api.deps import tenant
+from hypic_agent.api.limits import RequestLimits
+from hypic_agent.api.responses import BODY, COMMON, error_responses
 from hypic_agent.api.schemas import GenerateRequest, GenerateResponse
 from hypic_agent.api.served import check_model
 from hypic_agent.api.state import ServerState, get_state
@@ -24,11 +26,15 @@ SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 @router.post(
     "/v1/generate",
     response_model=GenerateResponse,
-    responses={200: {"content": {"text/event-stream": {}}, "description": "JSON, or SSE with stream=true"}},
+    responses={
+        200: {"content": {"text/event-stream": {}}, "description": "JSON, or SSE with stream=true"},
+        **error_responses(*BODY, *COMMON, 404),
+    },
 )
 async def generate(req: GenerateRequest, request: Request, tenant_name: str = Depends(tenant)) -> Any:
     st = get_state(request)
     check_model(st, req.model)
+    RequestLimits(st.settings, st.engine.max_context).check_prompt(req.segments, [req.query])
     segments = [s.to_segment() for s in req.segments]
     job = await run_in_threadpool(service.prepare_job, st, req, segments, req.query, tenant_name)
     if not req.stream:
