@@ -262,6 +262,16 @@ class SegmentStore(TierPolicy, UsageLog, StoreFlights):
             return e is not None and e.has_payload and (e.mem_tier is not None or e.location is not None)
 
     # ------------------------------------------------------------------ admin
+    def drop_payload(self, key: str) -> bool:
+        """Forget ``key``'s payload (e.g. it does not decode for this model); its row stays, as tier
+        none, and the next request that uses it rebuilds the payload."""
+        with self._lock:
+            e = self._index.get(key)
+            if e is None:
+                return False
+            self._drop_payload_locked(e)
+            return True
+
     def delete(self, key: str, tenant: str | None = None) -> bool:
         with self._lock:
             e = self._index.get(key)

@@ -72,3 +72,17 @@ def test_foreign_fingerprint_is_a_miss_and_dropped(engine, tmp_path, cache_over)
 
 def test_tenants_never_share_keys(engine):
     assert engine.entry_key(TOKENS[0], "a", 8) != engine.entry_key(TOKENS[0], "b", 8)
+
+
+def test_an_entry_that_does_not_decode_loses_its_payload_not_its_row(engine, tmp_path, cache_over):
+    cache = cache_over(tmp_path)
+    engine.prewarm(TOKENS[:1], ["document"], tenant="t1")
+    key = engine.entry_key(TOKENS[0], "t1", 8)
+    kinds = engine.model.config.layer_types
+    wrong = StoreEntryCache(cache.store, (*kinds, kinds[0]), engine.fingerprint)  # one layer more
+    assert wrong.lookup(key).entry is None
+    rec = cache.store.info(key, "t1")
+    assert rec is not None and rec.token_ids == tuple(TOKENS[0])  # the id survives, rebuildable
+    assert not cache.store.contains(key)  # the payload is gone
+    usage = engine.prewarm(TOKENS[:1], ["document"], tenant="t1")
+    assert not usage[0].hit and cache.lookup(key).entry is not None  # rebuilt on use

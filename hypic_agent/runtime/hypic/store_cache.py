@@ -68,8 +68,8 @@ class StoreEntryCache:
         try:
             entry = SegmentEntry.from_tensors(tensors, self.layer_kinds)
         except (KeyError, IndexError, ValueError, RuntimeError) as exc:
-            log.warning("entry %s does not decode for this model (%s); dropping it", key, exc)
-            self.store.delete(key)
+            log.warning("entry %s does not decode for this model (%s); dropping its payload", key, exc)
+            self.store.drop_payload(key)  # the row (and the id) stays; rebuilt on next use
             self._count(hit=False)
             return Lookup(None, None)
         self._count(hit=True)
