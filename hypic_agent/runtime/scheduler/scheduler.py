@@ -107,9 +107,10 @@ class Scheduler:
         while not self._stop.is_set():
             try:
                 busy = self.step()
-            except Exception:  # a step never kills the engine thread; its requests were failed
+            except Exception:  # a step never kills the engine thread (its requests were failed)
                 log.exception("scheduler step failed")
                 busy = False
+                self._stop.wait(0.05)
             if not busy:
                 self._wake.wait(0.05)
                 self._wake.clear()
@@ -123,7 +124,12 @@ class Scheduler:
             self._admit()
             if not self.live:
                 return bool(self._waiting)
-            self._run_step()
+            try:
+                self._run_step()
+            except Exception as exc:  # never leave a consumer waiting on a step that keeps failing
+                log.exception("scheduler step failed; failing its %d live requests", len(self.live))
+                for r in list(self.live):
+                    self._retire(r, error=exc)
             return True
 
     def _take_inbox(self) -> None:
@@ -237,9 +243,15 @@ class Scheduler:
             self.stats.cancelled += 1
             r.handle.end()
             return
-        assert r.prepared is not None
-        total = (time.perf_counter() - r.handle.request.t0) * 1e3
-        for ev in r.out.finish(r.prepared, r.ttft_ms, total):
+        try:
+            assert r.prepared is not None
+            total = (time.perf_counter() - r.handle.request.t0) * 1e3
+            events = r.out.finish(r.prepared, r.ttft_ms, total)
+        except Exception as exc:
+            self.stats.failed += 1
+            r.handle.fail(exc)
+            return
+        for ev in events:
             r.handle.put(ev)
         r.handle.end()
         self.stats.finished += 1
