@@ -19,31 +19,17 @@ import gc
 import random
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from _common import load_shape, model_args, print_table, random_model, write_json
+from ttft import Plan, Seg  # the RAG request shapes ttft.py measures
 
 from hypic_agent.config import Settings
 from hypic_agent.runtime.engine import Engine
 from hypic_agent.runtime.results import FinishEvent
 from hypic_agent.runtime.sampling import SamplingParams
 from hypic_agent.runtime.scheduler.request import GenerationRequest
-
-
-@dataclass
-class Seg:
-    token_ids: tuple[int, ...]
-    kind: str = "document"
-
-
-@dataclass
-class Plan:
-    segments: list[Seg]
-    suffix_ids: list[int]
-    bos_id: int | None = None
-    meta: dict[str, Any] = field(default_factory=dict)
 
 
 class Trace:

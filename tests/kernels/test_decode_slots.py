@@ -5,10 +5,6 @@ Qwen3.5-35B-A3B shape, also inside a CUDA graph replayed with other slots."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -18,7 +14,7 @@ from hypic_agent.kernels.conv import causal_conv1d, causal_conv1d_step
 from hypic_agent.kernels.conv_decode import conv_decode_slots
 from hypic_agent.kernels.gdn import gated_delta_rule, gated_delta_rule_step
 from hypic_agent.kernels.gdn_decode import gdn_decode_slots
-from tests.kernels.helpers import gdn_inputs, rel_err
+from tests.kernels.helpers import gdn_inputs, rel_err, run_in_interpreter
 
 ROOT = Path(__file__).resolve().parents[2]
 H, HV, K, V = 2, 4, 24, 40  # GVA, K and V not powers of two
@@ -233,15 +229,7 @@ assert torch.allclose(y, ry, atol=1e-5) and torch.equal(pool, ref_pool)
 
 @pytest.mark.parametrize("name,script", [("gdn_decode", GDN_TRITON), ("conv_decode", CONV_TRITON)])
 def test_triton_kernel_matches_twin(name, script):
-    pytest.importorskip("triton")
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    r = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(script) + '\nprint("ok")'],
-        env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    if r.returncode != 0 and "0-dimensional arrays" in r.stderr:
-        pytest.skip("Triton 3.6's interpreter needs numpy < 2.4")
-    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), f"{name}: {r.stderr[-3000:]}"
+    run_in_interpreter(name, script)
 
 
 # ---- GPU: the CUDA path (Triton kernels) at the Qwen3.5-35B-A3B shape, bf16 model dtype

@@ -10,10 +10,6 @@ hold an out-of-range page id.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -21,7 +17,7 @@ import torch
 
 from hypic_agent.kernels.attention import attention
 from hypic_agent.kernels.paged_attention import paged_decode_attention, paged_decode_attention_torch
-from tests.kernels.helpers import rel_err
+from tests.kernels.helpers import rel_err, run_in_interpreter
 
 ROOT = Path(__file__).resolve().parents[2]
 UNUSED_PAGE = 1_000_000  # block-table entries past a sequence's pages: reading one would fail
@@ -223,12 +219,4 @@ with mock.patch.object(pa, "resolve_triton", lambda b, d: True):
 
 
 def test_triton_kernel_matches_twin_in_interpreter():
-    pytest.importorskip("triton")
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    r = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(INTERPRETER) + '\nprint("ok")'],
-        env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    if r.returncode != 0 and "0-dimensional arrays" in r.stderr:
-        pytest.skip("Triton 3.6's interpreter needs numpy < 2.4")
-    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-3000:]
+    run_in_interpreter("paged_decode_attention", INTERPRETER)

@@ -8,13 +8,11 @@ interpreter. Each case runs in a subprocess: the interpreter is chosen when trit
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
+
+from tests.kernels.helpers import run_in_interpreter
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -340,12 +338,4 @@ for dt in (torch.float32, torch.bfloat16):
     ],
 )
 def test_triton_kernel_matches_torch_twin(name, script):
-    pytest.importorskip("triton")
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    r = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(script) + '\nprint("ok")'],
-        env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    if r.returncode != 0 and "0-dimensional arrays" in r.stderr:
-        pytest.skip("Triton 3.6's interpreter needs numpy < 2.4")
-    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), f"{name}: {r.stderr[-3000:]}"
+    run_in_interpreter(name, script)

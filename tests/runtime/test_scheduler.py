@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass, field
 
 import pytest
 
@@ -19,19 +18,7 @@ from hypic_agent.runtime.sampling import SamplingParams
 from hypic_agent.runtime.scheduler.request import GenerationRequest
 
 from .conftest import make_model, rand_tokens
-
-
-@dataclass
-class Seg:
-    token_ids: tuple[int, ...]
-    kind: str = "document"
-
-
-@dataclass
-class Plan:
-    segments: list[Seg]
-    suffix_ids: list[int] = field(default_factory=lambda: rand_tokens(5, 77))
-    bos_id: int | None = None
+from .test_engine import Plan, Seg
 
 
 def _engine(**kw) -> Engine:
