@@ -8,6 +8,7 @@ from unittest import mock
 import pytest
 import torch
 
+from hypic_agent.kernels.config import KernelConfig
 from hypic_agent.runtime.hypic import combine_inputs as ci
 from hypic_agent.runtime.hypic import splice
 from hypic_agent.runtime.hypic.build import build_entries
@@ -60,10 +61,11 @@ def test_refreshed_tables_equal_freshly_planned_ones(mode, seam):
     with (
         mock.patch.object(ci, "resolve_triton", lambda b, d: True),
         mock.patch.object(splice, "resolve_triton", lambda b, d: True),
-        mock.patch.object(ci.combine_scan, "TRITON_SCAN", "wy"),
     ):
-        planned = ci.combine_inputs(model, lay_a, [entries[0], entries[1], entries[2]], spec.transition, True)
-        fresh = ci.combine_inputs(model, lay_b, e_b, spec.transition, True)
+        wy = KernelConfig(combine_scan="wy")
+        e_a = [entries[0], entries[1], entries[2]]
+        planned = ci.combine_inputs(model, lay_a, e_a, spec.transition, True, kernels=wy)
+        fresh = ci.combine_inputs(model, lay_b, e_b, spec.transition, True, kernels=wy)
     assert planned.by_pointer() and (planned.lead is not None) == (seam == 0)
     planned.refresh(model, lay_b, e_b)
     ta, tb = planned.tables(), fresh.tables()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from hypic_agent.runtime.forward import decode_step, prefill
-from hypic_agent.runtime.graphs import LayerGraphs, enable_cuda_graphs
+from hypic_agent.runtime.graphs import LayerGraphs, bucket_sizes, enable_cuda_graphs
 
 from .conftest import make_model, rand_tokens
 
@@ -18,6 +18,9 @@ def test_buckets():
     default = LayerGraphs(model)  # powers of two, 512-token steps, then 128: a cold batch pads by < 128
     got = [default.bucket(n) for n in (200, 513, 1600, 4096, 4097, 4306, 8192, 8193)]
     assert got == [256, 1024, 2048, 4096, 4224, 4352, 8192, None]
+    assert default.buckets == bucket_sizes(128)
+    step = bucket_sizes(512)  # KernelConfig.graph_bucket_step
+    assert step[:10] == default.buckets[:10] and step[9:] == tuple(range(2048, 8192 + 1, 512))
 
 
 def test_cpu_runs_eagerly_and_matches():
