@@ -7,12 +7,16 @@ plus a ``--query-len``-token question. ``--hit-rate 1.0`` = warm (all documents 
     python benchmarks/ttft.py --shape qwen3_5_35b_a3b --requests 8 --hit-rates 1.0 0.8
     python benchmarks/ttft.py --shape tiny:qwen3_5_text --device cpu --seg-len 64 --segments 6 --requests 3
 
-A mode may set runtime knobs after an ``@`` for an A/B in one run (CUDA graphs are recaptured per
-mode): ``hypic@scan=token`` (``combine_scan.TRITON_SCAN``: the token-loop scan),
-``hypic@moe_slots=4096,moe_bm=64`` (``moe.TRITON_MAX_SLOTS`` / ``moe.TRITON_BLOCK_M``),
-``hypic@graph_after=0`` (``Settings.combine_graph_after``: combine graphs off),
-``hypic@bucket_step=512`` (``graphs.BUCKETS``: the layer graphs' token buckets above 2,048),
-``hypic@cold_after=0`` (``Settings.cold_graph_after``: cold-core graphs off).
+A mode may set knobs after an ``@`` for an A/B in one run: each mode's engine gets its own
+``Settings`` (CUDA graphs are recaptured per mode), the knobs it names on top of the defaults.
+Kernel choices (``Settings.kernels``, ``HYPIC_KERNELS__<FIELD>``): ``hypic@scan=token``
+(``combine_scan``: the token-loop scan), ``hypic@moe_slots=4096,moe_bm=64``
+(``moe_triton_max_slots`` / ``moe_triton_block_m``), ``hypic@bucket_step=512``
+(``graph_bucket_step``: the layer graphs' token buckets above 2,048), or any other
+``KernelSettings`` field by its name (``hypic@precise_for_half=true``,
+``hypic@precompose_leading_bodies=false``); other settings: ``hypic@graph_after=0``
+(``combine_graph_after``: combine graphs off), ``hypic@cold_after=0`` (``cold_graph_after``:
+cold-core graphs off).
 """
 
 from __future__ import annotations
@@ -27,9 +31,7 @@ from typing import Any
 import torch
 from _common import gpu_busy_ms, load_shape, model_args, print_table, random_model, sync, write_json
 
-from hypic_agent.config import MODES, Settings
-from hypic_agent.kernels import combine_scan, moe
-from hypic_agent.runtime import graphs
+from hypic_agent.config import MODES, KernelSettings, Settings
 from hypic_agent.runtime.engine import Engine
 
 
@@ -92,24 +94,26 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, round(q * (len(xs) - 1)))]
 
 
-KNOBS = {"scan": (combine_scan, "TRITON_SCAN", str), "moe_slots": (moe, "TRITON_MAX_SLOTS", int),
-         "moe_bm": (moe, "TRITON_BLOCK_M", int),
-         "bucket_step": (graphs, "BUCKETS", lambda v: graphs.bucket_sizes(int(v)))}  # fmt: skip
-DEFAULTS = {name: getattr(mod, attr) for name, (mod, attr, _) in KNOBS.items()}
-
-
+# knob -> KernelSettings field (every field also answers to its own name)
+KNOBS = {"scan": "combine_scan", "moe_slots": "moe_triton_max_slots", "moe_bm": "moe_triton_block_m",
+         "bucket_step": "graph_bucket_step"}  # fmt: skip
 SETTING_KNOBS = {"graph_after": "combine_graph_after", "cold_after": "cold_graph_after"}  # Settings fields
 
 
 def set_knobs(spec: str, settings: Settings) -> Settings:
-    """``"scan=token,moe_bm=64,graph_after=0"`` -> the runtime knobs (the rest back to their defaults);
-    returns ``settings`` with the Settings knobs applied."""
+    """``"scan=token,moe_bm=64,graph_after=0"`` -> a copy of ``settings`` with those knobs (the kernel
+    choices validated as ``KernelSettings``; every other value as in ``settings``)."""
     given = dict(kv.split("=", 1) for kv in spec.split(",") if kv)
-    if unknown := set(given) - set(KNOBS) - set(SETTING_KNOBS):
-        raise SystemExit(f"unknown knobs {sorted(unknown)}; use {sorted({*KNOBS, *SETTING_KNOBS})}")
-    for name, (mod, attr, cast) in KNOBS.items():
-        setattr(mod, attr, cast(given[name]) if name in given else DEFAULTS[name])
-    return settings.model_copy(update={SETTING_KNOBS[k]: int(v) for k, v in given.items() if k in SETTING_KNOBS})
+    kernel_knobs = {**KNOBS, **{f: f for f in KernelSettings.model_fields}}
+    if unknown := set(given) - set(kernel_knobs) - set(SETTING_KNOBS):
+        raise SystemExit(f"unknown knobs {sorted(unknown)}; use {sorted({*kernel_knobs, *SETTING_KNOBS})}")
+    chosen = {kernel_knobs[k]: v for k, v in given.items() if k in kernel_knobs}
+    try:
+        kernels = KernelSettings.model_validate({**settings.kernels.model_dump(), **chosen})
+    except ValueError as err:
+        raise SystemExit(f"bad kernel knobs {spec!r}: {err}") from err
+    update: dict[str, Any] = {SETTING_KNOBS[k]: int(v) for k, v in given.items() if k in SETTING_KNOBS}
+    return settings.model_copy(update={**update, "kernels": kernels})
 
 
 def main() -> None:

@@ -26,16 +26,13 @@ from . import gdn_torch
 from ._varlen import fla_chunk_tables
 from .backend import fla_available, on_device, resolve_triton, to_device_async
 from .combine_scan_wy import WYSteps, plan_steps
+from .config import DEFAULT_KERNELS, ScanName
 
 MAX_TOKENS = 2048  # above this many active tokens the chunked (WY) path is faster
 # Above this many active tokens the scan takes its pieces in chunk form (``combine_scan_chunked_triton``):
 # on the H200 a 64-token chunk costs ~6 us of scan time against ~1.5 us per token in the token loop,
 # but fla's WY-factor ops add ~1.4 ms of host time per layer, which only long pieces repay.
 CHUNKED_FROM = 512
-# The Triton scan on CUDA: "wy" (``combine_scan_wy``: every chunk's factors in parallel, then a
-# pipelined chain of chunk + body steps) or "token" (the token loop of ``combine_scan_triton``, and
-# above ``CHUNKED_FROM`` tokens the fla-factor chunked scan), kept for A/B measurements.
-TRITON_SCAN = "wy"
 
 
 @dataclass(frozen=True)
@@ -176,11 +173,15 @@ def gdn_combine_scan(
     transition: bool = True,
     backend: str = "auto",
     tables: tuple[ChainTables, int] | None = None,
+    scan: ScanName = DEFAULT_KERNELS.combine_scan,
+    precise_for_half: bool = DEFAULT_KERNELS.precise_for_half,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One linear layer's combine (see module doc). Shapes as ``gdn_combine_scan_torch``.
 
     ``backend``: ``"torch"`` (token loop), ``"fla"`` or ``"auto"`` (on CUDA the Triton scan that
-    ``TRITON_SCAN`` names).
+    ``scan`` names: ``"wy"`` or ``"token"``, ``KernelConfig.combine_scan``).
+    ``precise_for_half``: the WY chain's state dots at about fp32 for bf16 / fp16 outputs too
+    (``KernelConfig.precise_for_half``; fp32 outputs always are).
     ``tables``: prebuilt ``(ChainTables, row)`` for this chain (saves a host->device copy per layer);
     with tables the Triton kernel reads the chain from them and ``chain`` may be empty (it is only
     validated and used when the torch twin runs)."""
@@ -200,7 +201,7 @@ def gdn_combine_scan(
             )
     if resolve_triton(backend, q.device):
         tab, row = tables if tables is not None else (chain_tables([chain], q.device), 0)
-        if TRITON_SCAN == "wy":
+        if scan == "wy":
             from .combine_scan_wy_triton import wy_chain_triton, wy_factors_triton
 
             steps = tab.wy_steps()
@@ -208,7 +209,7 @@ def gdn_combine_scan(
                                         scale=scale)  # fmt: skip
             return wy_chain_triton(
                 factors, steps.meta, steps.ptrs[row], h0, v.dtype, steps.chunk_size, pair_dtype=tab.pair_dtype,
-                transition=transition,
+                transition=transition, precise=precise_for_half or v.dtype not in (torch.bfloat16, torch.float16),
             )  # fmt: skip
         from .combine_scan_triton import gdn_combine_scan_triton
 

@@ -22,8 +22,8 @@ not one reduction round per token.
 
 Precision: factors and the state are fp32. The factors' dots run in tf32x3 (about fp32, as
 ``chain_triton``); the chain's state dots too for fp32 outputs, in one tf32 pass for bf16 / fp16
-outputs with fp32 pairs (``PRECISE_FOR_HALF``). bf16 pairs take two bf16 dots over a hi/lo split of the state
-(``pair_step``).
+outputs with fp32 pairs (``precise``; ``KernelConfig.precise_for_half``). bf16 pairs take two bf16
+dots over a hi/lo split of the state (``pair_step``).
 """
 
 from __future__ import annotations
@@ -173,12 +173,6 @@ def _wy_chain_kernel(
 
 Factors = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 
-# Whether a chain whose outputs are bf16 / fp16 keeps its state's dots at about fp32 (tf32x3) rather
-# than one tf32 pass. One pass: 0.235 -> 0.132 ms per layer at the Qwen3.5 combine shape (24 steps,
-# H200, 2026-12-01), state error ~1e-3 relative; the model's own forward (fla's chunk kernels) rounds
-# the state to bf16 for its dots, so a tf32 chain stays below the reference's own rounding.
-PRECISE_FOR_HALF = False
-
 
 def wy_factors_triton(
     q: torch.Tensor,
@@ -248,8 +242,9 @@ def wy_chain_triton(
     ``[HV, K, V]`` fp32). Launch: autotuned (value columns per program, warps, pipeline stages) unless
     ``bv`` is given, then ``num_warps`` and ``stages`` of software pipelining over the steps.
 
-    ``precise``: the state's dots in tf32x3 (about fp32) or in one tf32 pass; None: ``PRECISE_FOR_HALF``
-    when ``out_dtype`` is bf16 / fp16, else precise. bf16 pairs always run precise."""
+    ``precise``: the state's dots in tf32x3 (about fp32) or in one tf32 pass; None: one pass when
+    ``out_dtype`` is bf16 / fp16 (``KernelConfig.precise_for_half`` off), else precise. bf16 pairs
+    always run precise."""
     if pair_dtype not in (torch.float32, torch.bfloat16):
         raise ValueError(f"pairs must be float32 or bfloat16, got {pair_dtype}")
     w, kd, qp, u, ol, gam = factors
@@ -261,7 +256,7 @@ def wy_chain_triton(
     bf16 = pair_dtype == torch.bfloat16
     BT = max(16, triton.next_power_of_2(chunk_size))
     if precise is None:
-        precise = PRECISE_FOR_HALF or out_dtype not in (torch.bfloat16, torch.float16)
+        precise = out_dtype not in (torch.bfloat16, torch.float16)
     # NOTE: bf16 pairs keep the precise dots: with one-pass chunk dots next to the split bf16 pair
     # dots, one of the autotuned launch shapes (64-token chunks) hit an illegal address on the H200
     # (Triton 3.6, 2026-12-01); their pair product is two bf16 passes either way.

@@ -2,7 +2,7 @@
 
 Weights: ``gate_up [E, 2I, D]`` (rows ``:I`` gate, ``I:`` up) and ``down [E, D, I]``. Token t's
 output is ``sum_j topk_w[t, j] * down_e (silu(gate_e x_t) * up_e x_t)`` with ``e = topk_idx[t, j]``.
-Tokens are sorted by expert; on CUDA few (token, slot) pairs (up to ``TRITON_MAX_SLOTS``: decode
+Tokens are sorted by expert; on CUDA few (token, slot) pairs (up to ``max_slots``: decode
 steps, a short question after cached segments) run through ``moe_triton`` (two launches that
 stream the hit experts' weights), more as one ``torch._grouped_mm`` per projection when available.
 """
@@ -13,16 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from .backend import triton_available
-
-# (token, slot) pairs up to which CUDA runs the Triton kernels, above it the grouped GEMM. The
-# Triton kernels read an expert's weights once per 16 of its rows; with the routing tables from one
-# sort (``moe_triton.align``) a warm 210-token combine (1,680 pairs) on the H200 took 41.8 ms of GPU
-# time against 47.6 ms with the grouped GEMM (2026-12-01; with the earlier one-hot tables, whose scan
-# cost more than the GEMM, 60.5 against 52.8 ms, which is why the limit was 512).
-TRITON_MAX_SLOTS = 2048
-# Rows per block of the Triton kernels (an expert's weights are read once per block of its rows);
-# None: the kernels' default.
-TRITON_BLOCK_M: int | None = None
+from .config import DEFAULT_KERNELS
 
 
 def _sorted(topk_idx: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -68,12 +59,18 @@ def moe_experts(
     down: torch.Tensor,
     *,
     backend: str = "auto",
+    max_slots: int = DEFAULT_KERNELS.moe_triton_max_slots,
+    block_m: int | None = DEFAULT_KERNELS.moe_triton_block_m,
 ) -> torch.Tensor:
     """Routed expert FFN.
 
     Args:
         x: ``[T, D]``; topk_idx: ``[T, k]`` int; topk_w: ``[T, k]`` routing weights.
         gate_up: ``[E, 2I, D]``; down: ``[E, D, I]``.
+        max_slots: (token, slot) pairs up to which CUDA runs the Triton kernels, above it the
+            grouped GEMM (``KernelConfig.moe_triton_max_slots``, where the measurements are).
+        block_m: rows per block of the Triton kernels; None: their default
+            (``KernelConfig.moe_triton_block_m``).
     Returns:
         ``[T, D]`` in x's dtype.
     """
@@ -85,11 +82,11 @@ def moe_experts(
         )
     if T == 0:
         return x.new_zeros(0, D)
-    few = topk_idx.numel() <= TRITON_MAX_SLOTS and gate_up.dtype in (torch.bfloat16, torch.float16)
+    few = topk_idx.numel() <= max_slots and gate_up.dtype in (torch.bfloat16, torch.float16)
     if backend != "torch" and x.is_cuda and few and triton_available():
         from .moe_triton import moe_experts_triton
 
-        extra = {} if TRITON_BLOCK_M is None else {"block_m": TRITON_BLOCK_M}
+        extra = {} if block_m is None else {"block_m": block_m}
         return moe_experts_triton(x.to(gate_up.dtype), topk_idx, topk_w, gate_up, down, **extra).to(x.dtype)
     order, token, counts = _sorted(topk_idx, E)
     xs = x[token].to(gate_up.dtype)

@@ -143,7 +143,7 @@ def moe_experts_triton(
     I 512, k 8; device time with the routing tables and the slot sum): 210 tokens 0.511 ms against
     0.657 ms for the grouped GEMM (3.1 TB/s of the hit experts' weights), 50 tokens 0.43 / 0.54 ms,
     512 tokens 0.57 / 0.69 ms. With skewed routing an expert's weights are read once per ``block_m``
-    of its rows, which is why ``moe.TRITON_MAX_SLOTS`` keeps larger batches on the grouped GEMM."""
+    of its rows, which is why ``KernelConfig.moe_triton_max_slots`` keeps larger batches on the grouped GEMM."""
     T, D = x.shape
     K = topk_idx.shape[1]
     E, I = gate_up.shape[0], down.shape[2]

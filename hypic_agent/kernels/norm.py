@@ -11,8 +11,8 @@ identical). The fla path (one Triton kernel per call) computes the whole chain i
 once, so it differs from the torch path by bf16 rounding only. It runs only where autograd is not
 needed (``torch.no_grad`` / ``inference_mode``, or nothing requires grad); training keeps torch.
 If the fla call fails (import or signature drift) one warning is logged and that op uses torch for
-the rest of the process; the error is kept in ``FLA_ERRORS``. Inputs of fewer than
-``FLA_MIN_ROWS`` rows stay on torch (host-bound short forwards).
+the rest of the process; the error is kept in ``FLA_ERRORS``. Inputs of fewer than ``min_rows``
+rows stay on torch (host-bound short forwards; ``KernelConfig.norm_fla_min_rows``).
 """
 
 from __future__ import annotations
@@ -24,12 +24,9 @@ import torch
 import torch.nn.functional as F
 
 from .backend import resolve_backend
+from .config import DEFAULT_KERNELS
 
 log = logging.getLogger(__name__)
-
-FLA_MIN_ROWS = 512
-"""Below this many rows the torch ops win: a few native launches cost less host time than fla's
-Python launch path, and the GPU work is tiny either way (short forwards: decode, combine)."""
 
 FLA_ERRORS: dict[str, str] = {}
 """op name -> error of the fla call that failed (that op then stays on torch)."""
@@ -56,11 +53,11 @@ def gated_rms_norm_torch(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor,
     return (y * F.silu(z.float())).to(dtype)
 
 
-def _use_fla(op: str, backend: str, *ts: torch.Tensor) -> bool:
+def _use_fla(op: str, backend: str, min_rows: int, *ts: torch.Tensor) -> bool:
     x = ts[0]
     if op in FLA_ERRORS or x.numel() == 0 or resolve_backend(backend, x.device) != "fla":
         return False
-    if x.numel() < FLA_MIN_ROWS * x.shape[-1]:
+    if x.numel() < min_rows * x.shape[-1]:
         return False
     return not (torch.is_grad_enabled() and any(t.requires_grad for t in ts))
 
@@ -86,13 +83,20 @@ def _plus_one(weight: torch.Tensor) -> torch.Tensor:
 
 
 def rms_norm(
-    x: torch.Tensor, weight: torch.Tensor, eps: float, *, zero_centered: bool, backend: str = "auto"
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    *,
+    zero_centered: bool,
+    backend: str = "auto",
+    min_rows: int = DEFAULT_KERNELS.norm_fla_min_rows,
 ) -> torch.Tensor:
     """RMSNorm over the last dim: x ``[..., D]``, weight ``[D]`` -> ``[..., D]``.
 
-    Output dtype: x's (zero-centered), else ``promote(weight, x)`` as in the reference.
+    Output dtype: x's (zero-centered), else ``promote(weight, x)`` as in the reference. ``min_rows``:
+    fewer rows stay on torch (``KernelConfig.norm_fla_min_rows``).
     """
-    if _use_fla("rms_norm", backend, x, weight):
+    if _use_fla("rms_norm", backend, min_rows, x, weight):
         try:
             from .norm_fla import rms_norm_fla
 
@@ -107,13 +111,20 @@ def rms_norm(
 
 
 def gated_rms_norm(
-    x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float, backend: str = "auto"
+    x: torch.Tensor,
+    z: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    backend: str = "auto",
+    *,
+    min_rows: int = DEFAULT_KERNELS.norm_fla_min_rows,
 ) -> torch.Tensor:
     """Gated RMSNorm ``w * norm(x) * silu(z)``: x, z ``[..., D]``, weight ``[D]`` -> ``[..., D]`` (x's dtype).
 
-    The fla path needs x and z of one shape (z broadcasting stays on torch).
+    The fla path needs x and z of one shape (z broadcasting stays on torch). ``min_rows`` as in
+    ``rms_norm``.
     """
-    if x.shape == z.shape and _use_fla("gated_rms_norm", backend, x, z, weight):
+    if x.shape == z.shape and _use_fla("gated_rms_norm", backend, min_rows, x, z, weight):
         try:
             from .norm_fla import gated_rms_norm_fla
 

@@ -23,7 +23,7 @@ import torch
 from hypic_agent.config import Settings
 from hypic_agent.errors import ContextLengthError, InvalidRequestError
 from hypic_agent.runtime.forward import prefill
-from hypic_agent.runtime.graphs import enable_cuda_graphs
+from hypic_agent.runtime.graphs import bucket_sizes, enable_cuda_graphs
 from hypic_agent.runtime.headroom import AllocatorHeadroom
 from hypic_agent.runtime.hypic.build import ColdBatch
 from hypic_agent.runtime.hypic.cache import EntryCache, MemoryEntryCache
@@ -43,8 +43,6 @@ from hypic_agent.segments.keys import segment_key
 
 if TYPE_CHECKING:
     from hypic_agent.runtime.scheduler.scheduler import Scheduler
-
-MAX_FUSED_COLD_TOKENS = 65536  # above this the cold segments go through scatter_prefill's batches
 
 
 class PlanLike(Protocol):
@@ -96,6 +94,10 @@ class Engine:
         self.tokenizer = tokenizer
         self.fingerprint = fingerprint
         self.settings = settings or Settings()
+        # the kernel choices, handed down: to the model's modules (MoE, norms), the layer graphs'
+        # buckets, every combine (and its graphs) and the cold-build routing
+        self.kernels = self.settings.kernels.config()
+        model.set_kernels(self.kernels)
         self.cache: EntryCache = cache if cache is not None else MemoryEntryCache(self.settings.cpu_budget_bytes)
         self.prefix_cache = PrefixCache(model.config.layer_types, self.settings.cpu_budget_bytes)
         self.name = name
@@ -104,7 +106,7 @@ class Engine:
         self.pair_dtype = getattr(torch, self.settings.pair_dtype)
         self.max_context = min(self.settings.max_context, model.config.max_position_embeddings)
         if self.settings.cuda_graphs and self.device.type == "cuda" and model.ffn_graphs is None:
-            enable_cuda_graphs(model)
+            enable_cuda_graphs(model, bucket_sizes(self.kernels.graph_bucket_step))
         if self.settings.cuda_graphs and self.device.type == "cuda" and model.combine_graphs is None:
             enable_combine_graphs(model, self.settings.combine_graph_after, self.settings.combine_graphs_max)
         if self.settings.cuda_graphs and self.device.type == "cuda" and model.cold_graphs is None:
@@ -250,7 +252,7 @@ class Engine:
         t_scatter = _ms(t1)
         t2 = time.perf_counter()
         lay = plan_layout(segs, entries, seams, suffix, self.device)
-        state = combine(self.model, lay, entries, spec, cold=cold)
+        state = combine(self.model, lay, entries, spec, cold=cold, kernels=self.kernels)
         if cold is not None:
             share = cold.n_tokens / (cold.n_tokens + lay.active_ids.numel())
             cold.set_cost(_ms(t2) * share)
@@ -277,10 +279,10 @@ class Engine:
 
     def _cold_batch(self, r: Route, segs: Sequence[Sequence[int]], seams: Sequence[int]) -> ColdBatch | None:
         """The request's cold segments as a batch for the combine forward, or None (nothing cold,
-        fusing off, several scatter workers, or more cold tokens than one scatter batch)."""
+        fusing off, several scatter workers, or more cold tokens than ``kernels.max_fused_cold_tokens``)."""
         if not r.cold or not self.settings.fuse_cold_builds or self.settings.scatter_workers != 1:
             return None
-        if sum(len(segs[i]) for i in r.cold) > MAX_FUSED_COLD_TOKENS:
+        if sum(len(segs[i]) for i in r.cold) > self.kernels.max_fused_cold_tokens:
             return None
         return ColdBatch(self.model, [segs[i] for i in r.cold], [seams[i] for i in r.cold], pair_dtype=self.pair_dtype)
 

@@ -47,19 +47,20 @@ from typing import Any
 
 import torch
 
+from hypic_agent.kernels.config import DEFAULT_KERNELS
 from hypic_agent.runtime.models.hybrid import HybridForCausalLM
 
 log = logging.getLogger(__name__)
 
 
-def bucket_sizes(step: int = 128) -> tuple[int, ...]:
-    """Powers of two up to 512, steps of 512 up to 2,048, then steps of ``step`` up to 8,192. Padding
-    rows are computed like real ones: a combine with 4 cold 1k segments (4,306 rows) padded to the
-    next 512 ran 7% more token-local work (its expert GEMMs and projections) than it needed."""
+def bucket_sizes(step: int = DEFAULT_KERNELS.graph_bucket_step) -> tuple[int, ...]:
+    """Powers of two up to 512, steps of 512 up to 2,048, then steps of ``step`` up to 8,192
+    (``KernelConfig.graph_bucket_step``). Padding rows are computed like real ones: a combine with 4
+    cold 1k segments (4,306 rows) padded to the next 512 ran 7% more token-local work (its expert
+    GEMMs and projections) than it needed."""
     return (8, 16, 32, 64, 128, 256, 512, 1024, 1536, *range(2048, 8192 + 1, step))
 
 
-BUCKETS = bucket_sizes()
 Stage = Callable[..., tuple[torch.Tensor, ...]]
 Input = torch.Tensor | tuple[torch.Tensor, ...]  # a tuple: parts stacked along rows
 # buffers shared between stages (see module doc): (stage, slot) -> group; "out:" stages are outputs
@@ -75,11 +76,12 @@ _Graph = tuple[torch.cuda.CUDAGraph, list[torch.Tensor], tuple[torch.Tensor, ...
 
 
 class LayerGraphs:
-    """Per (stage, layer, bucket) graphs of token-local layer stages."""
+    """Per (stage, layer, bucket) graphs of token-local layer stages; ``buckets``: the padded token
+    counts (None: ``bucket_sizes()``)."""
 
     def __init__(self, model: HybridForCausalLM, buckets: tuple[int, ...] | None = None) -> None:
         self.model = model
-        self.buckets = tuple(sorted(BUCKETS if buckets is None else buckets))
+        self.buckets = tuple(sorted(bucket_sizes() if buckets is None else buckets))
         self.disabled: str | None = None  # why graphs are off (capture failed), or None
         self._inputs: dict[tuple[Any, ...], torch.Tensor] = {}  # (stage, slot, shape, dtype) -> buffer
         self._bases: dict[int, torch.Tensor] = {}  # data pointer -> that buffer (bucket views share it)

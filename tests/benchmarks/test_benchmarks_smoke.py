@@ -88,6 +88,10 @@ def test_quality_shards_merge_to_one_run(tmp_path):
     assert cmp.stdout.count("| hotpotqa |") == 2 and (tmp_path / "c.png").exists()
 
 
+# a mode with A/B knobs: kernel choices (short and field names) and a Settings field, one engine each
+KNOBS = "hypic@scan=token,moe_slots=0,bucket_step=512,precompose_leading_bodies=false,graph_after=0"
+
+
 def test_ttft_and_overhead_smoke(tmp_path):
     common = ["--shape", "tiny:qwen3_5_text", "--device", "cpu", "--dtype", "float32"]
     res = run(
@@ -105,9 +109,14 @@ def test_ttft_and_overhead_smoke(tmp_path):
         "0",
         "--hit-rates",
         "1.0",
+        "--modes",
+        "full_recompute",
+        "prefix_cache",
+        "hypic",
+        KNOBS,
         out=tmp_path / "t.json",
     )
-    assert {r["mode"] for r in res["rows"]} >= {"full_recompute", "prefix_cache", "hypic"}
+    assert {r["mode"] for r in res["rows"]} == {"full_recompute", "prefix_cache", "hypic", KNOBS}
     res = run("overhead.py", *common, "--segments", "2", "--seg-len", "32", out=tmp_path / "o.json")
     assert res["bytes"][0]["layer0_state_rel_err"] < 1e-4
 

@@ -94,7 +94,7 @@ def test_splitk_attention_matches_sdpa(shape):
     )
 
 
-@pytest.mark.parametrize("T", [1, 100, 300, 600])  # 4 slots each: Triton up to TRITON_MAX_SLOTS pairs, grouped above
+@pytest.mark.parametrize("T", [1, 100, 300, 600])  # 4 slots each: Triton up to max_slots pairs, grouped above
 def test_moe_grouped_matches_loop(T):
     torch.manual_seed(0)
     D, I, E, k = 256, 128, 16, 4

@@ -12,9 +12,11 @@ import torch
 import torch.nn.functional as F
 
 from hypic_agent.kernels import norm
+from hypic_agent.kernels.config import KernelConfig
 from hypic_agent.runtime.models.norms import GatedRMSNorm, RMSNorm
 
 DTYPES = [torch.float32, torch.bfloat16]
+ANY_ROWS = KernelConfig(norm_fla_min_rows=0)  # modules: the fla path for inputs of any length
 
 
 def _old_rms(x, w, eps, zero_centered):
@@ -117,12 +119,12 @@ def fake_fla(monkeypatch):
     monkeypatch.setitem(sys.modules, "hypic_agent.kernels.norm_fla", fake)
     monkeypatch.setattr(norm, "resolve_backend", lambda name, device: "fla")
     monkeypatch.setattr(norm, "FLA_ERRORS", {})
-    monkeypatch.setattr(norm, "FLA_MIN_ROWS", 0)
     return calls
 
 
 def test_fla_used_only_without_autograd(fake_fla):
     mod = RMSNorm(16, 1e-6, True)
+    mod.kernels = ANY_ROWS
     x = _rand(5, 16, dtype=torch.bfloat16)
     mod.to(torch.bfloat16)
     y = mod(x)  # grad enabled and weight requires grad: torch path
@@ -134,6 +136,7 @@ def test_fla_used_only_without_autograd(fake_fla):
     assert w1.dtype == torch.float32 and torch.equal(w1, 1.0 + mod.weight.float())
     assert (y.float() - _old_rms(x, mod.weight, 1e-6, True).float()).abs().max() < 2e-2
     gmod = GatedRMSNorm(16, 1e-6)
+    gmod.kernels = ANY_ROWS
     with torch.inference_mode():
         gmod(_rand(2, 3, 16), _rand(2, 3, 16, seed=1))
     assert fake_fla[-1][0] == "gated" and fake_fla[-1][1] is gmod.weight
@@ -141,6 +144,7 @@ def test_fla_used_only_without_autograd(fake_fla):
 
 def test_plus_one_cache_invalidates(fake_fla):
     mod = RMSNorm(8, 1e-6, True)
+    mod.kernels = ANY_ROWS
     x = _rand(2, 8)
     with torch.no_grad():
         mod(x)
@@ -159,21 +163,28 @@ def test_fla_failure_warns_once_and_falls_back(monkeypatch, caplog):
     monkeypatch.setitem(sys.modules, "hypic_agent.kernels.norm_fla", broken)
     monkeypatch.setattr(norm, "resolve_backend", lambda name, device: "fla")
     monkeypatch.setattr(norm, "FLA_ERRORS", {})
-    monkeypatch.setattr(norm, "FLA_MIN_ROWS", 0)
     x, z, w = _rand(4, 8), _rand(4, 8, seed=1), _rand(8, seed=2)
     with caplog.at_level(logging.WARNING, logger=norm.__name__), torch.no_grad():
         for _ in range(3):
-            assert torch.equal(norm.rms_norm(x, w, 1e-6, zero_centered=False), _old_rms(x, w, 1e-6, False))
-            assert torch.equal(norm.gated_rms_norm(x, z, w, 1e-6), _old_gated(x, z, w, 1e-6))
+            got = norm.rms_norm(x, w, 1e-6, zero_centered=False, min_rows=0)
+            assert torch.equal(got, _old_rms(x, w, 1e-6, False))
+            assert torch.equal(norm.gated_rms_norm(x, z, w, 1e-6, min_rows=0), _old_gated(x, z, w, 1e-6))
     assert set(norm.FLA_ERRORS) == {"rms_norm", "gated_rms_norm"}
     assert len([r for r in caplog.records if "fla" in r.getMessage()]) == 2  # one per op
 
 
-def test_short_inputs_stay_on_torch(fake_fla, monkeypatch):
-    monkeypatch.setattr(norm, "FLA_MIN_ROWS", 6)
+def test_short_inputs_stay_on_torch(fake_fla):
     w = _rand(16, seed=3)
     with torch.no_grad():
-        norm.rms_norm(_rand(5, 16), w, 1e-6, zero_centered=False)  # 5 rows: torch
+        norm.rms_norm(_rand(5, 16), w, 1e-6, zero_centered=False, min_rows=6)  # 5 rows: torch
         assert fake_fla == []
-        norm.rms_norm(_rand(2, 3, 16), w, 1e-6, zero_centered=False)  # 6 rows: fla
-    assert [c[0] for c in fake_fla] == ["rms"]
+        norm.rms_norm(_rand(2, 3, 16), w, 1e-6, zero_centered=False, min_rows=6)  # 6 rows: fla
+        assert [c[0] for c in fake_fla] == ["rms"]
+        norm.rms_norm(_rand(511, 16), w, 1e-6, zero_centered=False)  # the default: 512 rows
+        assert len(fake_fla) == 1
+        mod = GatedRMSNorm(16, 1e-6)  # a module reads its kernels' norm_fla_min_rows
+        mod(_rand(511, 16), _rand(511, 16, seed=1))
+        assert len(fake_fla) == 1
+        mod.kernels = KernelConfig(norm_fla_min_rows=6)
+        mod(_rand(6, 16), _rand(6, 16, seed=1))
+    assert [c[0] for c in fake_fla] == ["rms", "gated"]

@@ -62,6 +62,7 @@ import functools
 from unittest import mock
 import torch
 from hypic_agent.kernels import combine_scan, combine_scan_triton, combine_scan_wy_triton, gather_spans
+from hypic_agent.kernels.config import KernelConfig
 from hypic_agent.runtime.hypic import combine as comb
 from hypic_agent.runtime.hypic import splice
 from hypic_agent.runtime.hypic import combine_inputs as combine_inputs_mod
@@ -86,14 +87,15 @@ for scan, mode, seams in cases:
             mock.patch.object(splice, "resolve_triton", lambda b, d: True), \
             mock.patch.object(gather_spans, "resolve_triton", lambda b, d: True), \
             mock.patch.object(combine_scan, "resolve_triton", lambda b, d: True), \
-            mock.patch.object(combine_scan, "TRITON_SCAN", scan), \
             mock.patch.object(combine_scan_wy_triton, "wy_chain_triton", fixed_wy), \
             mock.patch.object(combine_scan_triton, "gdn_combine_scan_triton", fixed):
-        inputs = combine_inputs(model, lay, list(entries), mode != "addition", True)
+        kernels = KernelConfig(combine_scan=scan)
+        inputs = combine_inputs(model, lay, list(entries), mode != "addition", True, kernels=kernels)
         assert all(p is not None and p.tables is not None for p in inputs.plan.values()), mode
         assert (inputs.lead is not None) == (seams[0] == 0), mode
-        assert inputs.by_pointer(), mode  # conv tails and attention bodies by pointer too
-        got = comb.combine(model, lay, list(entries), mode_spec(mode), fused_scan=True)
+        assert inputs.by_pointer() and inputs.kernels is kernels, mode  # conv tails, attention bodies by pointer
+        assert (inputs.tables()._steps is not None) == (scan == "wy"), mode  # the WY steps planned up front
+        got = comb.combine(model, lay, list(entries), mode_spec(mode), fused_scan=True, kernels=kernels)
     assert rel_err(got.last_logits, ref.last_logits) < 1e-4, (scan, mode, rel_err(got.last_logits, ref.last_logits))
     for a, b in zip(got.layers, ref.layers):
         if hasattr(a, "recurrent"):
@@ -175,9 +177,8 @@ from unittest import mock
 from hypic_agent.kernels import combine_scan, combine_scan_triton
 fixed = functools.partial(gdn_combine_scan_triton, bv=16, body_chunk=16, num_warps=2)
 with mock.patch.object(combine_scan, "resolve_triton", lambda b, d: True), \
-        mock.patch.object(combine_scan, "TRITON_SCAN", "token"), \
         mock.patch.object(combine_scan_triton, "gdn_combine_scan_triton", fixed):
-    o, h = combine_scan.gdn_combine_scan(**x, chain=chain, h0=h0)
+    o, h = combine_scan.gdn_combine_scan(**x, chain=chain, h0=h0, scan="token")
 ro, rh = gdn_combine_scan_torch(**x, chain=chain, h0=h0)
 assert rel_err(o, ro) < 1e-5 and rel_err(h, rh) < 1e-5, (rel_err(o, ro), rel_err(h, rh))
 """

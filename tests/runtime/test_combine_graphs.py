@@ -1,5 +1,5 @@
-"""Combine graphs on CPU: layout keys, pointer tables and their in-place refresh, eager fallbacks
-(capture and replay on the H200: test_gpu_model.py)."""
+"""Combine graphs on CPU: layout keys, pointer tables and their in-place refresh, capture admission
+(capture and replay against eager on the H200: test_gpu_model.py)."""
 
 from __future__ import annotations
 
@@ -8,11 +8,10 @@ from unittest import mock
 import pytest
 import torch
 
+from hypic_agent.kernels.config import KernelConfig
 from hypic_agent.runtime.hypic import combine_inputs as ci
 from hypic_agent.runtime.hypic import splice
 from hypic_agent.runtime.hypic.build import build_entries
-from hypic_agent.runtime.hypic.combine import combine
-from hypic_agent.runtime.hypic.combine_graphs import enable_combine_graphs
 from hypic_agent.runtime.hypic.layout import plan_layout
 from hypic_agent.runtime.hypic.modes import mode_spec
 
@@ -60,10 +59,11 @@ def test_refreshed_tables_equal_freshly_planned_ones(mode, seam):
     with (
         mock.patch.object(ci, "resolve_triton", lambda b, d: True),
         mock.patch.object(splice, "resolve_triton", lambda b, d: True),
-        mock.patch.object(ci.combine_scan, "TRITON_SCAN", "wy"),
     ):
-        planned = ci.combine_inputs(model, lay_a, [entries[0], entries[1], entries[2]], spec.transition, True)
-        fresh = ci.combine_inputs(model, lay_b, e_b, spec.transition, True)
+        wy = KernelConfig(combine_scan="wy")
+        e_a = [entries[0], entries[1], entries[2]]
+        planned = ci.combine_inputs(model, lay_a, e_a, spec.transition, True, kernels=wy)
+        fresh = ci.combine_inputs(model, lay_b, e_b, spec.transition, True, kernels=wy)
     assert planned.by_pointer() and (planned.lead is not None) == (seam == 0)
     planned.refresh(model, lay_b, e_b)
     ta, tb = planned.tables(), fresh.tables()
@@ -96,18 +96,6 @@ def test_refresh_refuses_entries_of_another_dtype():
         planned = ci.combine_inputs(model, lay, [entries[0], entries[1]], True, True)
     with pytest.raises(ValueError, match="planned for"):
         planned.refresh(model, plan_layout([segs[2], segs[3]], list(bf16), [4, 4], q, CPU), list(bf16))
-
-
-def test_graph_runner_stays_eager_off_cuda():
-    model, _, _ = make_model("qwen3_5_moe_text")
-    segs, entries = _pool(model)
-    lay = plan_layout([segs[0], segs[1]], [entries[0], entries[1]], [4, 4], rand_tokens(5, 9), CPU)
-    ref = combine(model, lay, [entries[0], entries[1]], mode_spec("hypic"))
-    runner = enable_combine_graphs(model, capture_after=1)
-    for _ in range(2):
-        got = combine(model, lay, [entries[0], entries[1]], mode_spec("hypic"))
-        assert torch.equal(ref.last_logits, got.last_logits)
-    assert runner.graphs == {} and runner.seen == {} and runner.disabled is None
 
 
 def test_capture_admission_keeps_hot_layouts():

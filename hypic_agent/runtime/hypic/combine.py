@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator
 import torch
 
 from hypic_agent.kernels import chain as chain_ops
+from hypic_agent.kernels.config import DEFAULT_KERNELS, KernelConfig
 from hypic_agent.runtime.graphs import mixer_in, mixer_out
 from hypic_agent.runtime.hypic.build import ColdBatch
 from hypic_agent.runtime.hypic.combine_graphs import CombineGraphs
@@ -68,17 +69,21 @@ def _linear(
     scan: LayerScan | None,
     tails: torch.Tensor | None,
     h0: torch.Tensor | None,
+    kernels: KernelConfig,
 ) -> tuple[torch.Tensor, LinearLayerState]:
     """``inputs``: ``GatedDeltaNet.inputs`` of the active tokens; ``scan``: the layer's chain for the
     fused scan (None: the chunked path); ``tails``: the conv states entering the pieces (None: from
-    the entries); ``h0``: the composed leading bodies (None: zero) -> (o
-    ``[T, HV, V]`` before the output projection, state)."""
+    the entries); ``h0``: the composed leading bodies (None: zero); ``kernels``: the fused scan's
+    kernel choices -> (o ``[T, HV, V]`` before the output projection, state)."""
     mixed, z, g, beta = inputs
     dev = mixed.device
     init = _conv_init(mixer, lay, entries, li, mixed, tails)
     ops, conv_final = mixer.convolve(mixed, z, g, beta, lay.cu_pieces, init)
     if scan is not None:
-        o, final = mixer.mix_scan(ops, scan.chain, transition=spec.transition, tables=scan.tables, h0=h0)
+        o, final = mixer.mix_scan(
+            ops, scan.chain, transition=spec.transition, tables=scan.tables, h0=h0, scan=kernels.combine_scan,
+            precise_for_half=kernels.precise_for_half,
+        )  # fmt: skip
         return o, LinearLayerState(final, conv_final[-1])
     hv, kd, vd = mixer.hv, mixer.dk, mixer.dv
     h0 = torch.zeros(hv, kd, vd, device=dev, dtype=torch.float32)
@@ -163,11 +168,14 @@ def combine(
     *,
     fused_scan: bool | None = None,
     cold: ColdBatch | None = None,
+    kernels: KernelConfig = DEFAULT_KERNELS,
 ) -> RequestState:
     """Build the request's working state from entries + active tokens; sets ``last_logits``.
 
     ``fused_scan``: run linear layers through the fused combine scan (True), the chunked path
-    (False) or pick (None: fused on CUDA for few active tokens).
+    (False) or pick (None: fused on CUDA for few active tokens). ``kernels``: the kernel choices the
+    forward is planned and run with (``combine_inputs``; the combine graphs are kept per choice).
+    The model's own modules (MoE, norms) read theirs (``HybridForCausalLM.set_kernels``).
 
     ``cold``: segments without an entry yet, built in the same forward. Their entries (``cold.entries``,
     already placed in ``entries``) are filled layer by layer before the active tokens read them, and
@@ -178,19 +186,19 @@ def combine(
     (``combine_graphs``; enabled with the layer graphs)."""
     graphs = model.combine_graphs if cold is None else None
     if isinstance(graphs, CombineGraphs):
-        state = graphs.replay(lay, entries, spec, fused_scan)
+        state = graphs.replay(lay, entries, spec, fused_scan, kernels)
         if state is not None:
             return state
     if cold is not None:  # planned once the GPU has the first layer's work (see forward_steps)
         *_, state = forward_steps(
-            model, lay, entries, spec, lambda: combine_inputs(model, lay, entries, spec.transition, fused_scan, cold),
-            cold,
+            model, lay, entries, spec,
+            lambda: combine_inputs(model, lay, entries, spec.transition, fused_scan, cold, kernels=kernels), cold,
         )  # fmt: skip
         assert isinstance(state, RequestState)
         return state
-    inputs = combine_inputs(model, lay, entries, spec.transition, fused_scan, cold)
-    if isinstance(graphs, CombineGraphs) and graphs.should_capture(lay, spec, fused_scan):
-        state = graphs.capture(lay, entries, spec, fused_scan, inputs, forward_steps)
+    inputs = combine_inputs(model, lay, entries, spec.transition, fused_scan, cold, kernels=kernels)
+    if isinstance(graphs, CombineGraphs) and graphs.should_capture(lay, spec, fused_scan, kernels):
+        state = graphs.capture(lay, entries, spec, fused_scan, kernels, inputs, forward_steps)
         if state is not None:
             return state
     *_, state = forward_steps(model, lay, entries, spec, inputs, cold)
@@ -242,7 +250,7 @@ def forward_steps(
             row = lin_row[li]
             o, st = _linear(
                 layer.linear_attn, xs, lay, entries, li, spec, planned.plan[li],
-                None if tails is None else tails[row], None if h0_all is None else h0_all[row],
+                None if tails is None else tails[row], None if h0_all is None else h0_all[row], planned.kernels,
             )  # fmt: skip
             extra = both[1:2]  # z
         else:

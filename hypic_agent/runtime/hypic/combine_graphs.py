@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from hypic_agent.kernels import combine_scan
+from hypic_agent.kernels.config import KernelConfig
 from hypic_agent.runtime.graphs import eager_stages
 from hypic_agent.runtime.hypic.combine_inputs import CombineInputs
 from hypic_agent.runtime.hypic.entry import SegmentEntry
@@ -63,7 +63,8 @@ class _Captured:
 
 
 class CombineGraphs:
-    """Per (layout, mode) CUDA graphs of ``combine.forward_steps``; attach with ``enable_combine_graphs``."""
+    """Per (layout, mode, kernel choices) CUDA graphs of ``combine.forward_steps``; attach with
+    ``enable_combine_graphs``."""
 
     def __init__(self, model: HybridForCausalLM, capture_after: int = 2, max_graphs: int = 4) -> None:
         self.model = model
@@ -75,19 +76,28 @@ class CombineGraphs:
         self.replays = 0
         self._sightings = 0
 
-    def key(self, lay: CombineLayout, spec: ModeSpec, fused_scan: bool | None) -> tuple[Any, ...]:
-        return (lay.shape_key, spec, fused_scan, combine_scan.TRITON_SCAN)
+    def key(
+        self, lay: CombineLayout, spec: ModeSpec, fused_scan: bool | None, kernels: KernelConfig
+    ) -> tuple[Any, ...]:
+        """A graph per layout, mode, scan path and kernel choices (the scan kernel, its precision,
+        the leading bodies' composition are in the captured forward)."""
+        return (lay.shape_key, spec, fused_scan, kernels)
 
     def usable(self, lay: CombineLayout) -> bool:
         return self.disabled is None and self.capture_after > 0 and lay.active_ids.is_cuda and bool(lay.shape_key)
 
     def replay(
-        self, lay: CombineLayout, entries: list[SegmentEntry | None], spec: ModeSpec, fused_scan: bool | None
+        self,
+        lay: CombineLayout,
+        entries: list[SegmentEntry | None],
+        spec: ModeSpec,
+        fused_scan: bool | None,
+        kernels: KernelConfig,
     ) -> RequestState | None:
         """The request's state from its layout's graph, or None (no graph yet, or one it cannot use)."""
         if not self.usable(lay):
             return None
-        key = self.key(lay, spec, fused_scan)
+        key = self.key(lay, spec, fused_scan, kernels)
         cap = self.graphs.get(key)
         if cap is None:
             return None
@@ -105,9 +115,11 @@ class CombineGraphs:
         out.length, out.tokens = lay.total, list(lay.tokens)
         return out
 
-    def should_capture(self, lay: CombineLayout, spec: ModeSpec, fused_scan: bool | None) -> bool:
+    def should_capture(
+        self, lay: CombineLayout, spec: ModeSpec, fused_scan: bool | None, kernels: KernelConfig
+    ) -> bool:
         """Count a sighting of this layout (one without a graph); True when it should be captured now."""
-        return self.usable(lay) and self.note(self.key(lay, spec, fused_scan))
+        return self.usable(lay) and self.note(self.key(lay, spec, fused_scan, kernels))
 
     def note(self, key: tuple[Any, ...]) -> bool:
         """Count a sighting of ``key``; whether to capture it now: seen ``capture_after`` times, and
@@ -137,11 +149,12 @@ class CombineGraphs:
         entries: list[SegmentEntry | None],
         spec: ModeSpec,
         fused_scan: bool | None,
+        kernels: KernelConfig,
         inputs: CombineInputs,
         forward_steps: ForwardSteps,
     ) -> RequestState | None:
-        """Capture ``forward_steps`` on ``inputs`` (planned for ``lay``) and replay it; None when the
-        inputs are not all by pointer or the capture fails (the caller runs eagerly)."""
+        """Capture ``forward_steps`` on ``inputs`` (planned for ``lay`` with ``kernels``) and replay it;
+        None when the inputs are not all by pointer or the capture fails (the caller runs eagerly)."""
         if not inputs.by_pointer() or not self.usable(lay):
             return None
         dev = lay.active_ids.device
@@ -162,7 +175,7 @@ class CombineGraphs:
             return None
         while len(self.graphs) >= self.max_graphs:
             del self.graphs[self._victim()]
-        self.graphs[self.key(lay, spec, fused_scan)] = _Captured(graphs, lay, inputs, out)
+        self.graphs[self.key(lay, spec, fused_scan, kernels)] = _Captured(graphs, lay, inputs, out)
         for graph in graphs:
             graph.replay()
         return out.clone()

@@ -24,15 +24,12 @@ import torch
 from hypic_agent.kernels import chain as chain_ops
 from hypic_agent.kernels import combine_scan
 from hypic_agent.kernels.backend import refill_async, resolve_triton, same_device
+from hypic_agent.kernels.config import DEFAULT_KERNELS, KernelConfig
 from hypic_agent.runtime.hypic import splice as splice_ops
 from hypic_agent.runtime.hypic.build import ColdBatch
 from hypic_agent.runtime.hypic.entry import LinearEntry, SegmentEntry
 from hypic_agent.runtime.hypic.layout import CombineLayout
 from hypic_agent.runtime.models.hybrid import HybridForCausalLM
-
-# Compose the bodies at the head of the prompt for all layers before the forward (see ``scan_plan``);
-# False runs them inside each layer's scan (kept for A/B measurements).
-PRECOMPOSE_LEADING_BODIES = True
 
 
 @dataclass
@@ -69,6 +66,7 @@ class CombineInputs:
     lead: Lead | None = None
     splice: splice_ops.SpliceTables | None = None
     start: int = 0  # first chain link of the scan tables (the leading bodies come before it)
+    kernels: KernelConfig = DEFAULT_KERNELS  # the kernel choices planned for (the forward runs with them)
 
     @property
     def lin_row(self) -> dict[int, int]:
@@ -183,41 +181,46 @@ def combine_inputs(
     transition: bool,
     fused_scan: bool | None = None,
     cold: ColdBatch | None = None,
+    *,
+    kernels: KernelConfig = DEFAULT_KERNELS,
 ) -> CombineInputs:
     """Plan the request's forward inputs. ``fused_scan``: the fused scan (True), the chunked path
     (False) or pick (None: fused Triton on CUDA for at most ``combine_scan.MAX_TOKENS`` active tokens).
+    ``kernels``: the kernel choices (the scan, whether the leading bodies are composed first), kept
+    on the inputs for the forward.
 
     The leading bodies stop at the first piece and at the first segment of ``cold`` (built inside
-    this forward: its pairs exist only once its layer has run)."""
+    this forward: its pairs exist only once its layer has run); with ``precompose_leading_bodies``
+    off there are none (each layer's scan runs them)."""
     dev = lay.active_ids.device
     splice = splice_ops.build(model, lay, entries, dev) if cold is None else None
     lin = [i for i, layer in enumerate(model.layers) if layer.linear_attn is not None]
     if not lin or fused_scan is False:
-        return CombineInputs(dict.fromkeys(lin), splice=splice)
+        return CombineInputs(dict.fromkeys(lin), splice=splice, kernels=kernels)
     mixer = model.layers[lin[0]].linear_attn
     assert mixer is not None
     triton = resolve_triton(mixer.backend, dev)
     if fused_scan is None and not (triton and lay.active_ids.numel() <= combine_scan.MAX_TOKENS):
-        return CombineInputs(dict.fromkeys(lin), splice=splice)
+        return CombineInputs(dict.fromkeys(lin), splice=splice, kernels=kernels)
     building = {id(e) for e in cold.entries} if cold is not None else set()
     lead = next(
         (i for i, item in enumerate(lay.chain) if item.kind != "body" or id(entries[item.index]) in building),
         len(lay.chain),
     )
-    lead = lead if PRECOMPOSE_LEADING_BODIES else 0
+    lead = lead if kernels.precompose_leading_bodies else 0
     like = pair(entries, lay.chain[0].index, lin[0]) if lead else None
     if not triton:  # the torch twin
         heads = [[pair(entries, item.index, li) for item in lay.chain[:lead]] for li in lin]
         first = None if like is None else Lead(like, transition, pairs=heads)
         plan = {li: LayerScan(chain_links(lay, entries, li)[lead:]) for li in lin}
-        return CombineInputs(plan, first, splice, lead)  # type: ignore[arg-type]
+        return CombineInputs(plan, first, splice, lead, kernels)  # type: ignore[arg-type]
     try:
         tables = pair_tables(lay, entries, dev, len(lin), start=lead)
         lead_ptrs = pair_tables(lay, entries, dev, len(lin), stop=lead).ptrs if lead else None
     except ValueError:  # mixed pair dtypes or devices: the chunked path converts as it goes
-        return CombineInputs(dict.fromkeys(lin), splice=splice)
-    if combine_scan.TRITON_SCAN == "wy":
+        return CombineInputs(dict.fromkeys(lin), splice=splice, kernels=kernels)
+    if kernels.combine_scan == "wy":
         tables.wy_steps()  # planned now: nothing in the forward copies from the host
     first = None if like is None else Lead(like, transition, ptrs=lead_ptrs)
     plan = {li: LayerScan([], (tables, row)) for row, li in enumerate(lin)}
-    return CombineInputs(plan, first, splice, lead)  # type: ignore[arg-type]
+    return CombineInputs(plan, first, splice, lead, kernels)  # type: ignore[arg-type]

@@ -19,6 +19,7 @@ from torch import nn
 from hypic_agent.kernels import combine_scan, gdn_pairs
 from hypic_agent.kernels import conv as conv_ops
 from hypic_agent.kernels import gdn as gdn_ops
+from hypic_agent.kernels.config import DEFAULT_KERNELS, ScanName
 from hypic_agent.kernels.gdn_pairs import PairSink, SeamSplit
 from hypic_agent.runtime.models.config import HybridConfig
 from hypic_agent.runtime.models.norms import GatedRMSNorm
@@ -182,14 +183,17 @@ class GatedDeltaNet(nn.Module):
         transition: bool,
         tables: tuple[combine_scan.ChainTables, int] | None = None,
         h0: torch.Tensor | None = None,
+        scan: ScanName = DEFAULT_KERNELS.combine_scan,
+        precise_for_half: bool = DEFAULT_KERNELS.precise_for_half,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Pieces and cached bodies in chain order from ``h0 [HV, K, V]`` (None: zero), fused
-        (``kernels.combine_scan``) -> (o ``[T, HV, V]``, final state ``[HV, K, V]`` fp32)."""
+        (``kernels.combine_scan``; ``scan``, ``precise_for_half``: its kernel choices) -> (o
+        ``[T, HV, V]``, final state ``[HV, K, V]`` fp32)."""
         if h0 is None:
             h0 = torch.zeros(self.hv, self.dk, self.dv, device=ops.v.device, dtype=torch.float32)
         return combine_scan.gdn_combine_scan(
             ops.q, ops.k, ops.v, ops.g, ops.beta, chain, h0, use_qk_l2norm=True, transition=transition,
-            backend=self.backend, tables=tables,
+            backend=self.backend, tables=tables, scan=scan, precise_for_half=precise_for_half,
         )  # fmt: skip
 
     def output(self, o: torch.Tensor, z: torch.Tensor) -> torch.Tensor:

@@ -9,10 +9,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from hypic_agent.kernels.config import KernelConfig
 from hypic_agent.runtime.models.attention import FullAttention
 from hypic_agent.runtime.models.config import HybridConfig
 from hypic_agent.runtime.models.gated_deltanet import GatedDeltaNet
-from hypic_agent.runtime.models.mlp import build_mlp
+from hypic_agent.runtime.models.mlp import Experts, build_mlp
 from hypic_agent.runtime.models.norms import GatedRMSNorm, RMSNorm
 
 
@@ -99,6 +100,14 @@ class HybridForCausalLM(nn.Module):
         for m in self.modules():
             if isinstance(m, RMSNorm | GatedRMSNorm):
                 m.backend = backend
+
+    def set_kernels(self, kernels: KernelConfig) -> None:
+        """Kernel choices for every module that calls a configurable kernel: the MoE experts
+        (``moe_triton_*``) and the norms (``norm_fla_min_rows``). Set before layer graphs are
+        captured: a captured graph keeps the path it was captured with."""
+        for m in self.modules():
+            if isinstance(m, RMSNorm | GatedRMSNorm | Experts):
+                m.kernels = kernels
 
     def load_weights(self, tensors: dict[str, torch.Tensor], strict: bool = True) -> None:
         """Copy tensors named as in ``state_dict()``; tied lm_head may be absent."""

@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hypic_agent.kernels import moe as moe_ops
+from hypic_agent.kernels.config import DEFAULT_KERNELS, KernelConfig
 from hypic_agent.runtime.models.config import HybridConfig
 
 
@@ -43,15 +44,21 @@ class Router(nn.Module):
 
 
 class Experts(nn.Module):
-    """Fused expert weights: ``gate_up_proj [E, 2I, D]``, ``down_proj [E, D, I]``."""
+    """Fused expert weights: ``gate_up_proj [E, 2I, D]``, ``down_proj [E, D, I]``. ``kernels``: the
+    kernel choices (``moe_triton_*``), set with ``HybridForCausalLM.set_kernels``."""
 
     def __init__(self, num_experts: int, hidden: int, intermediate: int) -> None:
         super().__init__()
         self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * intermediate, hidden))
         self.down_proj = nn.Parameter(torch.empty(num_experts, hidden, intermediate))
+        self.kernels: KernelConfig = DEFAULT_KERNELS
 
     def forward(self, x: torch.Tensor, top_i: torch.Tensor, top_w: torch.Tensor) -> torch.Tensor:
-        return moe_ops.moe_experts(x, top_i, top_w, self.gate_up_proj, self.down_proj)
+        k = self.kernels
+        return moe_ops.moe_experts(
+            x, top_i, top_w, self.gate_up_proj, self.down_proj, max_slots=k.moe_triton_max_slots,
+            block_m=k.moe_triton_block_m,
+        )  # fmt: skip
 
 
 class SparseMoE(nn.Module):

@@ -1,0 +1,78 @@
+"""Kernel choices: one frozen value for the A/B switches of the kernels and the paths around them.
+
+``Settings.kernels`` (``HYPIC_KERNELS__<FIELD>``) builds it; the engine builds one from its settings
+and hands it down: to ``combine`` (which plans with it and keys its CUDA graphs on it), to the layer
+graphs (``graph_bucket_step``), and to the model's modules that call a configurable kernel
+(``HybridForCausalLM.set_kernels``: the MoE experts and the norms read their module's ``kernels``).
+Kernel functions take the values as keyword arguments whose defaults are ``DEFAULT_KERNELS``', so
+tests and tools that call them directly run the default paths.
+
+No torch here: ``hypic_agent.config`` imports this module.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+ScanName = Literal["wy", "token"]
+SCANS: tuple[str, ...] = ("wy", "token")
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """Every kernel choice, with the defaults the project runs with.
+
+    * ``combine_scan``: the fused combine scan on CUDA (``kernels.combine_scan``): ``"wy"``
+      (``combine_scan_wy``: every chunk's factors in parallel, then a pipelined chain of chunk + body
+      steps) or ``"token"`` (the token loop of ``combine_scan_triton``, and above ``CHUNKED_FROM``
+      tokens the fla-factor chunked scan), kept for A/B measurements.
+    * ``precise_for_half``: whether the WY chain keeps its state's dots at about fp32 (tf32x3) for
+      bf16 / fp16 outputs with fp32 pairs rather than one tf32 pass. One pass: 0.235 -> 0.132 ms per
+      layer at the Qwen3.5 combine shape (24 steps, H200, 2026-12-01), state error ~1e-3 relative;
+      the model's own forward (fla's chunk kernels) rounds the state to bf16 for its dots, so a tf32
+      chain stays below the reference's own rounding.
+    * ``moe_triton_max_slots``: (token, slot) pairs up to which CUDA runs the MoE's Triton kernels,
+      above it the grouped GEMM. The Triton kernels read an expert's weights once per 16 of its rows;
+      with the routing tables from one sort (``moe_triton.align``) a warm 210-token combine (1,680
+      pairs) on the H200 took 41.8 ms of GPU time against 47.6 ms with the grouped GEMM (2026-12-01;
+      with the earlier one-hot tables, whose scan cost more than the GEMM, 60.5 against 52.8 ms,
+      which is why the limit was 512).
+    * ``moe_triton_block_m``: rows per block of those Triton kernels (an expert's weights are read
+      once per block of its rows); None: the kernels' default (16).
+    * ``norm_fla_min_rows``: below this many rows the norms stay on torch: a few native launches
+      cost less host time than fla's Python launch path, and the GPU work is tiny either way (short
+      forwards: decode, combine).
+    * ``precompose_leading_bodies``: compose the bodies at the head of a ``w = 0`` prompt for all
+      layers before the combine forward (``combine_inputs``); False runs them inside each layer's
+      scan (kept for A/B measurements).
+    * ``graph_bucket_step``: the layer graphs' token buckets above 2,048 rows
+      (``runtime.graphs.bucket_sizes``).
+    * ``max_fused_cold_tokens``: above this many cold tokens a request's cold segments go through
+      ``scatter_prefill``'s batches instead of its combine forward.
+    """
+
+    combine_scan: ScanName = "wy"
+    precise_for_half: bool = False
+    moe_triton_max_slots: int = 2048
+    moe_triton_block_m: int | None = None
+    norm_fla_min_rows: int = 512
+    precompose_leading_bodies: bool = True
+    graph_bucket_step: int = 128
+    max_fused_cold_tokens: int = 65536
+
+    def __post_init__(self) -> None:
+        if self.combine_scan not in SCANS:
+            raise ValueError(f"combine_scan must be one of {SCANS}, got {self.combine_scan!r}")
+        for name in ("moe_triton_max_slots", "norm_fla_min_rows", "max_fused_cold_tokens"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        bm = self.moe_triton_block_m
+        if bm is not None and not (16 <= bm <= 256 and bm & (bm - 1) == 0):
+            raise ValueError(f"moe_triton_block_m must be None or a power of two in [16, 256], got {bm}")
+        if not 16 <= self.graph_bucket_step <= 8192:
+            raise ValueError(f"graph_bucket_step must be in [16, 8192], got {self.graph_bucket_step}")
+
+
+DEFAULT_KERNELS = KernelConfig()
+"""The defaults (immutable): what kernel functions and modules use when given nothing else."""
