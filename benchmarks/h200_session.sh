@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # H200 calls that check the GPU kernels and re-measure every GPU table of docs/benchmarks.md.
-# Usage (repo root, device machine): bash benchmarks/h200_session.sh [tests] [serving] [decode] [qps] [ttft] [prefill] [overhead] [profile] [next]
+# Usage (repo root, device machine): bash benchmarks/h200_session.sh [tests] [serving] [decode] [qps] [http] [ttft] [prefill] [overhead] [profile] [next]
 # Run from the repo root on the device machine, fla-core etc. on PYTHONPATH; results land in $OUT.
 # Each step has its own time limit (TESTS_S, TTFT_S, PROFILE_S override three of them) so that a slow
 # step cannot take the others' results with it.
@@ -38,6 +38,8 @@ for st in $STEPS; do case $st in
             --contexts 2048 20480 --out "$OUT/decode.json" ;;
   qps) step ${QPS_S:-420} qps python3 qps.py --shape qwen3_5_35b_a3b --modes prefix_cache hypic --loads 1 2 4 8 16 \
          --out "$OUT/qps.json" ;;
+  http) step ${HTTP_S:-240} http_overhead python3 http_overhead.py --shape qwen3_5_35b_a3b --segments 20 \
+          --seg-len 1024 --rate 2 --out "$OUT/http_overhead.json" ;;
   ttft) step ${TTFT_S:-300} ttft python3 ttft.py --shape qwen3_5_35b_a3b --pool 120 --segments 20 --seg-len 1024 \
           --requests 5 --warmup 1 --hit-rates 1.0 0.8 --out "$OUT/ttft.json" ;;
   prefill) step 150 prefill python3 prefill.py --shape qwen3_5_35b_a3b --lengths 4096 16384 32768 --reps 2 \
@@ -48,5 +50,5 @@ for st in $STEPS; do case $st in
              --combine-only --scatter --out "$OUT/combine_profile.json" ;;
   next) step 100 prefill_next python3 prefill.py --shape qwen3_next_80b_a3b --layers 12 --lengths 32768 \
           --reps 2 --out "$OUT/prefill_next.json" ;;
-  *) echo "unknown step $st (tests serving decode qps ttft prefill overhead profile next)"; exit 2 ;;
+  *) echo "unknown step $st (tests serving decode qps http ttft prefill overhead profile next)"; exit 2 ;;
 esac; done

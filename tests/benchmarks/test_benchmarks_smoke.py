@@ -144,3 +144,26 @@ def test_grammar_smoke(tmp_path):
     rows = {(r["engine"], r["case"]): r for r in res["rows"]}
     assert set(rows) == {("xgrammar", "json_object"), ("xgrammar", "json_schema"), ("xgrammar", "tool_call")}
     assert all(r["tokens"] > 0 and r["total_us"] > 0 for r in rows.values())
+
+
+def test_serving_benchmarks_smoke(tmp_path):
+    dec = run(
+        "decode.py", "--shape", "tiny:qwen3_5_text", "--device", "cpu", "--dtype", "float32", "--batches", "1", "3",
+        "--contexts", "40", "--steps", "2", "--warmup", "1", out=tmp_path / "d.json",
+    )  # fmt: skip
+    assert [(r["context"], r["batch"]) for r in dec["rows"]] == [(40, 1), (40, 3)]
+    assert all(r["ms_per_step"] > 0 and r["hbm_floor_ms"] > 0 for r in dec["rows"])
+    qps = run(
+        "qps.py", "--shape", "tiny:qwen3_5_text", "--device", "cpu", "--dtype", "float32", "--modes", "hypic",
+        "--seg-len", "24", "--segments", "3", "--pool", "8", "--loads", "8", "--per-load", "3", "--warm-requests", "2",
+        "--max-tokens", "3", out=tmp_path / "q.json",
+    )  # fmt: skip
+    (row,) = qps["rows"]
+    assert row["requests"] == 3 and row["combine_steps"] == 3 and row["decode_tokens"] == 3 * 2
+    http = run(
+        "http_overhead.py", "--shape", "tiny:qwen3_5_text", "--device", "cpu", "--dtype", "float32",
+        "--seg-len", "24", "--segments", "2", "--pool", "4", "--requests", "3", "--rate", "20", "--max-tokens", "2",
+        out=tmp_path / "h.json",
+    )  # fmt: skip
+    assert [r["path"] for r in http["rows"]] == ["direct", "http", "direct again", "http again"]
+    assert all(r["n"] == 3 for r in http["rows"])

@@ -105,6 +105,7 @@ class Scheduler:
 
     def _loop(self) -> None:
         while not self._stop.is_set():
+            self._wake.clear()  # before the step: a submit during it is not lost
             try:
                 busy = self.step()
             except Exception:  # a step never kills the engine thread (its requests were failed)
@@ -113,7 +114,6 @@ class Scheduler:
                 self._stop.wait(0.05)
             if not busy:
                 self._wake.wait(0.05)
-                self._wake.clear()
 
     # ------------------------------------------------------------------ engine side
     def step(self) -> bool:
