@@ -6,9 +6,26 @@ engine's integration with real worker processes on a tiny model (fp32, CPU).
 
 from __future__ import annotations
 
-import pytest
+import os
+import signal
+import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from hypic_agent.config import Settings
+from hypic_agent.runtime.hypic.build import build_entries
+from hypic_agent.runtime.hypic.entry import SegmentEntry
+from hypic_agent.runtime.loader import load_model
 from hypic_agent.runtime.router import CostModel, lpt_assign, makespan, round_robin_assign
+from hypic_agent.runtime.workers.devices import DeviceError, worker_devices
+from hypic_agent.runtime.workers.pool import WorkerPool, WorkerStartError
+from hypic_agent.runtime.workers.protocol import entry_tensors
+
+from .conftest import rand_tokens
 
 
 # ---------------------------------------------------------------------- router: cost model + LPT
@@ -45,3 +62,151 @@ def test_lpt_counts_work_already_queued_per_worker():
     assert makespan(costs, [[0, 1], [2]], loads=[0.0, 6.0]) == 9.0
     with pytest.raises(ValueError):
         lpt_assign(costs, 2, loads=[0.0])
+
+
+# ---------------------------------------------------------------------- worker pool (processes, gloo)
+TINY = "tiny:qwen3_5_text"
+
+
+def _gone(pids: list[int]) -> bool:
+    """Every pid has exited and been reaped (no /proc entry left, not even a zombie)."""
+    return not any(os.path.exists(f"/proc/{p}") for p in pids)
+
+
+def _segments(lengths: list[int], seed: int) -> list[tuple[int, ...]]:
+    return [tuple(rand_tokens(n, seed + i)) for i, n in enumerate(lengths)]
+
+
+def _assert_same_entries(got: list[SegmentEntry], ref: list[SegmentEntry]) -> None:
+    assert len(got) == len(ref)
+    for a, b in zip(got, ref, strict=True):
+        assert a.token_ids == b.token_ids and a.seam == b.seam
+        ta, tb = entry_tensors(a), entry_tensors(b)
+        assert len(ta) == len(tb)
+        for x, y in zip(ta, tb, strict=True):
+            assert x.dtype == y.dtype == torch.float32 and x.shape == y.shape
+            # 1e-6 absolute; rtol 1e-5 because how segments are packed into a batch (which differs
+            # between a worker's share, a local rebuild and the reference) moves the last bits
+            torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-6)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory):
+    settings = Settings(model=TINY, device="cpu", home=tmp_path_factory.mktemp("home"), min_cached_tokens=4)
+    model, _, fingerprint = load_model(settings)
+    return settings, model, fingerprint
+
+
+def _local(model):
+    def build(segs, seams, dt):
+        with single_thread():
+            return build_entries(model, segs, seams, pair_dtype=dt)
+
+    return build
+
+
+@contextmanager
+def single_thread():
+    """Workers run with one intra-op thread; rank 0's reference too, so sums are reduced alike."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def pool(tiny):
+    settings, model, fingerprint = tiny
+    p = WorkerPool(
+        settings.model_dump_json(),
+        ["cpu", "cpu"],
+        model=None,
+        fingerprint=fingerprint,
+        layer_kinds=model.config.layer_types,
+        home=torch.device("cpu"),
+        local_build=_local(model),
+        timeout_s=60,
+        delay_s=0.5,  # each job waits before building: time for the kill test to strike mid-build
+    )
+    yield p
+    pids = p.pids()
+    p.close()
+    assert _gone(pids)
+
+
+def test_entries_built_on_two_workers_equal_local_builds(tiny, pool):
+    _, model, _ = tiny
+    segs = _segments([40, 12, 25, 64, 30], seed=900)
+    seams = [8, 0, 8, 8, 4]
+    jobs0 = pool.stats.jobs
+    got = pool.build(segs, seams)
+    assert pool.stats.jobs - jobs0 == 2  # both workers got a share
+    assert pool.stats.failures == 0 and pool.stats.rebuilt_locally == 0
+    with single_thread():
+        ref = build_entries(model, segs, seams)
+    _assert_same_entries(got, ref)
+    assert len(pool.stats.transfer_ms) >= 5
+    assert pool.cost.n_observations >= 2  # the cost model was refitted to the measured batches
+
+
+def test_kill_9_mid_build_still_gives_the_entries_and_the_worker_comes_back(tiny, pool):
+    _, model, _ = tiny
+    segs = _segments([48, 20, 36, 28], seed=1300)
+    seams = [8, 8, 8, 8]
+    victim = pool.workers[0].proc.pid
+    failures0, restarts0, jobs0 = pool.stats.failures, pool.stats.restarts, pool.stats.jobs
+    with ThreadPoolExecutor(1) as ex:
+        fut = ex.submit(pool.build, segs, seams)
+        deadline = time.monotonic() + 20
+        while pool.stats.jobs < jobs0 + 2 and time.monotonic() < deadline:  # both jobs sent, workers asleep
+            time.sleep(0.01)
+        os.kill(victim, signal.SIGKILL)
+        got = fut.result(timeout=60)
+    with single_thread():
+        ref = build_entries(model, segs, seams)
+    _assert_same_entries(got, ref)
+    assert pool.stats.failures == failures0 + 1
+    assert pool.stats.rebuilt_locally >= 1
+    deadline = time.monotonic() + 60
+    while pool.stats.restarts == restarts0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert pool.stats.restarts == restarts0 + 1
+    assert pool.alive() == [0, 1]
+    assert pool.workers[0].proc.pid != victim and _gone([victim])
+    # the restarted worker builds again
+    entries0 = pool.stats.entries
+    more = _segments([33, 17], seed=1700)
+    got = pool.build(more, [8, 8])
+    assert pool.stats.entries == entries0 + 2
+    with single_thread():
+        _assert_same_entries(got, build_entries(model, more, [8, 8]))
+
+
+def test_a_worker_that_cannot_load_the_model_is_an_error_at_start_up(tiny):
+    settings, model, fingerprint = tiny
+    before = set(mp.active_children())
+    t0 = time.monotonic()
+    with pytest.raises(WorkerStartError, match="no-such-model"):
+        WorkerPool(
+            settings.model_dump_json(),
+            ["cpu"],
+            model="tiny:no-such-model",
+            fingerprint=fingerprint,
+            layer_kinds=model.config.layer_types,
+            home=torch.device("cpu"),
+            local_build=_local(model),
+            timeout_s=60,
+        )
+    assert time.monotonic() - t0 < 30  # reported, not waited out
+    assert set(mp.active_children()) <= before  # the failed worker was reaped
+
+
+def test_bad_scatter_devices_are_clear_errors():
+    cpu = torch.device("cpu")
+    assert worker_devices(3, [], cpu) == ["cpu", "cpu", "cpu"]
+    with pytest.raises(DeviceError, match="not a device name"):
+        worker_devices(2, ["gpu7"], cpu)
+    with pytest.raises(DeviceError, match="rank 0's kind"):
+        worker_devices(2, ["cuda:0", "cuda:1"], cpu)
