@@ -96,4 +96,4 @@ def load_engine(
     if progress:
         progress(f"loading the tokenizer of {source.name}")
     tokenizer = tiny_tokenizer() if source.kind == "tiny" else load_tokenizer(source)
-    return Engine(net, tokenizer, fingerprint, settings, cache=cache, name=source.name)
+    return Engine(net, tokenizer, fingerprint, settings, cache=cache, name=source.name, model_spec=model)

@@ -11,6 +11,7 @@ import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 
 import pytest
 import torch
@@ -19,7 +20,7 @@ import torch.multiprocessing as mp
 from hypic_agent.config import Settings
 from hypic_agent.runtime.hypic.build import build_entries
 from hypic_agent.runtime.hypic.entry import SegmentEntry
-from hypic_agent.runtime.loader import load_model
+from hypic_agent.runtime.loader import load_engine, load_model
 from hypic_agent.runtime.router import CostModel, lpt_assign, makespan, round_robin_assign
 from hypic_agent.runtime.workers.devices import DeviceError, worker_devices
 from hypic_agent.runtime.workers.pool import WorkerPool, WorkerStartError
@@ -210,3 +211,45 @@ def test_bad_scatter_devices_are_clear_errors():
         worker_devices(2, ["gpu7"], cpu)
     with pytest.raises(DeviceError, match="rank 0's kind"):
         worker_devices(2, ["cuda:0", "cuda:1"], cpu)
+
+
+# ---------------------------------------------------------------------- the engine on 2 workers
+@dataclass
+class Seg:
+    token_ids: tuple[int, ...]
+    kind: str = "document"
+
+
+@dataclass
+class Plan:
+    segments: list[Seg]
+    suffix_ids: list[int] = field(default_factory=lambda: rand_tokens(6, 77))
+    bos_id: int | None = None
+
+
+def test_engine_builds_cold_segments_on_the_workers_and_answers_as_one_process(tmp_path):
+    common = {"model": TINY, "device": "cpu", "home": tmp_path, "min_cached_tokens": 4}
+    one = load_engine(Settings(**common))
+    two = load_engine(Settings(**common, scatter_workers=2))
+    try:
+        assert one.scatter_pool is None and two.scatter_pool is not None
+        pids = two.scatter_pool.pids()
+        assert len(pids) == 2 and os.getpid() not in pids
+        plan = Plan([Seg(s) for s in _segments([60, 18, 40, 24], seed=2100)])
+        with single_thread():
+            ref = one.prepare(plan, mode="hypic")
+        got = two.prepare(plan, mode="hypic")
+        assert two.scatter_pool.stats.entries == 4  # every cold segment came back from a worker
+        assert two.scatter_pool.stats.rebuilt_locally == 0
+        assert [s.hit for s in got.segments] == [False] * 4
+        torch.testing.assert_close(got.state.last_logits, ref.state.last_logits, rtol=1e-5, atol=1e-5)
+        assert got.state.length == ref.state.length
+        # stored as today: the second request hits every segment and gives the same answer again
+        again = two.prepare(plan, mode="hypic")
+        assert [s.hit for s in again.segments] == [True] * 4
+        assert two.scatter_pool.stats.entries == 4
+        torch.testing.assert_close(again.state.last_logits, got.state.last_logits, rtol=0, atol=0)
+    finally:
+        two.close()
+        one.close()
+    assert _gone(pids)
