@@ -24,7 +24,7 @@ from hypic_agent.runtime.loader import load_engine, load_model
 from hypic_agent.runtime.router import CostModel, lpt_assign, makespan, round_robin_assign
 from hypic_agent.runtime.workers.devices import DeviceError, worker_devices
 from hypic_agent.runtime.workers.pool import WorkerPool, WorkerStartError
-from hypic_agent.runtime.workers.protocol import entry_tensors
+from hypic_agent.runtime.workers.protocol import decode_meta, encode_meta, entry_tensors, flat_layout, pack, unpack
 
 from .conftest import rand_tokens
 
@@ -253,3 +253,16 @@ def test_engine_builds_cold_segments_on_the_workers_and_answers_as_one_process(t
         two.close()
         one.close()
     assert _gone(pids)
+
+
+def test_an_entry_travels_as_one_buffer_per_dtype_and_comes_back_whole():
+    ts = [torch.randn(2, 3), torch.randn(4).to(torch.bfloat16), torch.randn(5, 1, 2), torch.randn(3).to(torch.bfloat16)]
+    meta = decode_meta(encode_meta(ts))
+    assert meta == [(t.dtype, tuple(t.shape)) for t in ts]
+    flats = pack(ts)
+    assert [(f.dtype, f.numel()) for f in flats] == flat_layout(meta) == [(torch.float32, 16), (torch.bfloat16, 7)]
+    for separate in (False, True):
+        back = unpack(flats, meta, separate=separate)
+        assert all(torch.equal(a, b) for a, b in zip(back, ts, strict=True))
+        shared = back[0].untyped_storage().data_ptr() == back[2].untyped_storage().data_ptr()
+        assert shared != separate  # views of the buffer, or each tensor its own storage (CPU tiers)

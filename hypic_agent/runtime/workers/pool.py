@@ -301,10 +301,8 @@ class WorkerPool:
                 raise RuntimeError(f"unexpected reply {h.tolist()} to job {job.job}")
             build_ms = int(h[3]) / 1e3
             meta = wire.decode_meta(chan.recv_ints(int(h[4])))
-            tensors = [torch.empty(shape, dtype=dt, device=chan.device) for dt, shape in meta]
-            for t in tensors:
-                chan.recv_into(t)
-            tensors = [t.to(self.home) for t in tensors]
+            flats = [chan.recv((n,), dt).to(self.home) for dt, n in wire.flat_layout(meta)]
+            tensors = wire.unpack(flats, meta, separate=self.home.type != "cuda")
             self.stats.transfer_ms.append((time.perf_counter() - t0) * 1e3)
             share = build_ms * len(segs[i]) / max(1, sum(len(segs[j]) for j in batch))
             got.append(wire.assemble(tensors, self.layer_kinds, segs[i], int(seams[i]), share))

@@ -10,13 +10,16 @@ int64 body whose length the header gives:
   (one int64 per byte), or ``[ERROR, 0, 0, 0, n_bytes]`` then the error text.
 * worker -> rank 0, per built entry (in job order, each as soon as its batch is done):
   ``[ENTRY, job, index, build_us, n_meta]`` then the tensors' metadata (``META_WIDTH`` int64 per
-  tensor: dtype code, ndim, dims padded with zeros), then each tensor with its own ``send``.
+  tensor: dtype code, ndim, dims padded with zeros), then the tensors packed into one flat buffer
+  per dtype (``pack``: pairs in fp32, the rest in the model's dtype), each with one ``send``: a
+  few messages per entry rather than two or three per layer.
   ``build_us``: the wall time of the batch the entry came out of (on the first entry of a batch,
   0 on the others), what the router's cost model is fitted to.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -120,3 +123,35 @@ def assemble(
     if next(it, None) is not None:
         raise ValueError("more tensors than the model's layers take")
     return SegmentEntry(token_ids, seam, layers, ms)
+
+
+def flat_layout(meta: Sequence[tuple[torch.dtype, tuple[int, ...]]]) -> list[tuple[torch.dtype, int]]:
+    """The flat buffers an entry travels in: per dtype (first-appearance order) its total numel."""
+    sizes: dict[torch.dtype, int] = {}
+    for dt, shape in meta:
+        sizes[dt] = sizes.get(dt, 0) + math.prod(shape)
+    return list(sizes.items())
+
+
+def pack(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """``tensors`` as one flat buffer per dtype (``flat_layout`` order)."""
+    groups: dict[torch.dtype, list[torch.Tensor]] = {}
+    for t in tensors:
+        groups.setdefault(t.dtype, []).append(t.reshape(-1))
+    return [torch.cat(g) for g in groups.values()]
+
+
+def unpack(
+    flats: Sequence[torch.Tensor], meta: Sequence[tuple[torch.dtype, tuple[int, ...]]], separate: bool
+) -> list[torch.Tensor]:
+    """The tensors of ``meta`` out of ``pack``'s buffers: views of them, or (``separate``) each a copy
+    of its own (a CPU tier keeps tensors as they are, and safetensors refuses shared memory)."""
+    by_dtype = {f.dtype: f for f in flats}
+    at = dict.fromkeys(by_dtype, 0)
+    out = []
+    for dt, shape in meta:
+        n = math.prod(shape)
+        t = by_dtype[dt][at[dt] : at[dt] + n].view(shape)
+        at[dt] += n
+        out.append(t.clone() if separate else t)
+    return out

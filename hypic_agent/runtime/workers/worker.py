@@ -89,8 +89,8 @@ def serve(chan: Channel, model: torch.nn.Module, delay_s: float = 0.0) -> None:
             meta = wire.encode_meta(tensors)
             chan.send(wire.header(wire.ENTRY, job.job, i, build_us, meta.numel()))
             chan.send(meta)
-            for t in tensors:
-                chan.send(t)
+            for flat in wire.pack(tensors):
+                chan.send(flat)
 
 
 def _td(seconds: float) -> timedelta:
