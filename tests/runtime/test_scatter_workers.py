@@ -266,3 +266,69 @@ def test_an_entry_travels_as_one_buffer_per_dtype_and_comes_back_whole():
         assert all(torch.equal(a, b) for a, b in zip(back, ts, strict=True))
         shared = back[0].untyped_storage().data_ptr() == back[2].untyped_storage().data_ptr()
         assert shared != separate  # views of the buffer, or each tensor its own storage (CPU tiers)
+
+
+def test_a_worker_that_does_not_answer_in_time_is_replaced_and_its_segments_rebuilt(tiny):
+    settings, model, fingerprint = tiny
+    p = WorkerPool(
+        settings.model_dump_json(),
+        ["cpu"],
+        model=None,
+        fingerprint=fingerprint,
+        layer_kinds=model.config.layer_types,
+        home=torch.device("cpu"),
+        local_build=_local(model),
+        timeout_s=3,
+    )
+    try:
+        stuck = p.workers[0].proc.pid
+        os.kill(stuck, signal.SIGSTOP)  # alive, but silent
+        segs, seams = _segments([30, 22], seed=2500), [8, 8]
+        t0 = time.monotonic()
+        got = p.build(segs, seams)
+        assert 2.5 < time.monotonic() - t0 < 20  # waited for the timeout, not forever
+        with single_thread():
+            _assert_same_entries(got, build_entries(model, segs, seams))
+        assert p.stats.failures == 1 and p.stats.rebuilt_locally == 2
+        deadline = time.monotonic() + 60
+        while p.stats.restarts == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert p.alive() == [0] and p.workers[0].proc.pid != stuck and _gone([stuck])
+    finally:
+        pids = p.pids()
+        p.close()
+    assert _gone(pids)
+
+
+def test_through_the_http_server_the_answer_is_the_single_process_one_and_metrics_count(tmp_path):
+    from fastapi.testclient import TestClient
+
+    from hypic_agent.api import create_app
+
+    paris = "Paris is the capital of France. It lies on the Seine and has about two million people."
+    rome = "Rome is the capital of Italy. It lies on the Tiber and was founded, legend says, in 753 BC."
+    body = {
+        "segments": [{"kind": "document", "text": paris}, {"kind": "document", "text": rome}],
+        "query": "Which river?",
+        "max_tokens": 8,
+        "temperature": 0,
+    }
+    answers, pids = [], []
+    for n in (1, 2):
+        settings = Settings(home=tmp_path / f"h{n}", device="cpu", model=TINY, scatter_workers=n)
+        with TestClient(create_app(settings)) as client:
+            r = client.post("/v1/generate", json=body)
+            assert r.status_code == 200, r.text
+            answers.append(r.json()["text"])
+            metrics = client.get("/metrics").text
+            pool = client.app.state.hypic.engine.scatter_pool  # type: ignore[attr-defined]
+            if n == 1:
+                assert pool is None and "hypic_scatter_entries" not in metrics
+            else:
+                pids = pool.pids()
+                assert len(pids) == 2
+                assert "hypic_scatter_workers_alive 2.0" in metrics
+                assert "hypic_scatter_entries_total 2.0" in metrics  # both documents built on workers
+                assert "hypic_scatter_failures_total 0.0" in metrics
+    assert answers[0] == answers[1] and answers[0]
+    assert _gone(pids)  # the server's shutdown stopped its workers
