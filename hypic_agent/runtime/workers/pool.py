@@ -287,8 +287,10 @@ class WorkerPool:
         pair_dtype: torch.dtype,
         out: list[SegmentEntry | None],
     ) -> None:
-        self.stats.jobs += 1
-        job = wire.Job(self.stats.jobs, [segs[i] for i in batch], [int(seams[i]) for i in batch], pair_dtype)
+        with self._queue_lock:  # worker threads send jobs at once
+            self.stats.jobs += 1
+            job_id = self.stats.jobs
+        job = wire.Job(job_id, [segs[i] for i in batch], [int(seams[i]) for i in batch], pair_dtype)
         hdr, body = job.encode()
         chan.send(hdr)
         chan.send(body)
@@ -309,7 +311,8 @@ class WorkerPool:
         # only complete jobs are published: a worker that dies mid-job leaves nothing half-received
         for i, e in zip(batch, got, strict=True):
             out[i] = e
-        self.stats.entries += len(got)
+        with self._queue_lock:
+            self.stats.entries += len(got)
         self.cost.observe([len(segs[i]) for i in batch], build_ms)
 
     # ------------------------------------------------------------------ shutdown

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import time
 from dataclasses import dataclass
 from datetime import timedelta
@@ -43,6 +44,7 @@ class WorkerSpec:
 def worker_main(spec: WorkerSpec) -> None:
     """The worker process's entry point (``torch.multiprocessing`` spawn target)."""
     torch.set_num_threads(1)  # workers share the host with rank 0 and each other
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C stops rank 0, whose shutdown stops the workers
     import torch.distributed as dist
 
     device = torch.device(spec.device)
