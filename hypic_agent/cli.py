@@ -110,15 +110,27 @@ def serve(
     device: str | None = typer.Option(None, help="auto | cpu | cuda | cuda:N"),
     prewarm: str | None = typer.Option(None, help="JSON list of segments to register + pre-warm before serving"),
     tenant: str = typer.Option("default", help="tenant that owns the --prewarm segments"),
+    scatter_workers: int | None = typer.Option(
+        None, "--scatter-workers", min=1, help="worker processes that build cold segments (default 1: in process)"
+    ),
+    devices: str | None = typer.Option(
+        None, help="the scatter workers' devices, comma-separated (cuda:1,cuda:2; default: see scatter_devices)"
+    ),
 ) -> None:
     """Start the HTTP API server (segment-aware generate, segments store, OpenAI-compatible chat)."""
     from hypic_agent.api.serve import run_server
+    from hypic_agent.runtime.workers.devices import DeviceError
+    from hypic_agent.runtime.workers.pool import WorkerStartError
 
     if prewarm is not None and not Path(prewarm).is_file():
         raise _fail(f"--prewarm {prewarm}: no such file", 2)
     try:
         settings = _settings(model, device)
-        updates = {k: v for k, v in {"host": host, "port": port}.items() if v is not None}
+        updates: dict[str, object] = {k: v for k, v in {"host": host, "port": port}.items() if v is not None}
+        if scatter_workers is not None:
+            updates["scatter_workers"] = scatter_workers
+        if devices is not None:
+            updates["scatter_devices"] = [d.strip() for d in devices.split(",") if d.strip()]
         run_server(
             settings.model_copy(update=updates) if updates else settings,
             prewarm=Path(prewarm) if prewarm else None,
@@ -127,6 +139,8 @@ def serve(
     except HypicError as e:
         err.print(f"[red]error ({e.type}):[/red] {e.message}")
         raise typer.Exit(2) from e
+    except (DeviceError, WorkerStartError) as e:
+        raise _fail(f"scatter workers: {e}", 2) from e
 
 
 @app.command()

@@ -143,7 +143,22 @@ class Settings(BaseSettings):
     default_seam: float = Field(default=8, ge=0)
     pair_dtype: Literal["float32", "bfloat16"] = "float32"
     min_cached_tokens: int = Field(default=16, ge=0, description="shorter segments are recomputed, never cached")
-    scatter_workers: int = Field(default=1, ge=1)
+    scatter_workers: int = Field(
+        default=1,
+        ge=1,
+        description="worker processes that build cold segments (torch.distributed: gloo on CPU, NCCL on "
+        "CUDA); 1 = in process, on rank 0's model",
+    )
+    scatter_devices: list[str] = Field(
+        default_factory=list,
+        description="one device per scatter worker (empty: the CPU on CPU; on CUDA every GPU but rank 0's)",
+    )
+    scatter_policy: Literal["lpt", "round_robin"] = Field(
+        default="lpt", description="how cold segments are spread over scatter workers"
+    )
+    scatter_timeout_s: float = Field(
+        default=120.0, gt=0, description="a scatter worker that does not answer within this is replaced"
+    )
     fuse_cold_builds: bool = Field(
         default=True,
         description="with one scatter worker, build a request's cold segments inside its combine forward "

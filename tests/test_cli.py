@@ -185,3 +185,11 @@ def test_serve_start_up_log_reads_well_in_a_file(tmp_path: Path, monkeypatch: py
 def test_serve_missing_prewarm_file_fails_before_loading(no_load: None, tmp_path: Path) -> None:
     res = CliRunner().invoke(app, ["serve", "--prewarm", str(tmp_path / "absent.json")])
     assert res.exit_code == 2 and "no such file" in res.output
+
+
+def test_serve_rejects_bad_scatter_devices_at_start_up(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HYPIC_HOME", str(tmp_path))
+    args = ["serve", "--model", TINY, "--device", "cpu", "--scatter-workers", "2", "--devices", "cuda:0,cuda:1"]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 2
+    assert "scatter workers:" in res.output and "rank 0's kind (cpu)" in res.output

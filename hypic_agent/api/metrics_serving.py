@@ -1,5 +1,6 @@
 """``/metrics`` of the serving core, read from the scheduler at scrape time: queue and running
-requests, state-pool use (slots, KV pages, bytes), and the engine thread's work counters."""
+requests, state-pool use (slots, KV pages, bytes), the engine thread's work counters, and the
+scatter workers (when ``scatter_workers > 1``): live workers, entries built, failures, restarts."""
 
 from __future__ import annotations
 
@@ -9,11 +10,13 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from hypic_agent.runtime.scheduler.scheduler import Scheduler
+from hypic_agent.runtime.workers.pool import WorkerPool
 
 
 class ServingCollector:
-    def __init__(self, scheduler: Scheduler) -> None:
+    def __init__(self, scheduler: Scheduler, scatter: WorkerPool | None = None) -> None:
         self.scheduler = scheduler
+        self.scatter = scatter
 
     def describe(self) -> list[Any]:
         return []  # collected at scrape time only
@@ -42,3 +45,18 @@ class ServingCollector:
             ("failed", "requests ended by an error"),
         ):
             yield CounterMetricFamily(f"hypic_scheduler_{name}", help_, value=getattr(st, name))
+        if (pool := self.scatter) is not None:
+            yield GaugeMetricFamily(
+                "hypic_scatter_workers", "scatter worker processes started", value=len(pool.workers)
+            )
+            yield GaugeMetricFamily(
+                "hypic_scatter_workers_alive", "scatter workers ready for jobs", value=len(pool.alive())
+            )
+            ps = pool.stats
+            for name, help_ in (
+                ("entries", "entries built on scatter workers"),
+                ("failures", "scatter workers that died or timed out during a build"),
+                ("restarts", "scatter workers restarted after a failure"),
+                ("rebuilt_locally", "segments rebuilt on rank 0 because their worker failed"),
+            ):
+                yield CounterMetricFamily(f"hypic_scatter_{name}", help_, value=getattr(ps, name))

@@ -47,7 +47,7 @@ class ServerState:
             engine.cache = cache
         cache.on_insert = lambda _key: metrics.cold.inc()
         # the state pool is allocated now, at start-up (not on the first request)
-        metrics.registry.register(ServingCollector(engine.scheduler))
+        metrics.registry.register(ServingCollector(engine.scheduler, engine.scatter_pool))
         return cls(
             settings=settings,
             engine=engine,

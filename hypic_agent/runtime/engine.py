@@ -2,7 +2,9 @@
 
 With one scatter worker (the default) the cold segments of a composed request are built inside
 its combine forward instead (``combine(..., cold=ColdBatch)``, ``Settings.fuse_cold_builds``) and
-stored after it: same entries and logits, one read of the weights per layer instead of two.
+stored after it: same entries and logits, one read of the weights per layer instead of two. With
+``Settings.scatter_workers > 1`` they are built on a ``WorkerPool`` of worker processes, each with
+a replica of the model on its own device (``runtime.workers``), and stored as they come back.
 
 ``Engine.prepare`` turns a prompt plan into a ``RequestState`` in the requested mode;
 ``Engine.generate`` decodes from it and streams events. One model stream: requests are
@@ -43,6 +45,7 @@ from hypic_agent.segments.keys import segment_key
 
 if TYPE_CHECKING:
     from hypic_agent.runtime.scheduler.scheduler import Scheduler
+    from hypic_agent.runtime.workers.pool import WorkerPool
 
 
 class PlanLike(Protocol):
@@ -89,7 +92,10 @@ class Engine:
         settings: Settings | None = None,
         cache: EntryCache | None = None,
         name: str = "model",
+        model_spec: str | None = None,
     ) -> None:
+        """``model_spec``: what the model was loaded from when not ``settings.model`` (scatter
+        workers load their replicas from it; they check that their fingerprint is ``fingerprint``)."""
         self.model = model
         self.tokenizer = tokenizer
         self.fingerprint = fingerprint
@@ -114,6 +120,33 @@ class Engine:
         self.headroom = AllocatorHeadroom(self.device, self.settings.cuda_headroom_bytes)
         self._scheduler: Scheduler | None = None
         self._scheduler_lock = threading.Lock()
+        self.scatter_pool: WorkerPool | None = None
+        if self.settings.scatter_workers > 1:
+            self.scatter_pool = self._start_pool(model_spec)
+
+    def _start_pool(self, model_spec: str | None) -> WorkerPool:
+        """Start the scatter workers (raises ``DeviceError`` / ``WorkerStartError`` at once on bad input)."""
+        from hypic_agent.runtime.hypic.build import build_entries
+        from hypic_agent.runtime.workers.devices import worker_devices
+        from hypic_agent.runtime.workers.pool import WorkerPool
+
+        s = self.settings
+        devices = worker_devices(s.scatter_workers, s.scatter_devices, self.device)
+
+        def local(segs: list[tuple[int, ...]], seams: list[int], dt: torch.dtype) -> list[SegmentEntry]:
+            return build_entries(self.model, segs, seams, pair_dtype=dt)
+
+        return WorkerPool(
+            s.model_dump_json(),
+            devices,
+            model=model_spec,
+            fingerprint=self.fingerprint,
+            layer_kinds=self.model.config.layer_types,
+            home=self.device,
+            local_build=local,
+            policy=s.scatter_policy,
+            timeout_s=s.scatter_timeout_s,
+        )
 
     @property
     def eos_ids(self) -> tuple[int, ...]:
@@ -291,9 +324,11 @@ class Engine:
     ) -> list[SegmentEntry | None]:
         """Prefill the routed cold segments into entries, store them, and return every segment's
         entry (hits and freshly built; None where the segment is not cached)."""
-        built = scatter_prefill(
-            [self.model], [segs[i] for i in r.cold], [seams[i] for i in r.cold], pair_dtype=self.pair_dtype
-        )
+        cold_segs, cold_seams = [segs[i] for i in r.cold], [seams[i] for i in r.cold]
+        if self.scatter_pool is not None:
+            built = self.scatter_pool.build(cold_segs, cold_seams, self.pair_dtype)
+        else:
+            built = scatter_prefill([self.model], cold_segs, cold_seams, pair_dtype=self.pair_dtype)
         self._store(r, built, kinds, tenant)
         return _with_built(r, built)
 
@@ -350,9 +385,11 @@ class Engine:
         yield from self.scheduler.generate(req)
 
     def close(self) -> None:
-        """Stop the engine thread (if it was started)."""
+        """Stop the engine thread (if it was started) and the scatter workers (if any)."""
         if self._scheduler is not None:
             self._scheduler.shutdown()
+        if self.scatter_pool is not None:
+            self.scatter_pool.close()
 
     def prewarm(
         self,

@@ -16,6 +16,7 @@ from hypic_agent.errors import ModelNotAvailableError
 from hypic_agent.runtime.engine import Engine
 from hypic_agent.runtime.hypic.cache import EntryCache
 from hypic_agent.runtime.models.catalog import ModelSource, resolve_model
+from hypic_agent.runtime.models.hybrid import HybridForCausalLM
 from hypic_agent.runtime.models.loading import load_weights
 from hypic_agent.runtime.models.registry import build_model
 from hypic_agent.runtime.models.tokenizer import load_tokenizer, tiny_tokenizer
@@ -52,13 +53,17 @@ def resolve_source(settings: Settings, model: str | None = None, progress: Any =
         raise
 
 
-def load_engine(
-    settings: Settings, *, model: str | None = None, cache: EntryCache | None = None, progress: Any = None
-) -> Engine:
-    """Resolve, load and wrap the model in an ``Engine``; ``progress`` (a ``startup.StartupLog``)
-    hears each stage (fetching, reading weights, building, tokenizer)."""
+def load_model(
+    settings: Settings,
+    *,
+    model: str | None = None,
+    device: torch.device | None = None,
+    progress: Any = None,
+) -> tuple[HybridForCausalLM, ModelSource, str]:
+    """Resolve and load the model of ``settings`` onto ``device`` (default: ``settings.device``) ->
+    (model, source, fingerprint); a scatter worker loads its replica with this, as rank 0 does."""
     source = resolve_source(settings, model, progress)
-    device = resolve_device(settings.device)
+    device = device if device is not None else resolve_device(settings.device)
     dtype = resolve_dtype(settings.dtype, device)
     if progress:
         size = f", {human_bytes(path_bytes(source.path))}" if source.path else ""
@@ -71,9 +76,6 @@ def load_engine(
     net = build_model(weights.config, dtype=dtype, device=device)
     net.load_weights(weights.tensors)
     net.set_backend(settings.kernel_backend)
-    if progress:
-        progress(f"loading the tokenizer of {source.name}")
-    tokenizer = tiny_tokenizer() if source.kind == "tiny" else load_tokenizer(source)
     log.info(
         "model %s ready: %s, %d layers (%d linear), fingerprint %s",
         source.name,
@@ -82,4 +84,16 @@ def load_engine(
         len(weights.config.linear_layers),
         weights.fingerprint,
     )
-    return Engine(net, tokenizer, weights.fingerprint, settings, cache=cache, name=source.name)
+    return net, source, weights.fingerprint
+
+
+def load_engine(
+    settings: Settings, *, model: str | None = None, cache: EntryCache | None = None, progress: Any = None
+) -> Engine:
+    """Resolve, load and wrap the model in an ``Engine``; ``progress`` (a ``startup.StartupLog``)
+    hears each stage (fetching, reading weights, building, tokenizer)."""
+    net, source, fingerprint = load_model(settings, model=model, progress=progress)
+    if progress:
+        progress(f"loading the tokenizer of {source.name}")
+    tokenizer = tiny_tokenizer() if source.kind == "tiny" else load_tokenizer(source)
+    return Engine(net, tokenizer, fingerprint, settings, cache=cache, name=source.name, model_spec=model)

@@ -167,3 +167,13 @@ def test_serving_benchmarks_smoke(tmp_path):
     )  # fmt: skip
     assert [r["path"] for r in http["rows"]] == ["direct", "http", "direct again", "http again"]
     assert all(r["n"] == 3 for r in http["rows"])
+
+
+def test_scatter_smoke(tmp_path):
+    res = run(
+        "scatter.py", "--workers", "1", "2", "--reps", "1", "--lengths", "48", "16", "16", out=tmp_path / "s.json"
+    )
+    rows = {(r["workers"], r["policy"]): r for r in res["rows"]}
+    assert set(rows) == {(1, "in-process"), (2, "lpt"), (2, "round_robin")}
+    assert all(r["cold_ttft_ms"] > 0 for r in rows.values())
+    assert rows[(2, "lpt")]["failures"] == 0 and rows[(2, "lpt")]["transfer_ms_per_entry"] > 0

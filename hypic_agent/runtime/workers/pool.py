@@ -1,0 +1,342 @@
+"""``WorkerPool``: rank 0's side of the scatter workers: start, route to, supervise, stop.
+
+The pool starts one ``torch.multiprocessing`` (spawn) process per worker, each on its device with a
+replica of rank 0's model, and rendezvous with each over a ``TCPStore`` it hosts (``channel``).
+``build`` splits cold segments over the live workers (``router``: LPT on the fitted cost model,
+aware of work already queued per worker, or round-robin), sends each worker its share as packed
+batches (one job per batch) from one thread per worker, and receives every entry's tensors straight
+into rank 0's device. A worker that dies or does not answer within ``timeout_s`` is killed; the
+segments it had not returned are rebuilt locally (``local_build``, rank 0's model), so the call
+still returns every entry, complete; the worker is restarted in the background, and
+``stats.failures`` / ``stats.restarts`` count it. ``close`` drains in-flight builds, stops the
+workers, then kills any that did not exit, and joins them all: no process outlives the pool.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from hypic_agent.runtime.hypic.entry import SegmentEntry
+from hypic_agent.runtime.router import CostModel, lpt_assign, round_robin_assign
+from hypic_agent.runtime.scatter import _batches
+from hypic_agent.runtime.workers import protocol as wire
+from hypic_agent.runtime.workers.channel import Channel, PairGroup, pair_group
+from hypic_agent.runtime.workers.devices import comm_device
+from hypic_agent.runtime.workers.worker import WorkerSpec, worker_main
+
+log = logging.getLogger("hypic.workers")
+
+LocalBuild = Callable[[list[tuple[int, ...]], list[int], torch.dtype], list[SegmentEntry]]
+
+
+class WorkerStartError(RuntimeError):
+    """A worker could not start (its device, its model, the rendezvous): raised at start-up."""
+
+
+@dataclass
+class PoolStats:
+    jobs: int = 0
+    entries: int = 0
+    failures: int = 0  # workers that died or timed out during a build
+    restarts: int = 0  # workers brought back after a failure
+    rebuilt_locally: int = 0  # segments rank 0 built because their worker failed
+    transfer_ms: list[float] = field(default_factory=list)  # per entry: header to last tensor
+
+
+class _Worker:
+    def __init__(self, index: int, device: str) -> None:
+        self.index = index
+        self.device = device
+        self.gen = 0
+        self.proc: Any = None
+        self.chan: Channel | None = None
+        self.alive = False
+        self.lock = threading.Lock()  # one job (or restart) at a time
+
+
+class WorkerPool:
+    def __init__(
+        self,
+        settings_json: str,
+        devices: Sequence[str],
+        *,
+        model: str | None,
+        fingerprint: str,
+        layer_kinds: Sequence[str],
+        home: torch.device,
+        local_build: LocalBuild,
+        policy: str = "lpt",
+        timeout_s: float = 60.0,
+        max_batch_tokens: int = 65536,
+        cost: CostModel | None = None,
+        delay_s: float = 0.0,
+    ) -> None:
+        if not devices:
+            raise ValueError("a worker pool needs at least one device")
+        if policy not in ("lpt", "round_robin"):
+            raise ValueError(f"unknown scatter policy {policy!r}: lpt | round_robin")
+        self.settings_json = settings_json
+        self.model = model
+        self.fingerprint = fingerprint
+        self.layer_kinds = tuple(layer_kinds)
+        self.home = home
+        self.local_build = local_build
+        self.policy = policy
+        self.timeout_s = timeout_s
+        self.max_batch_tokens = max_batch_tokens
+        self.cost = cost or CostModel()
+        self.delay_s = delay_s
+        self.stats = PoolStats()
+        self.workers = [_Worker(i, d) for i, d in enumerate(devices)]
+        self.queued_ms = [0.0] * len(self.workers)
+        self._queue_lock = threading.Lock()
+        self._ctx = mp.get_context("spawn")
+        self._store = dist.TCPStore(
+            "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=timeout_s)
+        )
+        self._exec = ThreadPoolExecutor(max_workers=len(self.workers), thread_name_prefix="scatter")
+        self._restarting: list[threading.Thread] = []
+        self._closed = False
+        try:
+            errors = list(self._exec.map(self._start, self.workers))
+            bad = [e for e in errors if e is not None]
+            if bad:
+                raise WorkerStartError("scatter workers failed to start: " + "; ".join(bad))
+        except BaseException:
+            self.close(drain=False)
+            raise
+
+    # ------------------------------------------------------------------ start / restart
+    def _start(self, w: _Worker) -> str | None:
+        """Spawn ``w``'s process and wait for its ``READY`` -> None, or the reason it failed."""
+        w.gen += 1
+        prefix = f"w{w.index}g{w.gen}/"
+        spec = WorkerSpec(
+            "127.0.0.1",
+            self._store.port,
+            prefix,
+            w.device,
+            self.settings_json,
+            self.model,
+            self.timeout_s,
+            self.delay_s,
+        )
+        w.proc = self._ctx.Process(target=worker_main, args=(spec,), daemon=True, name=f"hypic-scatter-{w.index}")
+        w.proc.start()
+        dev = comm_device(self.home)
+        try:
+            w.chan = Channel(self._join(w, prefix, dev), 0, dev)
+            hdr = w.chan.recv_ints(wire.HEADER)
+            text = wire.body_text(w.chan.recv_ints(int(hdr[4])))
+        except Exception as e:  # the worker died before joining, or never answered
+            self._kill(w)
+            return f"worker {w.index} on {w.device} did not join (exit code {w.proc.exitcode}): {e}"
+        if int(hdr[0]) == wire.ERROR:
+            self._kill(w)
+            return f"worker {w.index} on {w.device}: {text}"
+        if text != self.fingerprint:
+            self._kill(w)
+            return f"worker {w.index} loaded model {text!r}, rank 0 has {self.fingerprint!r}"
+        w.alive = True
+        log.info("scatter worker %d ready on %s (pid %s)", w.index, w.device, w.proc.pid)
+        return None
+
+    def _join(self, w: _Worker, prefix: str, dev: torch.device) -> PairGroup:
+        """Rank 0's side of ``w``'s pair group, given up at once if the process exits first."""
+        box: list[Any] = []
+
+        def join() -> None:
+            try:
+                box.append(pair_group(self._store, prefix, 0, dev, self.timeout_s))
+            except Exception as e:  # handed to the caller
+                box.append(e)
+
+        t = threading.Thread(target=join, daemon=True, name=f"scatter-join-{w.index}")
+        t.start()
+        deadline = time.monotonic() + self.timeout_s
+        while t.is_alive() and w.proc.is_alive() and time.monotonic() < deadline:
+            t.join(0.05)
+        if not box:
+            raise RuntimeError("the process exited" if not w.proc.is_alive() else "no rendezvous in time")
+        if isinstance(box[0], Exception):
+            raise box[0]
+        return box[0]  # type: ignore[no-any-return]
+
+    def _kill(self, w: _Worker) -> None:
+        w.alive = False
+        if w.chan is not None:
+            w.chan.close()
+            w.chan = None
+        if w.proc is not None and w.proc.is_alive():
+            w.proc.kill()
+        if w.proc is not None:
+            w.proc.join(timeout=10)
+
+    def _fail(self, w: _Worker, why: BaseException) -> None:
+        """``w`` died or timed out (its lock held): kill it and restart it in the background."""
+        log.warning("scatter worker %d failed (%s); its segments are rebuilt on rank 0", w.index, why)
+        self.stats.failures += 1
+        self._kill(w)
+        if not self._closed:
+            t = threading.Thread(target=self._restart, args=(w,), daemon=True, name=f"scatter-restart-{w.index}")
+            self._restarting.append(t)
+            t.start()
+
+    def _restart(self, w: _Worker) -> None:
+        with w.lock:
+            if self._closed:
+                return
+            err = self._start(w)
+            if err is None:
+                self.stats.restarts += 1
+            else:
+                log.error("scatter worker %d could not be restarted: %s", w.index, err)
+
+    # ------------------------------------------------------------------ building
+    def alive(self) -> list[int]:
+        return [w.index for w in self.workers if w.alive]
+
+    def pids(self) -> list[int]:
+        return [w.proc.pid for w in self.workers if w.proc is not None and w.proc.is_alive()]
+
+    def assign(self, lengths: Sequence[int], workers: Sequence[int]) -> list[list[int]]:
+        """Segment indices per worker of ``workers`` (policy, cost model, queued work)."""
+        if self.policy == "round_robin":
+            return round_robin_assign(len(lengths), len(workers))
+        with self._queue_lock:
+            loads = [self.queued_ms[w] for w in workers]
+        return lpt_assign([self.cost.predict(n) for n in lengths], len(workers), loads)
+
+    def build(
+        self, segments: Sequence[Sequence[int]], seams: Sequence[int], pair_dtype: torch.dtype = torch.float32
+    ) -> list[SegmentEntry]:
+        """Entries for ``segments`` (input order) built on the workers, each on rank 0's device."""
+        if self._closed:
+            raise RuntimeError("the worker pool is closed")
+        segs = [tuple(int(t) for t in s) for s in segments]
+        out: list[SegmentEntry | None] = [None] * len(segs)
+        live = self.alive()
+        if live and segs:
+            groups = self.assign([len(s) for s in segs], live)
+            futures = [
+                self._exec.submit(self._run, self.workers[w], g, segs, seams, pair_dtype, out)
+                for w, g in zip(live, groups, strict=True)
+                if g
+            ]
+            for f in futures:
+                f.result()
+        missing = [i for i, e in enumerate(out) if e is None]
+        if missing:  # no live worker, or a worker failed: rank 0 builds what is left
+            self.stats.rebuilt_locally += len(missing) if live else 0
+            built = self.local_build([segs[i] for i in missing], [seams[i] for i in missing], pair_dtype)
+            for i, e in zip(missing, built, strict=True):
+                out[i] = e
+        return [e for e in out if e is not None]
+
+    def _run(
+        self,
+        w: _Worker,
+        group: list[int],
+        segs: list[tuple[int, ...]],
+        seams: Sequence[int],
+        pair_dtype: torch.dtype,
+        out: list[SegmentEntry | None],
+    ) -> None:
+        """Send ``w`` its segments as jobs of at most ``max_batch_tokens`` and collect the entries; on
+        a failure the rest stays None (rebuilt by the caller) and the worker is replaced."""
+        predicted = {i: self.cost.predict(len(segs[i])) for i in group}
+        remaining = sum(predicted.values())
+        with self._queue_lock:
+            self.queued_ms[w.index] += remaining
+        try:
+            with w.lock:
+                for batch in _batches(group, [len(s) for s in segs], self.max_batch_tokens):
+                    if not w.alive or w.chan is None:
+                        return
+                    try:
+                        self._job(w.chan, batch, segs, seams, pair_dtype, out)
+                    except Exception as e:  # the worker died or timed out
+                        self._fail(w, e)
+                        return
+                    done = sum(predicted[i] for i in batch)
+                    remaining -= done
+                    with self._queue_lock:
+                        self.queued_ms[w.index] -= done
+        finally:
+            with self._queue_lock:  # what a failed worker did not build is no longer queued on it
+                self.queued_ms[w.index] -= remaining
+
+    def _job(
+        self,
+        chan: Channel,
+        batch: list[int],
+        segs: list[tuple[int, ...]],
+        seams: Sequence[int],
+        pair_dtype: torch.dtype,
+        out: list[SegmentEntry | None],
+    ) -> None:
+        with self._queue_lock:  # worker threads send jobs at once
+            self.stats.jobs += 1
+            job_id = self.stats.jobs
+        job = wire.Job(job_id, [segs[i] for i in batch], [int(seams[i]) for i in batch], pair_dtype)
+        hdr, body = job.encode()
+        chan.send(hdr)
+        chan.send(body)
+        got: list[SegmentEntry] = []
+        build_ms = 0.0
+        for i in batch:
+            h = chan.recv_ints(wire.HEADER)
+            t0 = time.perf_counter()
+            if int(h[0]) != wire.ENTRY or int(h[1]) != job.job or int(h[2]) != len(got):
+                raise RuntimeError(f"unexpected reply {h.tolist()} to job {job.job}")
+            build_ms = int(h[3]) / 1e3
+            meta = wire.decode_meta(chan.recv_ints(int(h[4])))
+            flats = [chan.recv((n,), dt).to(self.home) for dt, n in wire.flat_layout(meta)]
+            tensors = wire.unpack(flats, meta, separate=self.home.type != "cuda")
+            self.stats.transfer_ms.append((time.perf_counter() - t0) * 1e3)
+            share = build_ms * len(segs[i]) / max(1, sum(len(segs[j]) for j in batch))
+            got.append(wire.assemble(tensors, self.layer_kinds, segs[i], int(seams[i]), share))
+        # only complete jobs are published: a worker that dies mid-job leaves nothing half-received
+        for i, e in zip(batch, got, strict=True):
+            out[i] = e
+        with self._queue_lock:
+            self.stats.entries += len(got)
+        self.cost.observe([len(segs[i]) for i in batch], build_ms)
+
+    # ------------------------------------------------------------------ shutdown
+    def close(self, drain: bool = True) -> None:
+        """Drain in-flight builds, stop every worker (``STOP``, then kill what has not exited), join."""
+        if self._closed:
+            return
+        self._closed = True
+        self._exec.shutdown(wait=drain)
+        for t in self._restarting:
+            t.join(timeout=self.timeout_s)
+        for w in self.workers:
+            with w.lock:
+                if w.alive and w.chan is not None:
+                    with contextlib.suppress(Exception):  # already gone: killed below
+                        w.chan.send(wire.header(wire.STOP, 0, 0, 0, 0))
+        for w in self.workers:
+            if w.proc is not None:
+                w.proc.join(timeout=5)
+            self._kill(w)
+        self._store = None  # type: ignore[assignment]
+
+    def __enter__(self) -> WorkerPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

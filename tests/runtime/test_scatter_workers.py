@@ -1,0 +1,334 @@
+"""Scatter workers: processes on torch.distributed (gloo on CPU) building cold entries for rank 0.
+
+The router's cost model and LPT are checked by value; the worker pool, its supervision and the
+engine's integration with real worker processes on a tiny model (fp32, CPU).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from hypic_agent.config import Settings
+from hypic_agent.runtime.hypic.build import build_entries
+from hypic_agent.runtime.hypic.entry import SegmentEntry
+from hypic_agent.runtime.loader import load_engine, load_model
+from hypic_agent.runtime.router import CostModel, lpt_assign, makespan, round_robin_assign
+from hypic_agent.runtime.workers.devices import DeviceError, worker_devices
+from hypic_agent.runtime.workers.pool import WorkerPool, WorkerStartError
+from hypic_agent.runtime.workers.protocol import decode_meta, encode_meta, entry_tensors, flat_layout, pack, unpack
+
+from .conftest import rand_tokens
+
+
+# ---------------------------------------------------------------------- router: cost model + LPT
+def test_cost_model_starts_from_its_prior_and_fits_measured_batches():
+    m = CostModel(prior=(1.0, 0.02, 2e-6))
+    assert m.predict(1000) == pytest.approx(1.0 + 20.0 + 2.0)
+    a, b, c = 3.0, 0.05, 1e-5  # the "true" cost per segment
+    batches = [[100], [2000], [500, 700], [64, 64, 64], [1500, 300], [1024], [256, 4000]]
+    for lengths in batches:
+        m.observe(lengths, sum(a + b * n + c * n * n for n in lengths))
+    for n in (50, 800, 3000):
+        assert m.predict(n) == pytest.approx(a + b * n + c * n * n, rel=0.02)
+    assert m.n_observations == len(batches)
+
+
+def test_lpt_beats_round_robin_on_skewed_lengths():
+    m = CostModel(prior=(1.0, 0.02, 2e-6))
+    lengths = [2048, 128, 128, 128, 2048, 128, 128, 128]  # two long documents, dealt to one worker by RR
+    costs = [m.predict(n) for n in lengths]
+    long_, short = costs[0], costs[1]
+    rr = round_robin_assign(len(lengths), 4)
+    assert rr == [[0, 4], [1, 5], [2, 6], [3, 7]]
+    assert makespan(costs, rr) == pytest.approx(2 * long_)
+    lpt = lpt_assign(costs, 4)
+    assert sorted(len(g) for g in lpt) == [1, 1, 3, 3]
+    assert makespan(costs, lpt) == pytest.approx(max(long_, 3 * short))
+    assert makespan(costs, rr) / makespan(costs, lpt) == pytest.approx(2.0)
+
+
+def test_lpt_counts_work_already_queued_per_worker():
+    costs = [5.0, 4.0, 3.0]
+    assert lpt_assign(costs, 2, loads=[100.0, 0.0]) == [[], [0, 1, 2]]
+    assert lpt_assign(costs, 2, loads=[0.0, 6.0]) == [[0, 1], [2]]  # 4 fits on worker 0 before 6 is reached
+    assert makespan(costs, [[0, 1], [2]], loads=[0.0, 6.0]) == 9.0
+    with pytest.raises(ValueError):
+        lpt_assign(costs, 2, loads=[0.0])
+
+
+# ---------------------------------------------------------------------- worker pool (processes, gloo)
+TINY = "tiny:qwen3_5_text"
+
+
+def _gone(pids: list[int]) -> bool:
+    """Every pid has exited and been reaped (no /proc entry left, not even a zombie)."""
+    return not any(os.path.exists(f"/proc/{p}") for p in pids)
+
+
+def _segments(lengths: list[int], seed: int) -> list[tuple[int, ...]]:
+    return [tuple(rand_tokens(n, seed + i)) for i, n in enumerate(lengths)]
+
+
+def _assert_same_entries(got: list[SegmentEntry], ref: list[SegmentEntry]) -> None:
+    assert len(got) == len(ref)
+    for a, b in zip(got, ref, strict=True):
+        assert a.token_ids == b.token_ids and a.seam == b.seam
+        ta, tb = entry_tensors(a), entry_tensors(b)
+        assert len(ta) == len(tb)
+        for x, y in zip(ta, tb, strict=True):
+            assert x.dtype == y.dtype == torch.float32 and x.shape == y.shape
+            # 1e-6 absolute; rtol 1e-5 because how segments are packed into a batch (which differs
+            # between a worker's share, a local rebuild and the reference) moves the last bits
+            torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-6)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory):
+    settings = Settings(model=TINY, device="cpu", home=tmp_path_factory.mktemp("home"), min_cached_tokens=4)
+    model, _, fingerprint = load_model(settings)
+    return settings, model, fingerprint
+
+
+def _local(model):
+    def build(segs, seams, dt):
+        with single_thread():
+            return build_entries(model, segs, seams, pair_dtype=dt)
+
+    return build
+
+
+@contextmanager
+def single_thread():
+    """Workers run with one intra-op thread; rank 0's reference too, so sums are reduced alike."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def pool(tiny):
+    settings, model, fingerprint = tiny
+    p = WorkerPool(
+        settings.model_dump_json(),
+        ["cpu", "cpu"],
+        model=None,
+        fingerprint=fingerprint,
+        layer_kinds=model.config.layer_types,
+        home=torch.device("cpu"),
+        local_build=_local(model),
+        timeout_s=60,
+        delay_s=0.5,  # each job waits before building: time for the kill test to strike mid-build
+    )
+    yield p
+    pids = p.pids()
+    p.close()
+    assert _gone(pids)
+
+
+def test_entries_built_on_two_workers_equal_local_builds(tiny, pool):
+    _, model, _ = tiny
+    segs = _segments([40, 12, 25, 64, 30], seed=900)
+    seams = [8, 0, 8, 8, 4]
+    jobs0 = pool.stats.jobs
+    got = pool.build(segs, seams)
+    assert pool.stats.jobs - jobs0 == 2  # both workers got a share
+    assert pool.stats.failures == 0 and pool.stats.rebuilt_locally == 0
+    with single_thread():
+        ref = build_entries(model, segs, seams)
+    _assert_same_entries(got, ref)
+    assert len(pool.stats.transfer_ms) >= 5
+    assert pool.cost.n_observations >= 2  # the cost model was refitted to the measured batches
+
+
+def test_kill_9_mid_build_still_gives_the_entries_and_the_worker_comes_back(tiny, pool):
+    _, model, _ = tiny
+    segs = _segments([48, 20, 36, 28], seed=1300)
+    seams = [8, 8, 8, 8]
+    victim = pool.workers[0].proc.pid
+    failures0, restarts0, jobs0 = pool.stats.failures, pool.stats.restarts, pool.stats.jobs
+    with ThreadPoolExecutor(1) as ex:
+        fut = ex.submit(pool.build, segs, seams)
+        deadline = time.monotonic() + 20
+        while pool.stats.jobs < jobs0 + 2 and time.monotonic() < deadline:  # both jobs sent, workers asleep
+            time.sleep(0.01)
+        os.kill(victim, signal.SIGKILL)
+        got = fut.result(timeout=60)
+    with single_thread():
+        ref = build_entries(model, segs, seams)
+    _assert_same_entries(got, ref)
+    assert pool.stats.failures == failures0 + 1
+    assert pool.stats.rebuilt_locally >= 1
+    deadline = time.monotonic() + 60
+    while pool.stats.restarts == restarts0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert pool.stats.restarts == restarts0 + 1
+    assert pool.alive() == [0, 1]
+    assert pool.workers[0].proc.pid != victim and _gone([victim])
+    # the restarted worker builds again
+    entries0 = pool.stats.entries
+    more = _segments([33, 17], seed=1700)
+    got = pool.build(more, [8, 8])
+    assert pool.stats.entries == entries0 + 2
+    with single_thread():
+        _assert_same_entries(got, build_entries(model, more, [8, 8]))
+
+
+def test_a_worker_that_cannot_load_the_model_is_an_error_at_start_up(tiny):
+    settings, model, fingerprint = tiny
+    before = set(mp.active_children())
+    t0 = time.monotonic()
+    with pytest.raises(WorkerStartError, match="no-such-model"):
+        WorkerPool(
+            settings.model_dump_json(),
+            ["cpu"],
+            model="tiny:no-such-model",
+            fingerprint=fingerprint,
+            layer_kinds=model.config.layer_types,
+            home=torch.device("cpu"),
+            local_build=_local(model),
+            timeout_s=60,
+        )
+    assert time.monotonic() - t0 < 30  # reported, not waited out
+    assert set(mp.active_children()) <= before  # the failed worker was reaped
+
+
+def test_bad_scatter_devices_are_clear_errors():
+    cpu = torch.device("cpu")
+    assert worker_devices(3, [], cpu) == ["cpu", "cpu", "cpu"]
+    with pytest.raises(DeviceError, match="not a device name"):
+        worker_devices(2, ["gpu7"], cpu)
+    with pytest.raises(DeviceError, match="rank 0's kind"):
+        worker_devices(2, ["cuda:0", "cuda:1"], cpu)
+
+
+# ---------------------------------------------------------------------- the engine on 2 workers
+@dataclass
+class Seg:
+    token_ids: tuple[int, ...]
+    kind: str = "document"
+
+
+@dataclass
+class Plan:
+    segments: list[Seg]
+    suffix_ids: list[int] = field(default_factory=lambda: rand_tokens(6, 77))
+    bos_id: int | None = None
+
+
+def test_engine_builds_cold_segments_on_the_workers_and_answers_as_one_process(tmp_path):
+    common = {"model": TINY, "device": "cpu", "home": tmp_path, "min_cached_tokens": 4}
+    one = load_engine(Settings(**common))
+    two = load_engine(Settings(**common, scatter_workers=2))
+    try:
+        assert one.scatter_pool is None and two.scatter_pool is not None
+        pids = two.scatter_pool.pids()
+        assert len(pids) == 2 and os.getpid() not in pids
+        plan = Plan([Seg(s) for s in _segments([60, 18, 40, 24], seed=2100)])
+        with single_thread():
+            ref = one.prepare(plan, mode="hypic")
+        got = two.prepare(plan, mode="hypic")
+        assert two.scatter_pool.stats.entries == 4  # every cold segment came back from a worker
+        assert two.scatter_pool.stats.rebuilt_locally == 0
+        assert [s.hit for s in got.segments] == [False] * 4
+        torch.testing.assert_close(got.state.last_logits, ref.state.last_logits, rtol=1e-5, atol=1e-5)
+        assert got.state.length == ref.state.length
+        # stored as today: the second request hits every segment and gives the same answer again
+        again = two.prepare(plan, mode="hypic")
+        assert [s.hit for s in again.segments] == [True] * 4
+        assert two.scatter_pool.stats.entries == 4
+        torch.testing.assert_close(again.state.last_logits, got.state.last_logits, rtol=0, atol=0)
+    finally:
+        two.close()
+        one.close()
+    assert _gone(pids)
+
+
+def test_an_entry_travels_as_one_buffer_per_dtype_and_comes_back_whole():
+    ts = [torch.randn(2, 3), torch.randn(4).to(torch.bfloat16), torch.randn(5, 1, 2), torch.randn(3).to(torch.bfloat16)]
+    meta = decode_meta(encode_meta(ts))
+    assert meta == [(t.dtype, tuple(t.shape)) for t in ts]
+    flats = pack(ts)
+    assert [(f.dtype, f.numel()) for f in flats] == flat_layout(meta) == [(torch.float32, 16), (torch.bfloat16, 7)]
+    for separate in (False, True):
+        back = unpack(flats, meta, separate=separate)
+        assert all(torch.equal(a, b) for a, b in zip(back, ts, strict=True))
+        shared = back[0].untyped_storage().data_ptr() == back[2].untyped_storage().data_ptr()
+        assert shared != separate  # views of the buffer, or each tensor its own storage (CPU tiers)
+
+
+def test_a_worker_that_does_not_answer_in_time_is_replaced_and_its_segments_rebuilt(tiny):
+    settings, model, fingerprint = tiny
+    p = WorkerPool(
+        settings.model_dump_json(),
+        ["cpu"],
+        model=None,
+        fingerprint=fingerprint,
+        layer_kinds=model.config.layer_types,
+        home=torch.device("cpu"),
+        local_build=_local(model),
+        timeout_s=3,
+    )
+    try:
+        stuck = p.workers[0].proc.pid
+        os.kill(stuck, signal.SIGSTOP)  # alive, but silent
+        segs, seams = _segments([30, 22], seed=2500), [8, 8]
+        t0 = time.monotonic()
+        got = p.build(segs, seams)
+        assert 2.5 < time.monotonic() - t0 < 20  # waited for the timeout, not forever
+        with single_thread():
+            _assert_same_entries(got, build_entries(model, segs, seams))
+        assert p.stats.failures == 1 and p.stats.rebuilt_locally == 2
+        deadline = time.monotonic() + 60
+        while p.stats.restarts == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert p.alive() == [0] and p.workers[0].proc.pid != stuck and _gone([stuck])
+    finally:
+        pids = p.pids()
+        p.close()
+    assert _gone(pids)
+
+
+def test_through_the_http_server_the_answer_is_the_single_process_one_and_metrics_count(tmp_path):
+    from fastapi.testclient import TestClient
+
+    from hypic_agent.api import create_app
+
+    paris = "Paris is the capital of France. It lies on the Seine and has about two million people."
+    rome = "Rome is the capital of Italy. It lies on the Tiber and was founded, legend says, in 753 BC."
+    body = {
+        "segments": [{"kind": "document", "text": paris}, {"kind": "document", "text": rome}],
+        "query": "Which river?",
+        "max_tokens": 8,
+        "temperature": 0,
+    }
+    answers, pids = [], []
+    for n in (1, 2):
+        settings = Settings(home=tmp_path / f"h{n}", device="cpu", model=TINY, scatter_workers=n)
+        with TestClient(create_app(settings)) as client:
+            r = client.post("/v1/generate", json=body)
+            assert r.status_code == 200, r.text
+            answers.append(r.json()["text"])
+            metrics = client.get("/metrics").text
+            pool = client.app.state.hypic.engine.scatter_pool  # type: ignore[attr-defined]
+            if n == 1:
+                assert pool is None and "hypic_scatter_entries" not in metrics
+            else:
+                pids = pool.pids()
+                assert len(pids) == 2
+                assert "hypic_scatter_workers_alive 2.0" in metrics
+                assert "hypic_scatter_entries_total 2.0" in metrics  # both documents built on workers
+                assert "hypic_scatter_failures_total 0.0" in metrics
+    assert answers[0] == answers[1] and answers[0]
+    assert _gone(pids)  # the server's shutdown stopped its workers
