@@ -34,7 +34,7 @@ from hypic_agent.runtime.scatter import _batches
 from hypic_agent.runtime.workers import protocol as wire
 from hypic_agent.runtime.workers.channel import Channel, PairGroup, pair_group
 from hypic_agent.runtime.workers.devices import comm_device
-from hypic_agent.runtime.workers.worker import WorkerSpec, worker_main
+from hypic_agent.runtime.workers.worker import LOADED, WorkerSpec, worker_main
 
 log = logging.getLogger("hypic.workers")
 
@@ -82,6 +82,7 @@ class WorkerPool:
         max_batch_tokens: int = 65536,
         cost: CostModel | None = None,
         delay_s: float = 0.0,
+        start_timeout_s: float = 600.0,
     ) -> None:
         if not devices:
             raise ValueError("a worker pool needs at least one device")
@@ -98,6 +99,7 @@ class WorkerPool:
         self.max_batch_tokens = max_batch_tokens
         self.cost = cost or CostModel()
         self.delay_s = delay_s
+        self.start_timeout_s = start_timeout_s  # a (re)start waits this long for the model load
         self.stats = PoolStats()
         self.workers = [_Worker(i, d) for i, d in enumerate(devices)]
         self.queued_ms = [0.0] * len(self.workers)
@@ -137,6 +139,7 @@ class WorkerPool:
         w.proc.start()
         dev = comm_device(self.home)
         try:
+            self._wait_loaded(w, prefix)
             w.chan = Channel(self._join(w, prefix, dev), 0, dev)
             hdr = w.chan.recv_ints(wire.HEADER)
             text = wire.body_text(w.chan.recv_ints(int(hdr[4])))
@@ -152,6 +155,17 @@ class WorkerPool:
         w.alive = True
         log.info("scatter worker %d ready on %s (pid %s)", w.index, w.device, w.proc.pid)
         return None
+
+    def _wait_loaded(self, w: _Worker, prefix: str) -> None:
+        """Wait (up to ``start_timeout_s``, while the process lives) until ``w`` has loaded its model:
+        a start-up takes as long as a model load, which the job timeout must not bound."""
+        deadline = time.monotonic() + self.start_timeout_s
+        while not self._store.check([prefix + LOADED]):
+            if not w.proc.is_alive():
+                raise RuntimeError("the process exited")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"no model loaded within {self.start_timeout_s:.0f} s")
+            time.sleep(0.05)
 
     def _join(self, w: _Worker, prefix: str, dev: torch.device) -> PairGroup:
         """Rank 0's side of ``w``'s pair group, given up at once if the process exits first."""

@@ -41,6 +41,9 @@ class WorkerSpec:
     delay_s: float = 0.0
 
 
+LOADED = "loaded"  # store key (under the worker's prefix): its model load is over, successful or not
+
+
 def worker_main(spec: WorkerSpec) -> None:
     """The worker process's entry point (``torch.multiprocessing`` spawn target)."""
     torch.set_num_threads(1)  # workers share the host with rank 0 and each other
@@ -49,15 +52,19 @@ def worker_main(spec: WorkerSpec) -> None:
 
     device = torch.device(spec.device)
     store = dist.TCPStore(spec.host, spec.port, is_master=False, timeout=_td(spec.timeout_s))
-    chan = Channel(pair_group(store, spec.prefix, 1, device, spec.timeout_s), 1, device)
-    try:
+    failure: Exception | None = None
+    try:  # the model loads before the pair group exists: the group's timeout is the job timeout
         from hypic_agent.runtime.loader import load_model
 
         settings = Settings.model_validate_json(spec.settings_json)
         model, _, fingerprint = load_model(settings, model=spec.model, device=device)
         model.eval()
     except Exception as e:  # reported to rank 0, which raises it at start-up
-        msg = wire.text_body(f"{type(e).__name__}: {e}")
+        failure = e
+    store.set(spec.prefix + LOADED, "1")  # rank 0 joins the pair group once this is there
+    chan = Channel(pair_group(store, spec.prefix, 1, device, spec.timeout_s), 1, device)
+    if failure is not None:
+        msg = wire.text_body(f"{type(failure).__name__}: {failure}")
         chan.send(wire.header(wire.ERROR, 0, 0, 0, msg.numel()))
         chan.send(msg)
         chan.close()
