@@ -23,28 +23,15 @@ import argparse
 import statistics
 import tempfile
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from _common import print_table, write_json
+from ttft import Plan, Seg  # the request shapes ttft.py measures
 
 from hypic_agent.config import Settings
 from hypic_agent.runtime.engine import Engine
 from hypic_agent.runtime.loader import load_engine
-
-
-@dataclass
-class Seg:
-    token_ids: tuple[int, ...]
-    kind: str = "document"
-
-
-@dataclass
-class Plan:
-    segments: list[Seg]
-    suffix_ids: list[int] = field(default_factory=lambda: list(range(1, 9)))
-    bos_id: int | None = None
 
 
 def cold_ttft_ms(engine: Engine, plan: Plan, reps: int, tag: str) -> float:
@@ -67,7 +54,9 @@ def main() -> None:
     ap.add_argument("--out", default="bench_out/scatter.json")
     args = ap.parse_args()
     g = torch.Generator().manual_seed(0)
-    plan = Plan([Seg(tuple(torch.randint(0, 256, (n,), generator=g).tolist())) for n in args.lengths])
+    plan = Plan(
+        [Seg(tuple(torch.randint(0, 256, (n,), generator=g).tolist())) for n in args.lengths], list(range(1, 9))
+    )
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as home:
         for n in args.workers:

@@ -11,7 +11,6 @@ import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 
 import pytest
 import torch
@@ -27,6 +26,7 @@ from hypic_agent.runtime.workers.pool import WorkerPool, WorkerStartError
 from hypic_agent.runtime.workers.protocol import decode_meta, encode_meta, entry_tensors, flat_layout, pack, unpack
 
 from .conftest import rand_tokens
+from .test_engine import Plan, Seg
 
 
 # ---------------------------------------------------------------------- router: cost model + LPT
@@ -214,19 +214,6 @@ def test_bad_scatter_devices_are_clear_errors():
 
 
 # ---------------------------------------------------------------------- the engine on 2 workers
-@dataclass
-class Seg:
-    token_ids: tuple[int, ...]
-    kind: str = "document"
-
-
-@dataclass
-class Plan:
-    segments: list[Seg]
-    suffix_ids: list[int] = field(default_factory=lambda: rand_tokens(6, 77))
-    bos_id: int | None = None
-
-
 def test_engine_builds_cold_segments_on_the_workers_and_answers_as_one_process(tmp_path):
     common = {"model": TINY, "device": "cpu", "home": tmp_path, "min_cached_tokens": 4}
     one = load_engine(Settings(**common))
