@@ -41,6 +41,7 @@ from hypic_agent.runtime.results import FinishEvent, Prepared, SegmentUsage, Tok
 from hypic_agent.runtime.router import Route, route
 from hypic_agent.runtime.sampling import SamplingParams
 from hypic_agent.runtime.scatter import scatter_prefill
+from hypic_agent.runtime.state import RequestState
 from hypic_agent.segments.keys import segment_key
 
 if TYPE_CHECKING:
@@ -238,10 +239,7 @@ class Engine:
     def _full(self, segs: list[tuple[int, ...]], kinds: list[str], suffix: list[int]) -> Prepared:
         t0 = time.perf_counter()
         state = prefill(self.model, [[t for s in segs for t in s] + suffix])[0]
-        usage = [SegmentUsage(None, k, len(s), False, None) for s, k in zip(segs, kinds, strict=True)]
-        return Prepared(
-            state, "full_recompute", usage, state.length, 0, state.length, timings_ms={"prefill_ms": _ms(t0)}
-        )
+        return full_prepared(segs, kinds, state.length, state, {"prefill_ms": _ms(t0)})
 
     def _prefix(self, segs: list[tuple[int, ...]], kinds: list[str], suffix: list[int], tenant: str) -> Prepared:
         t0 = time.perf_counter()
@@ -252,20 +250,7 @@ class Engine:
             state = prefill(self.model, [[t for s in segs[depth:] for t in s]], [state])[0]
             self.prefix_cache.insert(keys, segs, state)
         state = prefill(self.model, [suffix], [state])[0]
-        usage = [
-            SegmentUsage(keys[i], kinds[i], len(s), i < depth, "memory" if i < depth else None)
-            for i, s in enumerate(segs)
-        ]
-        return Prepared(
-            state,
-            "prefix_cache",
-            usage,
-            state.length,
-            reused,
-            state.length - reused,
-            exact_prefix_tokens=reused,
-            timings_ms={"prefill_ms": _ms(t0)},
-        )
+        return prefix_prepared(keys, segs, kinds, depth, reused, state.length, state, {"prefill_ms": _ms(t0)})
 
     def _composed(
         self, segs: list[tuple[int, ...]], kinds: list[str], suffix: list[int], spec: Any, w: float, tenant: str
@@ -414,6 +399,45 @@ class Engine:
             SegmentUsage(keys[i], kinds[i], len(segments[i]), r.entries[i] is not None, r.tiers[i])
             for i in range(len(segments))
         ]
+
+
+def full_prepared(
+    segs: Sequence[Sequence[int]],
+    kinds: Sequence[str],
+    total: int,
+    state: RequestState | None = None,
+    timings_ms: dict[str, float] | None = None,
+) -> Prepared:
+    """How a ``full_recompute`` prompt of ``total`` tokens was built: nothing cached."""
+    usage = [SegmentUsage(None, k, len(s), False, None) for s, k in zip(segs, kinds, strict=True)]
+    return Prepared(state, "full_recompute", usage, total, 0, total, timings_ms=timings_ms or {})
+
+
+def prefix_prepared(
+    keys: Sequence[str],
+    segs: Sequence[Sequence[int]],
+    kinds: Sequence[str],
+    depth: int,
+    reused: int,
+    total: int,
+    state: RequestState | None = None,
+    timings_ms: dict[str, float] | None = None,
+) -> Prepared:
+    """How a ``prefix_cache`` prompt was built: its first ``depth`` segments (``reused`` tokens) came
+    from the prefix cache, the rest was prefilled."""
+    usage = [
+        SegmentUsage(keys[i], kinds[i], len(s), i < depth, "memory" if i < depth else None) for i, s in enumerate(segs)
+    ]
+    return Prepared(
+        state,
+        "prefix_cache",
+        usage,
+        total,
+        reused,
+        total - reused,
+        exact_prefix_tokens=reused,
+        timings_ms=timings_ms or {},
+    )
 
 
 def _with_built(r: Route, built: Sequence[SegmentEntry]) -> list[SegmentEntry | None]:

@@ -55,12 +55,8 @@ def plan_forward(
     toks = tuple(tuple(int(t) for t in ts) for ts in new_tokens)
     if paged and all(len(t) == 1 for t in toks):
         return _decode_plan(pool, seqs, toks)
-    dev = pool.device
     lens = [len(t) for t in toks]
-    ctx = [s.length + n for s, n in zip(seqs, lens, strict=True)]
-    for s, c in zip(seqs, ctx, strict=True):
-        if c > s.capacity:
-            raise ValueError(f"sequence would hold {c} tokens; it reserved {s.capacity}")
+    ctx = _context_lengths(seqs, lens)
     ps = pool.page_size
     pos = torch.cat([torch.arange(s.length, c) for s, c in zip(seqs, ctx, strict=True)])
     key_pos = torch.cat([torch.arange(0, c) for c in ctx])
@@ -73,19 +69,13 @@ def plan_forward(
     rows = table[owner, pos // ps] * ps + pos % ps
     key_rows = table[key_owner, key_pos // ps] * ps + key_pos % ps
     cu = _cu(lens)
-    host = torch.cat(
-        [
-            torch.tensor([t for ts in toks for t in ts], dtype=torch.int64),
-            pos,
-            torch.tensor([s.slot for s in seqs], dtype=torch.int64),
-            rows,
-            key_rows,
-            (cu[1:] - 1).long(),
-        ]
+    ids = torch.tensor([t for ts in toks for t in ts], dtype=torch.int64)
+    slots = torch.tensor([s.slot for s in seqs], dtype=torch.int64)
+    (ids, positions, slots, rows_d, key_rows_d, last), (cu_d, ctx_d, table_d) = _upload(
+        pool.device,
+        [ids, pos, slots, rows, key_rows, (cu[1:] - 1).long()],
+        [cu, torch.tensor(ctx, dtype=torch.int32), table.to(torch.int32)],
     )
-    on_dev = host.to(dev, non_blocking=True)  # one upload for the int64 tables
-    t, n, k = len(pos), len(seqs), len(key_rows)
-    ids, positions, slots, rows_d, key_rows_d, last = torch.split(on_dev, [t, t, n, t, k, n])
     return ForwardPlan(
         seqs=tuple(seqs),
         new_tokens=toks,
@@ -94,35 +84,38 @@ def plan_forward(
         positions=positions,
         slots=slots,
         rows=rows_d,
-        cu_seqlens=cu.to(dev),
+        cu_seqlens=cu_d,
         cu_host=cu,
         key_rows=key_rows_d,
         cu_keys_host=_cu(ctx),
-        block_table=table.to(torch.int32).to(dev),
-        context_lens=torch.tensor(ctx, dtype=torch.int32).to(dev),
+        block_table=table_d.view(table.shape),
+        context_lens=ctx_d,
         last_rows=last,
     )
 
 
 def _decode_plan(pool: StatePool, seqs: Sequence[PoolSeq], toks: tuple[tuple[int, ...], ...]) -> ForwardPlan:
-    """A decode-only plan for paged attention, built from host ints in one tensor and one upload."""
+    """A decode-only plan for paged attention, built from host ints (one upload per dtype)."""
     ps, n = pool.page_size, len(seqs)
-    for s in seqs:
-        if s.length + 1 > s.capacity:
-            raise ValueError(f"sequence would hold {s.length + 1} tokens; it reserved {s.capacity}")
+    ctx = _context_lengths(seqs, [1] * n)
     width = max(len(s.pages) for s in seqs)
-    flat: list[int] = [t[0] for t in toks]
-    flat += [s.length for s in seqs]
-    flat += [s.slot for s in seqs]
-    flat += [s.pages[s.length // ps] * ps + s.length % ps for s in seqs]
-    flat += [s.length + 1 for s in seqs]
+    table: list[int] = []
     for s in seqs:
-        flat += s.pages
-        flat += [0] * (width - len(s.pages))
-    host = torch.tensor(flat, dtype=torch.int64)
-    on_dev = host.to(pool.device, non_blocking=True)
-    ids, positions, slots, rows, ctx, table = torch.split(on_dev, [n, n, n, n, n, n * width])
+        table += s.pages
+        table += [0] * (width - len(s.pages))
+    longs = [
+        [t[0] for t in toks],
+        [s.length for s in seqs],
+        [s.slot for s in seqs],
+        [s.pages[s.length // ps] * ps + s.length % ps for s in seqs],
+        list(range(n)),
+    ]
     cu = torch.arange(n + 1, dtype=torch.int32)
+    (ids, positions, slots, rows, last), (cu_d, ctx_d, table_d) = _upload(
+        pool.device,
+        [torch.tensor(x, dtype=torch.int64) for x in longs],
+        [cu, torch.tensor(ctx, dtype=torch.int32), torch.tensor(table, dtype=torch.int32)],
+    )
     return ForwardPlan(
         seqs=tuple(seqs),
         new_tokens=toks,
@@ -131,11 +124,31 @@ def _decode_plan(pool: StatePool, seqs: Sequence[PoolSeq], toks: tuple[tuple[int
         positions=positions,
         slots=slots,
         rows=rows,
-        cu_seqlens=cu.to(pool.device),
+        cu_seqlens=cu_d,
         cu_host=cu,
         key_rows=rows[:0],
         cu_keys_host=torch.zeros(n + 1, dtype=torch.int32),
-        block_table=table.view(n, width).to(torch.int32),
-        context_lens=ctx.to(torch.int32),
-        last_rows=torch.arange(n, device=pool.device),
+        block_table=table_d.view(n, width),
+        context_lens=ctx_d,
+        last_rows=last,
     )
+
+
+def _context_lengths(seqs: Sequence[PoolSeq], new: Sequence[int]) -> list[int]:
+    """Each sequence's length after its ``new`` tokens; raises where that exceeds its reserved pages."""
+    ctx = [s.length + n for s, n in zip(seqs, new, strict=True)]
+    for s, c in zip(seqs, ctx, strict=True):
+        if c > s.capacity:
+            raise ValueError(f"sequence would hold {c} tokens; it reserved {s.capacity}")
+    return ctx
+
+
+def _upload(
+    device: torch.device, longs: Sequence[torch.Tensor], ints: Sequence[torch.Tensor]
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """1-D int64 and int32 host tensors on ``device``: one copy per dtype, split into views there."""
+    out: list[list[torch.Tensor]] = []
+    for parts in (longs, ints):
+        flat = torch.cat([p.reshape(-1) for p in parts]).to(device, non_blocking=True)
+        out.append(list(torch.split(flat, [p.numel() for p in parts])))
+    return out[0], out[1]

@@ -94,10 +94,6 @@ class StatePool:
         """Whether a request of ``tokens`` (prompt + max_tokens) could be admitted into an empty pool."""
         return self.pages_for(tokens) <= self.max_seq_pages
 
-    def can_alloc(self, tokens: int) -> bool:
-        with self._lock:
-            return bool(self._free_slots) and self.pages_for(tokens) <= len(self._free_pages)
-
     def usage(self) -> PoolUsage:
         with self._lock:
             total = sum(t.nbytes for t in (self.recurrent, self.conv, self.k, self.v))
@@ -139,14 +135,6 @@ class StatePool:
         pos = torch.arange(start, end)
         pages = torch.tensor(seq.pages, dtype=torch.int64)[pos // self.page_size]
         return (pages * self.page_size + pos % self.page_size).to(self.device)
-
-    def block_table(self, seqs: list[PoolSeq], width: int | None = None) -> torch.Tensor:
-        """``[N, width]`` int32 page ids (0-padded) on the pool's device."""
-        width = width or max((len(s.pages) for s in seqs), default=1)
-        table = torch.zeros(len(seqs), width, dtype=torch.int32)
-        for i, s in enumerate(seqs):
-            table[i, : len(s.pages)] = torch.tensor(s.pages, dtype=torch.int32)
-        return table.to(self.device)
 
     # ------------------------------------------------------------------ load / export
     def load(self, seq: PoolSeq, state: RequestState) -> None:

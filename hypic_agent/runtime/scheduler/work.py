@@ -17,13 +17,12 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
-from hypic_agent.runtime.engine import Engine, PromptPieces
+from hypic_agent.runtime.engine import Engine, PromptPieces, full_prepared, prefix_prepared
 from hypic_agent.runtime.output import OutputStream
-from hypic_agent.runtime.results import Prepared, SegmentUsage
+from hypic_agent.runtime.results import Prepared
 from hypic_agent.runtime.runner.pool import PoolSeq, StatePool
 from hypic_agent.runtime.scheduler.request import RequestHandle
 from hypic_agent.runtime.scheduler.stats import SchedulerStats
@@ -54,10 +53,6 @@ class LiveRequest:
         return self.handle.request.tenant
 
     @property
-    def mode(self) -> str:
-        return self.pieces.spec.name
-
-    @property
     def decoding(self) -> bool:
         return self.last_token is not None
 
@@ -65,17 +60,13 @@ class LiveRequest:
     def preparing(self) -> bool:
         return self.last_token is None and self.first_logits is None
 
-    def need_tokens(self) -> int:
-        return self.pieces.total + self.out.sampling.max_tokens
-
     # ------------------------------------------------------------------ prepare plans
     def start(self, engine: Engine, pool: StatePool, chunk: int) -> None:
         """Right after admission (``seq`` allocated): load what is cached, queue the chunks."""
         p = self.pieces
         assert self.seq is not None
         if p.spec.name == "full_recompute":
-            usage = [SegmentUsage(None, k, len(s), False, None) for s, k in zip(p.segs, p.kinds, strict=True)]
-            self.prepared = Prepared(None, "full_recompute", usage, p.total, 0, p.total)
+            self.prepared = full_prepared(p.segs, p.kinds, p.total)
             self.chunks.extend(split_chunks([t for s in p.segs for t in s] + p.suffix, chunk))
         elif p.spec.name == "prefix_cache":
             t0 = time.perf_counter()
@@ -88,20 +79,8 @@ class LiveRequest:
             if depth < len(p.segs):
                 self.boundary, self.prefix_keys = reused + len(missed), keys
             self.chunks.extend(split_chunks(missed, chunk) + split_chunks(p.suffix, chunk))
-            usage = [
-                SegmentUsage(keys[i], p.kinds[i], len(s), i < depth, "memory" if i < depth else None)
-                for i, s in enumerate(p.segs)
-            ]
-            self.prepared = Prepared(
-                None,
-                "prefix_cache",
-                usage,
-                p.total,
-                reused,
-                p.total - reused,
-                exact_prefix_tokens=reused,
-                timings_ms={"prefix_lookup_ms": (time.perf_counter() - t0) * 1e3},
-            )
+            lookup_ms = {"prefix_lookup_ms": (time.perf_counter() - t0) * 1e3}
+            self.prepared = prefix_prepared(keys, p.segs, p.kinds, depth, reused, p.total, None, lookup_ms)
 
     def after_chunk(self, engine: Engine, pool: StatePool) -> None:
         """After a chunk ran: a prefix-cache request that reached its boundary records it."""
@@ -141,6 +120,3 @@ class LiveRequest:
         self.prepared = prepared
         stats.combine_ms += (time.perf_counter() - t0) * 1e3
         return prepared.recomputed_tokens
-
-    def describe(self) -> dict[str, Any]:
-        return {"id": self.handle.id, "mode": self.mode, "tokens": self.pieces.total}
