@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from _common import load_shape, model_args, print_table, random_model, sync, write_json
 
+from hypic_agent.kernels.config import KernelConfig
 from hypic_agent.runtime.models.config import HybridConfig
 from hypic_agent.runtime.runner.pool import StatePool
 from hypic_agent.runtime.runner.runner import ModelRunner
@@ -47,14 +48,37 @@ def floor_ms(model: torch.nn.Module, cfg: HybridConfig, batch: int, context: int
     return (other + expert + kv + states) / (HBM_TBS * 1e12) * 1e3
 
 
-def profile_step(runner: ModelRunner, pool: StatePool, seqs: list, toks: list) -> None:
-    """The top CUDA kernels of one decode step (a graph replay shows its kernels too)."""
+def profile_step(runner: ModelRunner, pool: StatePool, seqs: list, toks: list) -> dict[str, Any]:
+    """The CUDA kernels of one decode step (a graph replay shows its kernels too): their number, GPU
+    time, and the top kernels by total time with their counts."""
+    from collections import defaultdict
+
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         runner.forward(runner.plan(seqs, toks))
         sync()
-    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=14, max_name_column_width=70), flush=True)
+    kernels = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
+    per: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+    for e in kernels:
+        per[e.name][0] += 1
+        per[e.name][1] += getattr(e, "device_time", 0.0) or getattr(e, "cuda_time", 0.0)
+    total_us = sum(t for _, t in per.values())
+    top = sorted(per.items(), key=lambda kv: -kv[1][1])[:30]
+    print(f"{len(kernels)} kernels, {total_us / 1e3:.2f} ms GPU time", flush=True)
+    for name, (n, t) in top:
+        print(f"  {t:9.1f} us  {int(n):5d}x  {name[:110]}", flush=True)
+    return {"kernels": len(kernels), "gpu_ms": total_us / 1e3, "top": [[k, n, t] for k, (n, t) in top]}
+
+
+def kernel_config(pairs: list[str]) -> KernelConfig:
+    """``KEY=VALUE`` pairs over the defaults (``--kernels graph_norms_fused=false``), checked by
+    ``KernelSettings`` as ``HYPIC_KERNELS__*`` would be."""
+    from hypic_agent.config import KernelSettings
+
+    fields = dict(p.split("=", 1) for p in pairs)
+    return KernelSettings.model_validate(fields).config()
 
 
 def main() -> None:
@@ -67,11 +91,13 @@ def main() -> None:
     ap.add_argument("--memory-fraction", type=float, default=0.85, help="of the free memory, for the pool")
     ap.add_argument("--no-graphs", action="store_true")
     ap.add_argument("--profile", action="store_true", help="print the top kernels of one step per row (CUDA)")
+    ap.add_argument("--kernels", nargs="*", default=[], metavar="KEY=VALUE", help="kernel choices (KernelSettings)")
     ap.add_argument("--out", default="bench_out/decode.json")
     args = ap.parse_args()
     dtype = getattr(torch, args.dtype)
     raw = load_shape(args.shape, args.layers)
     model = random_model(raw, args.device, dtype)
+    model.set_kernels(kernel_config(args.kernels))
     cfg = model.config
     dev = torch.device(args.device)
     max_b = max(args.batches)
@@ -112,8 +138,9 @@ def main() -> None:
                 toks = [[t] for t in logits.argmax(-1).tolist()]
                 if i >= args.warmup:
                     times.append((time.perf_counter() - t0) * 1e3)
+            profiled = None
             if args.profile and dev.type == "cuda" and batch in (1, 64):
-                profile_step(runner, pool, seqs, toks)
+                profiled = profile_step(runner, pool, seqs, toks)
             for s in seqs:
                 pool.free(s)  # type: ignore[arg-type]
             times.sort()
@@ -128,6 +155,7 @@ def main() -> None:
                     "hbm_floor_ms": fl,
                     "x_floor": p50 / fl,
                     "graph_replays": getattr(runner.decode_graphs, "replays", 0),
+                    **({"profile": profiled} if profiled else {}),
                 }
             )
             print(f"ctx={context} batch={batch}: {p50:.2f} ms/step, {batch / p50 * 1e3:.0f} tok/s", flush=True)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # H200 calls that check the GPU kernels and re-measure every GPU table of docs/benchmarks.md.
-# Usage (repo root, device machine): bash benchmarks/h200_session.sh [tests] [serving] [decode] [qps] [http] [ttft] [prefill] [overhead] [profile] [next]
+# Usage (repo root, device machine): bash benchmarks/h200_session.sh [tests] [serving] [decode] [decode_ab] [qps] [http] [ttft] [prefill] [overhead] [profile] [next]
 # Run from the repo root on the device machine, fla-core etc. on PYTHONPATH; results land in $OUT.
 # Each step has its own time limit (TESTS_S, TTFT_S, PROFILE_S override three of them) so that a slow
 # step cannot take the others' results with it.
@@ -36,6 +36,9 @@ for st in $STEPS; do case $st in
            tests/kernels/test_gpu_paged_attention.py tests/kernels/test_decode_slots.py tests/runtime/test_gpu_runner.py) ;;
   decode) step ${DECODE_S:-300} decode python3 decode.py --shape qwen3_5_35b_a3b --batches 1 8 32 64 128 \
             --contexts 2048 20480 --out "$OUT/decode.json" ;;
+  decode_ab) step ${DECODE_S:-300} decode_ab bash -c "python3 decode.py --shape qwen3_5_35b_a3b --batches 1 8 64 \
+               --contexts 2048 20480 --profile --out $OUT/decode.json && python3 decode.py --shape qwen3_5_35b_a3b \
+               --batches 1 8 --contexts 2048 --profile --kernels graph_norms_fused=false --out $OUT/decode_unfused.json" ;;
   qps) step ${QPS_S:-420} qps python3 qps.py --shape qwen3_5_35b_a3b --modes prefix_cache hypic --loads 1 2 4 8 16 \
          --out "$OUT/qps.json" ;;
   http) step ${HTTP_S:-240} http_overhead python3 http_overhead.py --shape qwen3_5_35b_a3b --segments 20 \
@@ -50,5 +53,5 @@ for st in $STEPS; do case $st in
              --combine-only --scatter --out "$OUT/combine_profile.json" ;;
   next) step 100 prefill_next python3 prefill.py --shape qwen3_next_80b_a3b --layers 12 --lengths 32768 \
           --reps 2 --out "$OUT/prefill_next.json" ;;
-  *) echo "unknown step $st (tests serving decode qps http ttft prefill overhead profile next)"; exit 2 ;;
+  *) echo "unknown step $st (tests serving decode decode_ab qps http ttft prefill overhead profile next)"; exit 2 ;;
 esac; done

@@ -55,6 +55,10 @@ class KernelSettings(BaseModel):
     norm_fla_min_rows: int = Field(
         default=_K.norm_fla_min_rows, ge=0, description="fewer rows: the norms stay on torch (CUDA)"
     )
+    graph_norms_fused: bool = Field(
+        default=_K.graph_norms_fused,
+        description="norms take the fused kernel at any row count inside a captured decode step",
+    )
     precompose_leading_bodies: bool = Field(
         default=_K.precompose_leading_bodies,
         description="compose a w = 0 prompt's leading bodies for all layers before the combine forward",

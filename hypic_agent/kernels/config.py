@@ -43,6 +43,9 @@ class KernelConfig:
     * ``norm_fla_min_rows``: below this many rows the norms stay on torch: a few native launches
       cost less host time than fla's Python launch path, and the GPU work is tiny either way (short
       forwards: decode, combine).
+    * ``graph_norms_fused``: inside a captured whole decode step (``runner.decode_graphs``) the norms
+      take fla's fused kernel at any row count: the host launch cost ``norm_fla_min_rows`` avoids is
+      paid once at capture, while the torch norm is ~7 kernels per call on every replay.
     * ``precompose_leading_bodies``: compose the bodies at the head of a ``w = 0`` prompt for all
       layers before the combine forward (``combine_inputs``); False runs them inside each layer's
       scan (kept for A/B measurements).
@@ -57,6 +60,7 @@ class KernelConfig:
     moe_triton_max_slots: int = 2048
     moe_triton_block_m: int | None = None
     norm_fla_min_rows: int = 512
+    graph_norms_fused: bool = True
     precompose_leading_bodies: bool = True
     graph_bucket_step: int = 128
     max_fused_cold_tokens: int = 65536

@@ -129,3 +129,19 @@ def test_combine_graphs_are_kept_per_kernel_choice():
     spec = mode_spec("hypic")
     keys = {r.key(lay, spec, None, k) for k in (DEFAULT_KERNELS, KernelConfig(), KernelConfig(combine_scan="token"))}
     assert len(keys) == 2
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_a_captured_decode_step_takes_the_fused_norms_and_gives_the_choice_back(fused):
+    """Inside ``graph_kernels`` (warm-up and capture of a decode graph) every norm reads
+    ``norm_fla_min_rows = 0`` when ``graph_norms_fused``; afterwards the model's own choice is back."""
+    from hypic_agent.runtime.runner.decode_graphs import graph_kernels
+
+    model, _, _ = make_model("qwen3_5_moe_text")
+    own = KernelConfig(norm_fla_min_rows=300, graph_norms_fused=fused)
+    model.set_kernels(own)
+    norms = [m for m in model.modules() if isinstance(m, RMSNorm | GatedRMSNorm)]
+    with graph_kernels(model):
+        assert {m.kernels.norm_fla_min_rows for m in norms} == {0 if fused else 300}
+        assert {m.kernels.moe_triton_max_slots for m in model.modules() if isinstance(m, Experts)} == {2048}
+    assert model.kernels is own and all(m.kernels is own for m in norms)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from hypic_agent.kernels.config import KernelConfig
+from hypic_agent.kernels.config import DEFAULT_KERNELS, KernelConfig
 from hypic_agent.runtime.models.attention import FullAttention
 from hypic_agent.runtime.models.config import HybridConfig
 from hypic_agent.runtime.models.gated_deltanet import GatedDeltaNet
@@ -78,6 +78,7 @@ class HybridForCausalLM(nn.Module):
         self.ffn_graphs: object | None = None  # runtime.graphs.LayerGraphs when enabled
         self.combine_graphs: object | None = None  # runtime.hypic.combine_graphs.CombineGraphs when enabled
         self.cold_graphs: object | None = None  # runtime.hypic.cold_graphs.ColdGraphs when enabled
+        self.kernels: KernelConfig = DEFAULT_KERNELS  # what ``set_kernels`` last handed down
 
     @property
     def layers(self) -> list[DecoderLayer]:
@@ -105,6 +106,7 @@ class HybridForCausalLM(nn.Module):
         """Kernel choices for every module that calls a configurable kernel: the MoE experts
         (``moe_triton_*``) and the norms (``norm_fla_min_rows``). Set before layer graphs are
         captured: a captured graph keeps the path it was captured with."""
+        self.kernels = kernels
         for m in self.modules():
             if isinstance(m, RMSNorm | GatedRMSNorm | Experts):
                 m.kernels = kernels

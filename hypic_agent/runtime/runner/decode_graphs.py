@@ -14,7 +14,10 @@ computed and never read. Capture happens on first use of a bucket, after one eag
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import logging
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -23,6 +26,7 @@ from hypic_agent.runtime.graphs import eager_stages
 from hypic_agent.runtime.runner.plan import ForwardPlan
 
 if TYPE_CHECKING:
+    from hypic_agent.runtime.models.hybrid import HybridForCausalLM
     from hypic_agent.runtime.runner.runner import ModelRunner
 
 log = logging.getLogger(__name__)
@@ -33,6 +37,22 @@ def decode_buckets(max_batch: int) -> tuple[int, ...]:
     small = [1, 2, 4, 8, *range(16, 65, 8), *range(96, 4097, 32)]
     out = [b for b in small if b < max_batch]
     return (*out, max_batch)
+
+
+@contextlib.contextmanager
+def graph_kernels(model: HybridForCausalLM) -> Iterator[None]:
+    """The kernel choices of a captured step (warm-up and capture alike, so the fused kernels compile
+    and tune before the capture): with ``graph_norms_fused`` the norms take the fused kernel at any
+    row count. The model's own choices come back afterwards (eager forwards keep them)."""
+    before = model.kernels
+    if not before.graph_norms_fused:
+        yield
+        return
+    model.set_kernels(dataclasses.replace(before, norm_fla_min_rows=0))
+    try:
+        yield
+    finally:
+        model.set_kernels(before)
 
 
 class DecodeGraphs:
@@ -112,7 +132,7 @@ class DecodeGraphs:
             t.zero_()
         dev = self.ids.device
         try:
-            with eager_stages():
+            with eager_stages(), graph_kernels(self.runner.model):
                 side = torch.cuda.Stream(device=dev)
                 side.wait_stream(torch.cuda.current_stream(dev))
                 with torch.cuda.stream(side):  # warm-up outside the capture: compiles, workspaces
