@@ -5,7 +5,7 @@ experts: a handful of rows per expert, so the experts' weights are read once and
 cost is how fast the weights stream. Two launches:
 
 * ``_gate_up_kernel``, grid ``(blocks, cdiv(I, BN))``: one block of ``BM`` rows of one expert (the
-  rows sorted by expert, each expert's rows padded to whole blocks: ``align``) times a ``BN`` slice
+  rows sorted by expert, each expert's rows padded to whole blocks: ``moe_route.align``) times a ``BN`` slice
   of its gate and up rows, ``silu(gate) * up`` -> ``act [blocks * BM, I]``;
 * ``_down_kernel``, grid ``(blocks, cdiv(D, BN))``: ``act`` rows times the expert's down rows,
   scaled by the routing weight, written to the row's (token, slot) place ``[T * k, D]``.
@@ -21,6 +21,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+from .moe_route import align
 
 
 @triton.jit
@@ -96,33 +98,6 @@ def _down_kernel(
         tl.store(dst, acc.to(out.dtype.element_ty), mask=m_row[:, None] & m_n[None, :])
 
 
-def align(topk_idx: torch.Tensor, num_experts: int, block: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(token, slot) pairs grouped by expert in slot order, each expert's padded to whole ``block``-row
-    blocks, with no host sync: ``ids [max_blocks * block]`` the flat slot index ``t * k + j`` of each
-    row (``T * k`` for padding) and ``block_expert [max_blocks]`` int32 (-1 past the last used block),
-    where ``max_blocks = cdiv(T * k, block) + min(E, T * k)`` bounds the padded count.
-
-    One stable sort of the slots by expert and a few ``[E]``-sized ops (a row's place is its expert's
-    first padded row plus its rank among the expert's slots). NOTE: the one-hot running count this
-    replaced (``cumsum`` over ``[T * k, E]``) ran as a scan over the slot axis: 0.1 ms per layer at 50
-    tokens on the H200 and more at 210, the cost of the whole expert GEMM."""
-    flat = topk_idx.reshape(-1).long()
-    m = flat.numel()
-    dev = flat.device
-    expert, order = torch.sort(flat, stable=True)
-    counts = torch.zeros(num_experts, dtype=torch.long, device=dev).scatter_add_(0, flat, torch.ones_like(flat))
-    nblk = (counts + block - 1) // block
-    blk_end = nblk.cumsum(0)
-    first_row = (blk_end - nblk) * block  # [E] first padded row of each expert
-    first_slot = counts.cumsum(0) - counts  # [E] first sorted position of each expert
-    pos = first_row[expert] + torch.arange(m, device=dev) - first_slot[expert]
-    max_blocks = triton.cdiv(m, block) + min(num_experts, m)
-    ids = torch.full((max_blocks * block,), m, dtype=torch.long, device=dev)
-    ids[pos] = order
-    be = torch.searchsorted(blk_end, torch.arange(max_blocks, device=dev), right=True)
-    return ids, torch.where(be < num_experts, be, -1).to(torch.int32)
-
-
 def moe_experts_triton(
     x: torch.Tensor,
     topk_idx: torch.Tensor,
@@ -148,7 +123,7 @@ def moe_experts_triton(
     K = topk_idx.shape[1]
     E, I = gate_up.shape[0], down.shape[2]
     x, gate_up, down = x.contiguous(), gate_up.contiguous(), down.contiguous()
-    ids, block_expert = align(topk_idx, E, block_m)
+    ids, block_expert = align(topk_idx, E, block_m)  # one Triton launch on CUDA (moe_route)
     blocks = block_expert.numel()
     act = torch.empty(blocks * block_m, I, dtype=x.dtype, device=x.device)
     ieee = x.dtype == torch.float32

@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hypic_agent.kernels import moe as moe_ops
+from hypic_agent.kernels import moe_route
 from hypic_agent.kernels.config import DEFAULT_KERNELS, KernelConfig
 from hypic_agent.runtime.models.config import HybridConfig
 
@@ -36,11 +37,8 @@ class Router(nn.Module):
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x ``[T, D]`` -> (top-k weights ``[T, k]`` in x.dtype, expert ids ``[T, k]``)."""
         logits = F.linear(x, self.weight)
-        probs = torch.softmax(logits, dim=-1, dtype=torch.float)
-        top_w, top_i = torch.topk(probs, self.top_k, dim=-1)
-        if self.norm_topk:
-            top_w = top_w / top_w.sum(dim=-1, keepdim=True)
-        return top_w.to(logits.dtype), top_i
+        backend = "torch" if logits.requires_grad else "auto"  # the Triton top-k has no backward
+        return moe_route.router_topk(logits, self.top_k, renormalize=self.norm_topk, backend=backend)
 
 
 class Experts(nn.Module):
