@@ -98,6 +98,8 @@ def main() -> None:
     raw = load_shape(args.shape, args.layers)
     model = random_model(raw, args.device, dtype)
     model.set_kernels(kernel_config(args.kernels))
+    if model.kernels.fuse_projections:  # as the engine does
+        model.fuse_projections()
     cfg = model.config
     dev = torch.device(args.device)
     max_b = max(args.batches)

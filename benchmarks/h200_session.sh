@@ -33,12 +33,13 @@ cd benchmarks
 for st in $STEPS; do case $st in
   tests) (cd .. && step ${TESTS_S:-450} gputests python3 -m pytest -q -p no:cacheprovider -m gpu tests/) ;;
   serving) (cd .. && step ${SERVING_S:-300} gputests_serving python3 -m pytest -q -p no:cacheprovider -m gpu \
-           tests/kernels/test_gpu_paged_attention.py tests/kernels/test_decode_slots.py tests/runtime/test_gpu_runner.py) ;;
+           tests/kernels/test_gpu_paged_attention.py tests/kernels/test_decode_slots.py tests/kernels/test_moe_route.py \
+           tests/runtime/test_gpu_runner.py) ;;
   decode) step ${DECODE_S:-300} decode python3 decode.py --shape qwen3_5_35b_a3b --batches 1 8 32 64 128 \
             --contexts 2048 20480 --out "$OUT/decode.json" ;;
   decode_ab) step ${DECODE_S:-300} decode_ab bash -c "python3 decode.py --shape qwen3_5_35b_a3b --batches 1 8 64 \
                --contexts 2048 20480 --profile --out $OUT/decode.json && python3 decode.py --shape qwen3_5_35b_a3b \
-               --batches 1 8 --contexts 2048 --profile --kernels graph_norms_fused=false --out $OUT/decode_unfused.json" ;;
+               --batches 1 8 --contexts 2048 --kernels fuse_projections=false --out $OUT/decode_unfused.json" ;;
   qps) step ${QPS_S:-420} qps python3 qps.py --shape qwen3_5_35b_a3b --modes prefix_cache hypic --loads 1 2 4 8 16 \
          --out "$OUT/qps.json" ;;
   http) step ${HTTP_S:-240} http_overhead python3 http_overhead.py --shape qwen3_5_35b_a3b --segments 20 \

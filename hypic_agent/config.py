@@ -59,6 +59,10 @@ class KernelSettings(BaseModel):
         default=_K.graph_norms_fused,
         description="norms take the fused kernel at any row count inside a captured decode step",
     )
+    fuse_projections: bool = Field(
+        default=_K.fuse_projections,
+        description="run the projections that read one input as one GEMM each (GDN inputs, router + shared expert)",
+    )
     precompose_leading_bodies: bool = Field(
         default=_K.precompose_leading_bodies,
         description="compose a w = 0 prompt's leading bodies for all layers before the combine forward",

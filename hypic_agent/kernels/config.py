@@ -46,6 +46,9 @@ class KernelConfig:
     * ``graph_norms_fused``: inside a captured whole decode step (``runner.decode_graphs``) the norms
       take fla's fused kernel at any row count: the host launch cost ``norm_fla_min_rows`` avoids is
       paid once at capture, while the torch norm is ~7 kernels per call on every replay.
+    * ``fuse_projections``: the engine runs the projections that read one input as one GEMM each
+      (``HybridForCausalLM.fuse_projections``: GDN inputs, router + shared expert, MLP gate + up):
+      fewer kernels per step, the same weights (views).
     * ``precompose_leading_bodies``: compose the bodies at the head of a ``w = 0`` prompt for all
       layers before the combine forward (``combine_inputs``); False runs them inside each layer's
       scan (kept for A/B measurements).
@@ -61,6 +64,7 @@ class KernelConfig:
     moe_triton_block_m: int | None = None
     norm_fla_min_rows: int = 512
     graph_norms_fused: bool = True
+    fuse_projections: bool = True
     precompose_leading_bodies: bool = True
     graph_bucket_step: int = 128
     max_fused_cold_tokens: int = 65536

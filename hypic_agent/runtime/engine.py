@@ -105,6 +105,8 @@ class Engine:
         # buckets, every combine (and its graphs) and the cold-build routing
         self.kernels = self.settings.kernels.config()
         model.set_kernels(self.kernels)
+        if self.kernels.fuse_projections:
+            model.fuse_projections()
         self.cache: EntryCache = cache if cache is not None else MemoryEntryCache(self.settings.cpu_budget_bytes)
         self.prefix_cache = PrefixCache(model.config.layer_types, self.settings.cpu_budget_bytes)
         self.name = name

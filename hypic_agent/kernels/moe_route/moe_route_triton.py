@@ -23,11 +23,11 @@ from .moe_route_torch import max_blocks
 
 
 @triton.jit
-def _router_topk_kernel(logits, top_w, top_i, E, K: tl.constexpr, KP: tl.constexpr, BE: tl.constexpr,
+def _router_topk_kernel(logits, top_w, top_i, E, stride, K: tl.constexpr, KP: tl.constexpr, BE: tl.constexpr,
                         RENORM: tl.constexpr):  # fmt: skip
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BE)
-    x = tl.load(logits + row * E + offs, mask=offs < E, other=float("-inf")).to(tl.float32)
+    x = tl.load(logits + row * stride + offs, mask=offs < E, other=float("-inf")).to(tl.float32)
     p = tl.exp(x - tl.max(x, axis=0))
     p = p / tl.sum(p, axis=0)
     p = tl.where(offs < E, p, -1.0)
@@ -82,13 +82,13 @@ def _align_kernel(flat, ids, block_expert, m, E, NB, BLOCK: tl.constexpr, BE: tl
 def router_topk_triton(logits: torch.Tensor, k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """Same contract as ``router_topk_torch``: logits ``[T, E]`` -> (``[T, k]`` weights, ``[T, k]`` ids)."""
     T, E = logits.shape
-    logits = logits.contiguous()
+    logits = logits if logits.stride(-1) == 1 else logits.contiguous()  # rows may be strided (a fused GEMM's slice)
     top_w = torch.empty(T, k, dtype=logits.dtype, device=logits.device)
     top_i = torch.empty(T, k, dtype=torch.int64, device=logits.device)
     if T:
         be = triton.next_power_of_2(E)
         _router_topk_kernel[(T,)](
-            logits, top_w, top_i, E, K=k, KP=triton.next_power_of_2(k), BE=be, RENORM=renormalize,
+            logits, top_w, top_i, E, logits.stride(0), K=k, KP=triton.next_power_of_2(k), BE=be, RENORM=renormalize,
             num_warps=4 if be >= 512 else 2,
         )  # fmt: skip
     return top_w, top_i

@@ -22,6 +22,7 @@ from hypic_agent.kernels import gdn as gdn_ops
 from hypic_agent.kernels.config import DEFAULT_KERNELS, ScanName
 from hypic_agent.kernels.gdn_pairs import PairSink, SeamSplit
 from hypic_agent.runtime.models.config import HybridConfig
+from hypic_agent.runtime.models.fused_inputs import FusedInputs, fuse
 from hypic_agent.runtime.models.norms import GatedRMSNorm
 
 
@@ -66,11 +67,18 @@ class GatedDeltaNet(nn.Module):
         self.A_log = nn.Parameter(torch.zeros(self.hv))
         self.norm = GatedRMSNorm(self.dv, cfg.rms_norm_eps)
         self.out_proj = nn.Linear(self.value_dim, d, bias=False)
+        self.fused_in: FusedInputs | None = None
 
     # ------------------------------------------------------------------ stages
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """x ``[T, D]`` -> (pre-conv qkv ``[T, C]``, z ``[T, HV, V]``, b ``[T, HV]``, a ``[T, HV]``)."""
         t = x.shape[0]
+        if self.fused_in is not None:  # one GEMM (``fuse_inputs``); the conv kernels read contiguous rows
+            parts = self.fused_in(x)
+            if not self.fused:
+                mixed, z, b, a = parts
+                return mixed.contiguous(), z.view(t, self.hv, self.dv), b, a
+            return self._unpack_qkvz(t, *parts)
         if not self.fused:
             return (
                 self.in_proj_qkv(x),
@@ -78,13 +86,25 @@ class GatedDeltaNet(nn.Module):
                 self.in_proj_b(x),
                 self.in_proj_a(x),
             )
+        return self._unpack_qkvz(t, self.in_proj_qkvz(x), self.in_proj_ba(x))
+
+    def _unpack_qkvz(
+        self, t: int, qkvz: torch.Tensor, ba: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Qwen3-Next's per-key-head interleaved ``in_proj_qkvz`` / ``in_proj_ba`` outputs -> ``project``'s."""
         r = self.hv // self.h
-        qkvz = self.in_proj_qkvz(x).view(t, self.h, 2 * self.dk + 2 * r * self.dv)
+        qkvz = qkvz.view(t, self.h, 2 * self.dk + 2 * r * self.dv)
         q, k, v, z = torch.split(qkvz, [self.dk, self.dk, r * self.dv, r * self.dv], dim=-1)
-        ba = self.in_proj_ba(x).view(t, self.h, 2 * r)
+        ba = ba.view(t, self.h, 2 * r)
         b, a = torch.split(ba, [r, r], dim=-1)
         mixed = torch.cat([q.reshape(t, -1), k.reshape(t, -1), v.reshape(t, -1)], dim=-1)
         return mixed, z.reshape(t, self.hv, self.dv), b.reshape(t, self.hv), a.reshape(t, self.hv)
+
+    def fuse_inputs(self) -> list[FusedInputs]:
+        """The input projections as one GEMM (``fused_inputs``)."""
+        names = ("in_proj_qkvz", "in_proj_ba") if self.fused else ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")
+        self.fused_in = fuse([(getattr(self, n), "weight") for n in names])
+        return [self.fused_in]
 
     def conv_weight(self) -> torch.Tensor:
         """``[C, W]``"""

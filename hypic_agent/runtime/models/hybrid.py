@@ -12,6 +12,7 @@ from torch import nn
 from hypic_agent.kernels.config import DEFAULT_KERNELS, KernelConfig
 from hypic_agent.runtime.models.attention import FullAttention
 from hypic_agent.runtime.models.config import HybridConfig
+from hypic_agent.runtime.models.fused_inputs import FusedInputs, unfuse
 from hypic_agent.runtime.models.gated_deltanet import GatedDeltaNet
 from hypic_agent.runtime.models.mlp import Experts, build_mlp
 from hypic_agent.runtime.models.norms import GatedRMSNorm, RMSNorm
@@ -79,6 +80,7 @@ class HybridForCausalLM(nn.Module):
         self.combine_graphs: object | None = None  # runtime.hypic.combine_graphs.CombineGraphs when enabled
         self.cold_graphs: object | None = None  # runtime.hypic.cold_graphs.ColdGraphs when enabled
         self.kernels: KernelConfig = DEFAULT_KERNELS  # what ``set_kernels`` last handed down
+        self._fused: list[FusedInputs] = []  # ``fuse_projections``
 
     @property
     def layers(self) -> list[DecoderLayer]:
@@ -101,6 +103,34 @@ class HybridForCausalLM(nn.Module):
         for m in self.modules():
             if isinstance(m, RMSNorm | GatedRMSNorm):
                 m.backend = backend
+
+    def fuse_projections(self) -> None:
+        """Run the projections that read one input as one GEMM each (``fused_inputs``): GDN inputs,
+        router + shared expert, MLP gate + up. For inference (the engine, the serving benchmarks);
+        idempotent; ``.to()`` keeps it (``_apply``)."""
+        if self._fused:
+            return
+        for layer in self.layers:  # a MoE fuses its shared expert's gate and up with its router
+            for m in (layer.linear_attn, layer.mlp):
+                fuse_inputs = getattr(m, "fuse_inputs", None)
+                if callable(fuse_inputs):
+                    self._fused.extend(fuse_inputs())
+
+    def _apply(self, fn, recurse=True):  # type: ignore[no-untyped-def]
+        """``.to()`` / ``.cuda()`` / ``.half()``: the fused weights' views would not survive the copies,
+        so the parts get their own storage first and are fused again afterwards."""
+        fused = bool(getattr(self, "_fused", None))
+        if fused:
+            for f in self._fused:
+                unfuse(f)
+            for m in self.modules():
+                if hasattr(m, "fused_in"):
+                    m.fused_in = None
+            self._fused = []
+        out = super()._apply(fn, recurse)
+        if fused:
+            self.fuse_projections()
+        return out
 
     def set_kernels(self, kernels: KernelConfig) -> None:
         """Kernel choices for every module that calls a configurable kernel: the MoE experts

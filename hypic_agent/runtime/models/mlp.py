@@ -10,6 +10,7 @@ from hypic_agent.kernels import moe as moe_ops
 from hypic_agent.kernels import moe_route
 from hypic_agent.kernels.config import DEFAULT_KERNELS, KernelConfig
 from hypic_agent.runtime.models.config import HybridConfig
+from hypic_agent.runtime.models.fused_inputs import FusedInputs, fuse
 
 
 class MLP(nn.Module):
@@ -20,8 +21,17 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
         self.up_proj = nn.Linear(hidden, intermediate, bias=False)
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+        self.fused_in: FusedInputs | None = None
+
+    def fuse_inputs(self) -> list[FusedInputs]:
+        """gate and up as one GEMM (``fused_inputs``)."""
+        self.fused_in = fuse([(self.gate_proj, "weight"), (self.up_proj, "weight")])
+        return [self.fused_in]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fused_in is not None:
+            gate, up = self.fused_in(x)
+            return self.down_proj(F.silu(gate) * up)
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
@@ -36,7 +46,10 @@ class Router(nn.Module):
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x ``[T, D]`` -> (top-k weights ``[T, k]`` in x.dtype, expert ids ``[T, k]``)."""
-        logits = F.linear(x, self.weight)
+        return self.route(F.linear(x, self.weight))
+
+    def route(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Router logits ``[T, E]`` -> (top-k weights ``[T, k]``, expert ids ``[T, k]``)."""
         backend = "torch" if logits.requires_grad else "auto"  # the Triton top-k has no backward
         return moe_route.router_topk(logits, self.top_k, renormalize=self.norm_topk, backend=backend)
 
@@ -69,12 +82,30 @@ class SparseMoE(nn.Module):
         self.experts = Experts(cfg.num_experts, d, cfg.moe_intermediate_size)
         self.shared_expert = MLP(d, cfg.shared_expert_intermediate_size)
         self.shared_expert_gate = nn.Linear(d, 1, bias=False)
+        self.fused_in: FusedInputs | None = None
+
+    def fuse_inputs(self) -> list[FusedInputs]:
+        """The router, the shared expert's gate and up and its gate scalar as one GEMM."""
+        sh = self.shared_expert
+        self.fused_in = fuse(
+            [
+                (self.gate, "weight"),
+                (sh.gate_proj, "weight"),
+                (sh.up_proj, "weight"),
+                (self.shared_expert_gate, "weight"),
+            ]
+        )
+        return [self.fused_in]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        top_w, top_i = self.gate(x)
-        routed = self.experts(x, top_i, top_w)
-        shared = torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
-        return routed + shared
+        if self.fused_in is not None:
+            logits, gate, up, shared_gate = self.fused_in(x)
+            top_w, top_i = self.gate.route(logits)
+            shared = torch.sigmoid(shared_gate) * self.shared_expert.down_proj(F.silu(gate) * up)
+        else:
+            top_w, top_i = self.gate(x)
+            shared = torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+        return self.experts(x, top_i, top_w) + shared
 
 
 def build_mlp(cfg: HybridConfig, layer_idx: int) -> nn.Module:
