@@ -33,7 +33,7 @@ cd benchmarks
 for st in $STEPS; do case $st in
   tests) (cd .. && step ${TESTS_S:-450} gputests python3 -m pytest -q -p no:cacheprovider -m gpu tests/) ;;
   serving) (cd .. && step ${SERVING_S:-300} gputests_serving python3 -m pytest -q -p no:cacheprovider -m gpu \
-           tests/kernels/test_gpu_paged_attention.py tests/kernels/test_decode_slots.py tests/kernels/test_moe_route.py \
+           tests/kernels/test_gpu_paged_attention.py tests/kernels/test_decode_slots.py tests/kernels/test_moe_route.py tests/kernels/test_gdn_gates.py \
            tests/runtime/test_gpu_runner.py) ;;
   decode) step ${DECODE_S:-300} decode python3 decode.py --shape qwen3_5_35b_a3b --batches 1 8 32 64 128 \
             --contexts 2048 20480 --out "$OUT/decode.json" ;;

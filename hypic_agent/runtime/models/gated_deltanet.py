@@ -13,13 +13,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from hypic_agent.kernels import combine_scan, gdn_pairs
 from hypic_agent.kernels import conv as conv_ops
 from hypic_agent.kernels import gdn as gdn_ops
 from hypic_agent.kernels.config import DEFAULT_KERNELS, ScanName
+from hypic_agent.kernels.gdn_gates import gdn_gates
 from hypic_agent.kernels.gdn_pairs import PairSink, SeamSplit
 from hypic_agent.runtime.models.config import HybridConfig
 from hypic_agent.runtime.models.fused_inputs import FusedInputs, fuse
@@ -111,9 +111,8 @@ class GatedDeltaNet(nn.Module):
         return self.conv1d.weight.squeeze(1)
 
     def gates(self, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """-> (g ``[T, HV]`` fp32 log-decay, beta ``[T, HV]``)."""
-        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())
-        return g, b.sigmoid()
+        """-> (g ``[T, HV]`` fp32 log-decay, beta ``[T, HV]``): one launch on CUDA (``kernels.gdn_gates``)."""
+        return gdn_gates(a, b, self.A_log, self.dt_bias, backend="torch" if self.backend == "torch" else "auto")
 
     def split(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         t = qkv.shape[0]
