@@ -7,6 +7,7 @@ import torch
 
 from hypic_agent.errors import ModelConfigError
 from hypic_agent.runtime.models.config import HybridConfig
+from hypic_agent.runtime.models.keymap import to_contract
 from hypic_agent.runtime.models.loading import expected_shapes, validate_state_dict
 from hypic_agent.runtime.models.tiny import (
     TINY_ARCHS,
@@ -25,6 +26,8 @@ HF_CLASS = {
     "qwen3_5_moe_text": "Qwen3_5MoeForCausalLM",
     "qwen3_next": "Qwen3NextForCausalLM",
     "llama": "LlamaForCausalLM",
+    "lfm2": "Lfm2ForCausalLM",
+    "granitemoehybrid": "GraniteMoeHybridForCausalLM",
 }
 
 
@@ -40,6 +43,16 @@ def test_tiny_config_is_valid_transformers_config(arch: str) -> None:
     assert cfg.head_dim == 32 and cfg.num_attention_heads > cfg.num_key_value_heads  # GQA
     if arch == "llama":
         assert cfg.attention_layers == [0, 1, 2, 3] and cfg.rotary_dim == 32
+    elif arch == "lfm2":
+        assert cfg.attention_layers == [2] and cfg.linear_kind == "short_conv" and cfg.rotary_dim == 32
+        assert cfg.linear_conv_dim == cfg.hidden_size and cfg.linear_state_shape == (0, 0, 0)
+        assert cfg.intermediate_size == 128  # transformers' Lfm2MLP width rule: 2/3 of 192, rounded to 64
+        assert list(hf.layer_types) == ["conv", "conv", "full_attention", "conv"]
+    elif arch == "granitemoehybrid":
+        assert cfg.attention_layers == [2] and cfg.linear_kind == "mamba2" and cfg.rotary_dim == 0
+        assert cfg.linear_state_shape == (4, 16, 32) and cfg.linear_pair_shapes[0] == (4,)  # T: a decay per head
+        assert cfg.linear_conv_dim == 2 * 64 + 2 * 2 * 16  # x, B, C
+        assert cfg.num_experts == 4 and not cfg.shared_expert_gate and cfg.residual_multiplier == 0.5
     else:
         assert cfg.attention_layers == [3] and cfg.linear_layers == [0, 1, 2]
         assert (cfg.linear_num_key_heads, cfg.linear_num_value_heads) == (2, 4)
@@ -76,8 +89,10 @@ def test_random_state_dict_matches_transformers_names(arch: str) -> None:
         if k in sd:
             assert tuple(sd[k].shape) == tuple(v.shape), k
     cfg = HybridConfig.from_hf(d)
-    assert {k: tuple(v.shape) for k, v in sd.items()} == expected_shapes(cfg)
-    assert validate_state_dict(cfg, sd) == []
+    ours = to_contract(cfg, sd)  # renamed for lfm2 / granitemoehybrid, as it is elsewhere
+    assert (ours is sd) == (cfg.family not in ("lfm2", "granitemoehybrid"))
+    assert {k: tuple(v.shape) for k, v in ours.items()} == expected_shapes(cfg)
+    assert validate_state_dict(cfg, ours) == []
 
 
 @pytest.mark.parametrize("arch", ["qwen3_5_text", "qwen3_next", "llama"])

@@ -13,6 +13,9 @@ from typing import Any, Literal
 from hypic_agent.errors import ModelConfigError
 
 LayerKind = Literal["linear", "attention"]
+# the token mixer of a model's linear (fixed-state) layers: Gated DeltaNet, LFM2's gated short
+# convolution (no recurrent state: the conv tail is the whole state), Mamba2's decay-only SSM
+LinearKind = Literal["gdn", "short_conv", "mamba2"]
 
 # model_type strings accepted, mapped to the family whose module code runs them
 FAMILIES: dict[str, str] = {
@@ -22,6 +25,8 @@ FAMILIES: dict[str, str] = {
     "qwen3_5_moe_text": "qwen3_5",
     "qwen3_next": "qwen3_next",
     "llama": "llama",
+    "lfm2": "lfm2",
+    "granitemoehybrid": "granitemoehybrid",
 }
 
 
@@ -30,7 +35,7 @@ class HybridConfig:
     """Shapes and options of a hybrid (linear + full attention) decoder stack."""
 
     model_type: str  # the text model_type, e.g. "qwen3_5_moe_text", "qwen3_next", "llama"
-    family: str  # "qwen3_5" | "qwen3_next" | "llama"
+    family: str  # "qwen3_5" | "qwen3_next" | "llama" | "lfm2" | "granitemoehybrid"
     vocab_size: int
     hidden_size: int
     layer_types: tuple[LayerKind, ...]
@@ -48,13 +53,20 @@ class HybridConfig:
     attn_output_gate: bool = True
     qk_norm: bool = True
     attention_bias: bool = False
-    # linear (Gated DeltaNet)
+    attention_scale: float | None = None  # None: head_dim ** -0.5 (Granite: attention_multiplier)
+    # linear layers: ``linear_kind`` names the mixer. GDN: key heads / value heads as named.
+    # Mamba2: key heads = B/C groups, key head dim = d_state, value heads = SSM heads, value head
+    # dim = head_dim. Short conv: no heads (no recurrent state), conv channels = hidden size.
+    linear_kind: LinearKind = "gdn"
     linear_num_key_heads: int = 0
     linear_num_value_heads: int = 0
     linear_key_head_dim: int = 0
     linear_value_head_dim: int = 0
     linear_conv_kernel_dim: int = 4
     linear_fused_qkvz: bool = False  # qwen3_next checkpoint layout (in_proj_qkvz / in_proj_ba)
+    linear_conv_bias: bool = False
+    linear_proj_bias: bool = False  # Mamba2 in_proj / out_proj, LFM2 in_proj / out_proj
+    linear_dt_limit: tuple[float, float] = (0.0, float("inf"))  # Mamba2 clamp of dt after softplus
     # MLP / MoE
     intermediate_size: int = 0
     num_experts: int = 0
@@ -62,6 +74,11 @@ class HybridConfig:
     moe_intermediate_size: int = 0
     shared_expert_intermediate_size: int = 0
     norm_topk_prob: bool = True
+    shared_expert_gate: bool = True  # Qwen: sigmoid-gated shared expert; Granite: ungated
+    # Granite scalings (1.0 elsewhere): embeddings * m, residual branches * m, logits / s
+    embedding_multiplier: float = 1.0
+    residual_multiplier: float = 1.0
+    logits_scaling: float = 1.0
     moe_layers: tuple[bool, ...] = ()  # per layer: MoE block (True) or dense MLP (False)
     # tokens
     bos_token_id: int | None = None
@@ -91,8 +108,25 @@ class HybridConfig:
 
     @property
     def linear_conv_dim(self) -> int:
-        """Channels of the causal conv: q, k and v projections concatenated."""
+        """Channels of the causal conv: q, k and v projections concatenated (GDN), x, B and C
+        (Mamba2: the same count), the gated input ``B * x`` (short conv: the hidden size)."""
+        if self.linear_kind == "short_conv":
+            return self.hidden_size
         return 2 * self.linear_key_dim + self.linear_value_dim
+
+    @property
+    def linear_state_shape(self) -> tuple[int, int, int]:
+        """A linear layer's recurrent state per sequence ``[HV, K, V]`` (short conv: ``[0, 0, 0]``)."""
+        return (self.linear_num_value_heads, self.linear_key_head_dim, self.linear_value_head_dim)
+
+    @property
+    def linear_pair_shapes(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """Shapes of a body pair's ``T`` and ``S``: GDN ``[HV, K, K]`` / ``[HV, K, V]``; Mamba2 a
+        per-head decay ``[HV]`` / ``[HV, K, V]``; short conv none (``[0]`` / ``[0, 0, 0]``)."""
+        hv, k, _ = self.linear_state_shape
+        if self.linear_kind == "gdn":
+            return (hv, k, k), self.linear_state_shape
+        return (hv,), self.linear_state_shape
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -119,6 +153,10 @@ class HybridConfig:
             )
         family = FAMILIES[model_type]
         try:
+            if family in ("lfm2", "granitemoehybrid"):
+                from hypic_agent.runtime.models.config_families import NORMALIZERS
+
+                return NORMALIZERS[family](raw, model_type)
             if family == "llama":
                 return _llama(raw, model_type)
             return _qwen_hybrid(raw, model_type, family)
@@ -131,6 +169,15 @@ def _eos(raw: dict[str, Any]) -> tuple[int, ...]:
     if eos is None:
         return ()
     return tuple(eos) if isinstance(eos, list) else (int(eos),)
+
+
+def rope_of(raw: dict[str, Any], head_dim: int) -> tuple[float, int]:
+    """(theta, rotary dims) of a config dict: ``rope_parameters`` / ``rope_scaling`` or top level."""
+    return _rope(raw, head_dim)
+
+
+def eos_of(raw: dict[str, Any]) -> tuple[int, ...]:
+    return _eos(raw)
 
 
 def _rope(raw: dict[str, Any], head_dim: int) -> tuple[float, int]:

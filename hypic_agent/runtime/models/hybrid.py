@@ -13,32 +13,49 @@ from hypic_agent.kernels.config import KernelConfig
 from hypic_agent.runtime.models.attention import FullAttention
 from hypic_agent.runtime.models.config import HybridConfig
 from hypic_agent.runtime.models.gated_deltanet import GatedDeltaNet
+from hypic_agent.runtime.models.linear_mixer import LinearMixer
+from hypic_agent.runtime.models.mamba2 import Mamba2Mixer
 from hypic_agent.runtime.models.mlp import Experts, build_mlp
 from hypic_agent.runtime.models.norms import GatedRMSNorm, RMSNorm
+from hypic_agent.runtime.models.short_conv import ShortConv
+
+# the module of each linear-layer kind (``HybridConfig.linear_kind``)
+LINEAR_MIXERS: dict[str, type[nn.Module]] = {"gdn": GatedDeltaNet, "mamba2": Mamba2Mixer, "short_conv": ShortConv}
 
 
 class DecoderLayer(nn.Module):
+    """norm -> mixer -> residual -> norm -> MLP / MoE -> residual. ``mixer_kind``: ``attention`` or the
+    linear kind (``gdn`` | ``mamba2`` | ``short_conv``); a linear layer's mixer is ``linear_attn``
+    (any ``LinearMixer``), an attention layer's ``self_attn``."""
+
     def __init__(self, cfg: HybridConfig, idx: int) -> None:
         super().__init__()
         self.kind = cfg.layer_types[idx]
-        self.linear_attn: GatedDeltaNet | None = None
+        self.mixer_kind: str = cfg.linear_kind if self.kind == "linear" else "attention"
+        self.linear_attn: LinearMixer | None = None
         self.self_attn: FullAttention | None = None
         if self.kind == "linear":
-            self.linear_attn = GatedDeltaNet(cfg)
+            self.linear_attn = LINEAR_MIXERS[cfg.linear_kind](cfg)  # type: ignore[assignment]
         else:
             self.self_attn = FullAttention(cfg)
         self.mlp = build_mlp(cfg, idx)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_zero_centered)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_zero_centered)
+        self.residual_multiplier = cfg.residual_multiplier  # Granite; 1.0 elsewhere (not multiplied)
+
+    def residual(self, h: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """``h + y`` (Granite: ``h + y * residual_multiplier``)."""
+        return h + y if self.residual_multiplier == 1.0 else h + y * self.residual_multiplier
 
     def feed_forward(self, h: torch.Tensor) -> torch.Tensor:
         """Residual MLP half of the block: ``h + mlp(norm(h))``. h ``[T, D]``."""
-        return h + self.mlp(self.post_attention_layernorm(h))
+        return self.residual(h, self.mlp(self.post_attention_layernorm(h)))
 
     def mixer_in(self, h: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """Token-local start of the mixer: input norm and projections. h ``[T, D]`` -> GDN
-        ``(mixed, z, g, beta)`` (``GatedDeltaNet.inputs``) or attention ``(q, k, v[, gate])``
-        (``FullAttention.qkv``; gate only for gated attention)."""
+        """Token-local start of the mixer: input norm and projections. h ``[T, D]`` -> the linear
+        mixer's ``inputs`` (GDN ``(mixed, z, g, beta)``, Mamba2 ``(xBC, z, g, dt)``, short conv
+        ``(B*x, C)``) or attention ``(q, k, v[, gate])`` (``FullAttention.qkv``; gate only for gated
+        attention)."""
         x = self.input_layernorm(h)
         if self.linear_attn is not None:
             return self.linear_attn.inputs(x)
@@ -48,13 +65,14 @@ class DecoderLayer(nn.Module):
 
     def mixer_out(self, h: torch.Tensor, o: torch.Tensor, *extra: torch.Tensor) -> torch.Tensor:
         """Token-local end of the block: mixer output projection, residual, feed-forward half.
-        o: GDN ``[T, HV, V]`` with extra ``(z,)``, or attention ``[T, Hq, D]`` with ``(gate,)`` or ``()``."""
+        o: a linear mixer's output with extra ``inputs[1:2]`` (GDN ``[T, HV, V]`` with ``(z,)``), or
+        attention ``[T, Hq, D]`` with ``(gate,)`` or ``()``."""
         if self.linear_attn is not None:
             y = self.linear_attn.output(o, extra[0])
         else:
             assert self.self_attn is not None
             y = self.self_attn.output(o, extra[0] if extra else None)
-        return self.feed_forward(h + y)
+        return self.feed_forward(self.residual(h, y))
 
 
 class Backbone(nn.Module):
@@ -72,6 +90,8 @@ class HybridForCausalLM(nn.Module):
         super().__init__()
         self.config = cfg
         self.model = Backbone(cfg)
+        self.embedding_multiplier = cfg.embedding_multiplier  # Granite; 1.0 elsewhere
+        self.logits_scaling = cfg.logits_scaling
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
@@ -85,11 +105,13 @@ class HybridForCausalLM(nn.Module):
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         """``[T]`` -> ``[T, D]``"""
-        return self.model.embed_tokens(input_ids)
+        h = self.model.embed_tokens(input_ids)
+        return h if self.embedding_multiplier == 1.0 else h * self.embedding_multiplier
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """Final norm + lm_head: ``[T, D]`` -> ``[T, vocab]`` (fp32)."""
-        return self.lm_head(self.model.norm(h)).float()
+        logits = self.lm_head(self.model.norm(h)).float()
+        return logits if self.logits_scaling == 1.0 else logits / self.logits_scaling
 
     def set_backend(self, backend: str) -> None:
         """Kernel backend for every mixer and norm: ``auto`` | ``torch`` | ``fla``."""
@@ -110,7 +132,11 @@ class HybridForCausalLM(nn.Module):
                 m.kernels = kernels
 
     def load_weights(self, tensors: dict[str, torch.Tensor], strict: bool = True) -> None:
-        """Copy tensors named as in ``state_dict()``; tied lm_head may be absent."""
+        """Copy tensors named as in ``state_dict()`` or as transformers names them (``keymap``); tied
+        lm_head may be absent."""
+        from hypic_agent.runtime.models.keymap import to_contract
+
+        tensors = to_contract(self.config, tensors)
         expected = self.state_dict()
         missing = [
             k for k in expected if k not in tensors and not (k == "lm_head.weight" and self.config.tie_word_embeddings)

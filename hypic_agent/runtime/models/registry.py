@@ -21,6 +21,8 @@ BUILDERS: dict[str, Builder] = {
     "qwen3_5": HybridForCausalLM,
     "qwen3_next": HybridForCausalLM,
     "llama": HybridForCausalLM,
+    "lfm2": HybridForCausalLM,
+    "granitemoehybrid": HybridForCausalLM,
 }
 
 

@@ -26,7 +26,9 @@ from hypic_agent.errors import ModelConfigError
 TINY_VOCAB_SIZE = 259
 TINY_PAD_ID, TINY_BOS_ID, TINY_EOS_ID = 256, 257, 258
 
-TINY_ARCHS: tuple[str, ...] = ("qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "llama")
+TINY_ARCHS: tuple[str, ...] = (
+    "qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "llama", "lfm2", "granitemoehybrid",
+)  # fmt: skip
 ALIASES: dict[str, str] = {"qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text"}
 
 _COMMON: dict[str, Any] = {
@@ -87,6 +89,42 @@ _CONFIGS: dict[str, dict[str, Any]] = {
         "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
         "mlp_bias": False,
         "tie_word_embeddings": True,
+    },
+    # short-conv layers around one attention layer (LFM2's feed-forward width rule: 2/3 of 192,
+    # rounded up to 64 -> 128)
+    "lfm2": {
+        "model_type": "lfm2",
+        **_COMMON,
+        "intermediate_size": 192,
+        "block_multiple_of": 64,
+        "layer_types": ["conv", "conv", "full_attention", "conv"],
+        "conv_L_cache": 3,
+        "norm_eps": 1e-5,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+        "tie_word_embeddings": True,
+    },
+    # Granite 4: Mamba2 layers (4 heads x 32, d_state 16, 2 groups) and one attention layer without
+    # RoPE; routed MoE plus shared MLP; the Granite multipliers set away from 1
+    "granitemoehybrid": {
+        "model_type": "granitemoehybrid",
+        **_COMMON,
+        "intermediate_size": 32,
+        "layer_types": ["mamba", "mamba", "attention", "mamba"],
+        "mamba_n_heads": 4,
+        "mamba_n_groups": 2,
+        "mamba_d_state": 16,
+        "mamba_d_conv": 4,
+        "mamba_expand": 2,
+        "mamba_chunk_size": 16,
+        "num_local_experts": 4,
+        "num_experts_per_tok": 2,
+        "shared_intermediate_size": 64,
+        "position_embedding_type": None,
+        "embedding_multiplier": 2.0,
+        "residual_multiplier": 0.5,
+        "attention_multiplier": 0.125,
+        "logits_scaling": 2.0,
+        "tie_word_embeddings": False,
     },
 }
 
@@ -149,17 +187,17 @@ def random_state_dict(
         torch.manual_seed(seed)
         model = build_hf_model(hf_config)
     gen = torch.Generator().manual_seed(seed + 1)
-    zero_centered = hf_config.get("model_type") != "llama"
+    zero_centered = str(hf_config.get("model_type")).startswith("qwen")
     out: dict[str, torch.Tensor] = {}
     for name, t in model.state_dict().items():
         t = t.detach().clone().float()
-        if name.endswith("linear_attn.A_log"):
+        if name.endswith(("linear_attn.A_log", "mamba.A_log")):
             t = torch.empty(t.shape).uniform_(0.05, 1.0, generator=gen).log()
-        elif name.endswith("linear_attn.dt_bias"):
+        elif name.endswith(("linear_attn.dt_bias", "mamba.dt_bias", "mamba.D", "conv1d.bias")):
             t = torch.randn(t.shape, generator=gen) * 0.5
-        elif name.endswith("linear_attn.conv1d.weight"):
+        elif name.endswith(("linear_attn.conv1d.weight", "mamba.conv1d.weight", "conv.conv.weight")):
             t = torch.randn(t.shape, generator=gen) / t.shape[-1] ** 0.5
-        elif name.endswith("linear_attn.norm.weight"):  # gated RMSNorm: y * w
+        elif name.endswith(("linear_attn.norm.weight", "mamba.norm.weight")):  # gated RMSNorm: y * w
             t = 1.0 + 0.1 * torch.randn(t.shape, generator=gen)
         elif name.endswith("norm.weight"):
             t = 0.1 * torch.randn(t.shape, generator=gen) + (0.0 if zero_centered else 1.0)

@@ -1,0 +1,159 @@
+"""``HybridConfig`` normalizers of the families whose linear layers are not Gated DeltaNet:
+
+* ``lfm2`` (LiquidAI LFM2): gated short-convolution layers (``conv``) plus GQA attention with
+  per-head q/k RMSNorm; plain RMSNorm ``w * y``; SwiGLU feed-forward whose width follows
+  transformers' ``block_auto_adjust_ff_dim`` rule;
+* ``granitemoehybrid`` (IBM Granite 4): Mamba2 layers (``mamba``) plus attention without RoPE
+  (``position_embedding_type`` None) scaled by ``attention_multiplier``; a routed MoE (softmax
+  over the top-k logits) plus an ungated shared MLP, or the shared MLP alone with 0 experts; the
+  embedding / residual / logits multipliers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from hypic_agent.errors import ModelConfigError
+from hypic_agent.runtime.models.config import HybridConfig, LayerKind, eos_of, rope_of
+
+
+def _kinds(types: list[str], linear: tuple[str, ...], attention: tuple[str, ...]) -> tuple[LayerKind, ...]:
+    out: list[LayerKind] = []
+    for t in types:
+        if t in linear:
+            out.append("linear")
+        elif t in attention:
+            out.append("attention")
+        else:
+            raise ModelConfigError(f"unknown layer type {t!r} in layer_types")
+    return tuple(out)
+
+
+def _float(x: Any) -> float:
+    """A number of config.json; transformers writes infinities as ``{"__float__": "Infinity"}``."""
+    return float(x["__float__"]) if isinstance(x, dict) else float(x)
+
+
+def _lfm2_ff(raw: dict[str, Any]) -> int:
+    """transformers' ``Lfm2MLP`` width: 2/3 of ``intermediate_size`` times the multiplier, rounded up
+    to ``block_multiple_of`` (when ``block_auto_adjust_ff_dim``)."""
+    size = int(raw.get("block_ff_dim", raw["intermediate_size"]))
+    if raw.get("block_auto_adjust_ff_dim", True):
+        size = int(2 * size / 3)
+        mult = raw.get("block_ffn_dim_multiplier", 1.0)
+        if mult is not None:
+            size = int(mult * size)
+            of = int(raw.get("block_multiple_of", 256))
+            size = of * ((size + of - 1) // of)
+    return size
+
+
+def lfm2(raw: dict[str, Any], model_type: str) -> HybridConfig:
+    n = int(raw["num_hidden_layers"])
+    types = raw.get("layer_types")
+    if types is None:
+        full = set(raw.get("full_attn_idxs") or range(n))
+        types = ["full_attention" if i in full else "conv" for i in range(n)]
+    if len(types) != n:
+        raise ModelConfigError(f"layer_types has {len(types)} entries for {n} layers")
+    hidden = int(raw["hidden_size"])
+    heads = int(raw["num_attention_heads"])
+    head_dim = int(raw.get("head_dim") or hidden // heads)
+    raw = {"rope_theta": 1000000.0, **raw}  # transformers' Lfm2Config default
+    theta, rotary_dim = rope_of(raw, head_dim)
+    return HybridConfig(
+        model_type=model_type,
+        family="lfm2",
+        vocab_size=int(raw["vocab_size"]),
+        hidden_size=hidden,
+        layer_types=_kinds(list(types), ("conv",), ("full_attention", "attention")),
+        rms_norm_eps=float(raw.get("norm_eps", 1e-5)),
+        norm_zero_centered=False,
+        tie_word_embeddings=bool(raw.get("tie_word_embeddings", raw.get("tie_embedding", True))),
+        max_position_embeddings=int(raw.get("max_position_embeddings", 128000)),
+        num_attention_heads=heads,
+        num_key_value_heads=int(raw.get("num_key_value_heads", heads)),
+        head_dim=head_dim,
+        rotary_dim=rotary_dim,
+        rope_theta=theta,
+        attn_output_gate=False,
+        qk_norm=True,
+        linear_kind="short_conv",
+        linear_conv_kernel_dim=int(raw.get("conv_L_cache", 3)),
+        linear_conv_bias=bool(raw.get("conv_bias", False)),
+        linear_proj_bias=bool(raw.get("conv_bias", False)),
+        intermediate_size=_lfm2_ff(raw),
+        moe_layers=tuple(False for _ in range(n)),
+        bos_token_id=raw.get("bos_token_id"),
+        eos_token_ids=eos_of(raw),
+    )
+
+
+def granite_moe_hybrid(raw: dict[str, Any], model_type: str) -> HybridConfig:
+    n = int(raw["num_hidden_layers"])
+    types = raw.get("layer_types") or raw.get("layers_block_type") or ["mamba"] * n
+    if len(types) != n:
+        raise ModelConfigError(f"layer_types has {len(types)} entries for {n} layers")
+    hidden = int(raw["hidden_size"])
+    heads = int(raw["num_attention_heads"])
+    head_dim = int(raw.get("head_dim") or hidden // heads)
+    rope = raw.get("position_embedding_type") == "rope"
+    theta, rotary_dim = rope_of(raw, head_dim) if rope else (10000.0, 0)
+    m_heads = int(raw.get("mamba_n_heads", 128))
+    inner = int(raw.get("mamba_expand", 2)) * hidden
+    d_head = raw.get("mamba_d_head", "auto")
+    d_head = inner // m_heads if d_head in (None, "auto") else int(d_head)
+    if d_head * m_heads != inner:
+        raise ModelConfigError(f"mamba_d_head {d_head} x mamba_n_heads {m_heads} != mamba_expand x hidden {inner}")
+    experts = int(raw.get("num_local_experts", 0) or 0)
+    limit = raw.get("time_step_limit") or (0.0, float("inf"))
+    return HybridConfig(
+        model_type=model_type,
+        family="granitemoehybrid",
+        vocab_size=int(raw["vocab_size"]),
+        hidden_size=hidden,
+        layer_types=_kinds(list(types), ("mamba", "linear_attention"), ("attention", "full_attention")),
+        rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+        norm_zero_centered=False,
+        tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+        hidden_act=str(raw.get("hidden_act", "silu")),
+        max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
+        num_attention_heads=heads,
+        num_key_value_heads=int(raw.get("num_key_value_heads") or heads),
+        head_dim=head_dim,
+        rotary_dim=rotary_dim,
+        rope_theta=theta,
+        attn_output_gate=False,
+        qk_norm=False,
+        attention_bias=bool(raw.get("attention_bias", False)),
+        attention_scale=float(raw.get("attention_multiplier", 1.0)),
+        linear_kind="mamba2",
+        linear_num_key_heads=int(raw.get("mamba_n_groups", 1)),
+        linear_num_value_heads=m_heads,
+        linear_key_head_dim=int(raw.get("mamba_d_state", 256)),
+        linear_value_head_dim=d_head,
+        linear_conv_kernel_dim=int(raw.get("mamba_d_conv", 4)),
+        linear_conv_bias=bool(raw.get("mamba_conv_bias", True)),
+        linear_proj_bias=bool(raw.get("mamba_proj_bias", False)),
+        linear_dt_limit=(_float(limit[0]), _float(limit[1])),
+        intermediate_size=int(raw.get("shared_intermediate_size", 1024)),
+        num_experts=experts,
+        num_experts_per_tok=int(raw.get("num_experts_per_tok", 2) or 0),
+        moe_intermediate_size=int(raw.get("intermediate_size", 0) or 0),
+        shared_expert_intermediate_size=int(raw.get("shared_intermediate_size", 1024)),
+        norm_topk_prob=True,  # softmax over the top-k logits == softmax, top-k, renormalize
+        shared_expert_gate=False,
+        moe_layers=tuple(experts > 0 for _ in range(n)),
+        embedding_multiplier=float(raw.get("embedding_multiplier", 1.0)),
+        residual_multiplier=float(raw.get("residual_multiplier", 1.0)),
+        logits_scaling=float(raw.get("logits_scaling", 1.0)),
+        bos_token_id=raw.get("bos_token_id"),
+        eos_token_ids=eos_of(raw),
+    )
+
+
+NORMALIZERS: dict[str, Callable[[dict[str, Any], str], HybridConfig]] = {
+    "lfm2": lfm2,
+    "granitemoehybrid": granite_moe_hybrid,
+}

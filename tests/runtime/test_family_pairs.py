@@ -1,0 +1,130 @@
+"""What a cached segment holds for LFM2's short-conv layers (the conv tail only) and Granite 4's Mamba2
+layers (a per-head decay T and S), and that composing it is exact where the layer inputs are."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hypic_agent.runtime.forward import prefill
+from hypic_agent.runtime.hypic.build import build_entries
+from hypic_agent.runtime.hypic.combine import combine
+from hypic_agent.runtime.hypic.entry import LinearEntry
+from hypic_agent.runtime.hypic.layout import plan_layout
+from hypic_agent.runtime.hypic.modes import mode_spec, seam_tokens
+
+from .conftest import make_model, rand_tokens
+
+CPU = torch.device("cpu")
+
+
+def segments(lengths=(30, 41, 26), seed=0):
+    return [tuple(rand_tokens(n, seed + i)) for i, n in enumerate(lengths)]
+
+
+def compose(model, segs, suffix, mode, w, entries=None):
+    spec = mode_spec(mode)
+    seams = [seam_tokens(w if spec.seams else 0, len(s)) for s in segs]
+    entries = entries if entries is not None else build_entries(model, segs, seams)
+    return combine(model, plan_layout(segs, entries, seams, suffix, CPU), entries, spec), entries
+
+
+def one_pass(model, segs, suffix):
+    return prefill(model, [[t for s in segs for t in s] + suffix])[0]
+
+
+def rel(a, b):
+    return ((a - b).norm() / b.norm()).item()
+
+
+# ---------------------------------------------------------------------------- LFM2 (short conv)
+def test_short_conv_entry_is_the_conv_tail_of_the_isolated_segment():
+    model, _, _ = make_model("lfm2")
+    segs = segments()
+    entries = build_entries(model, segs, [8, 8, 8])
+    lin = model.config.linear_layers
+    for seg, e in zip(segs, entries, strict=True):
+        alone = prefill(model, [list(seg)])[0]
+        for li in lin:
+            le = e.layers[li]
+            assert isinstance(le, LinearEntry) and le.T.numel() == 0 and le.S.numel() == 0  # no pair
+            assert le.conv_tail.shape == (64, 2)  # [hidden, W-1]
+            assert torch.allclose(le.conv_tail, alone.layers[li].conv, atol=1e-6)
+    assert entries[0].bytes_per_layer()["linear"] == 64 * 2 * 4
+
+
+@pytest.mark.parametrize(("mode", "w"), [("transition", 0), ("hypic", 2), ("addition", 0)])
+def test_all_conv_stack_is_exact_from_the_tails(mode, w):
+    """Without attention every layer is local (receptive field 4 layers x 2 tokens < a segment), so
+    the cached tails alone make the composed prompt exact in every mode, with or without seams; zeroed
+    tails do not."""
+    model, _, _ = make_model("lfm2", layer_types=["conv"] * 4)
+    segs, suffix = segments(), rand_tokens(6, 99)
+    full = one_pass(model, segs, suffix)
+    st, entries = compose(model, segs, suffix, mode, w)
+    assert (st.last_logits - full.last_logits).abs().max().item() < 1e-5
+    for a, b in zip(st.layers, full.layers, strict=True):
+        assert torch.allclose(a.conv, b.conv, atol=1e-5)
+    for e in entries:
+        for le in e.layers:
+            le.conv_tail.zero_()
+    broken, _ = compose(model, segs, suffix, mode, w, entries)
+    assert (broken.last_logits - full.last_logits).abs().max().item() > 1e-2
+
+
+# ---------------------------------------------------------------------------- Granite 4 (Mamba2)
+def _granite_linear_only(slow: bool = True):
+    return make_model("granitemoehybrid", slow_decay=slow, layer_types=["mamba"] * 4)
+
+
+def test_mamba2_pair_is_a_per_head_cumulative_decay():
+    model, _, _ = make_model("granitemoehybrid")
+    seg = tuple(rand_tokens(40, 3))
+    (entry,) = build_entries(model, [seg], [5])
+    le = entry.layers[0]
+    assert isinstance(le, LinearEntry)
+    assert le.T.shape == (4,) and le.S.shape == (4, 16, 32)  # T [H], S [H, d_state, head_dim]
+    assert le.T.nbytes == 16  # a GDN pair's T at these heads would be 4 x 16 x 16 floats
+    layer = model.layers[0]
+    with torch.no_grad():
+        _, _, g, _ = layer.mixer_in(model.embed(torch.tensor(seg)))
+    assert torch.allclose(le.T, g[5:].sum(0).exp(), rtol=1e-5)  # body = tokens 5..39
+    assert (le.T < 1).all() and (le.T > 0).all()
+
+
+@pytest.mark.parametrize("w", [3, 8])  # seams >= conv kernel - 1
+def test_mamba2_composed_state_equals_one_pass_at_layer0(w):
+    model, _, _ = _granite_linear_only()
+    segs, suffix = segments(), rand_tokens(5, 98)
+    full = one_pass(model, segs, suffix)
+    st, _ = compose(model, segs, suffix, "hypic", w)
+    assert rel(st.layers[0].recurrent, full.layers[0].recurrent) <= 1e-5
+    assert torch.allclose(st.layers[0].conv, full.layers[0].conv, atol=1e-6)
+
+
+def test_mamba2_addition_is_far_off_and_transition_is_not():
+    """With the tiny model's decays (T of a 30-token body ~ e^-10 per head) dropping T keeps every
+    earlier segment's state undecayed."""
+    model, _, _ = _granite_linear_only(slow=False)
+    with torch.no_grad():  # identity conv: no cross-segment conv effect, so T_C alone decides
+        for layer in model.layers:
+            w = layer.linear_attn.conv1d.weight
+            w.zero_()
+            w[..., -1] = 1.0
+            layer.linear_attn.conv1d.bias.zero_()
+    segs, suffix = segments(), rand_tokens(5, 96)
+    ref = one_pass(model, segs, suffix).layers[0].recurrent
+    add, _ = compose(model, segs, suffix, "addition", 0)
+    tr, _ = compose(model, segs, suffix, "transition", 0)
+    assert rel(tr.layers[0].recurrent, ref) < 1e-5
+    assert rel(add.layers[0].recurrent, ref) > 0.2
+
+
+def test_mamba2_seams_covering_whole_segments_equal_full_recompute_in_every_layer():
+    model, _, _ = make_model("granitemoehybrid")
+    segs, suffix = segments(seed=7), rand_tokens(6, 95)
+    full = one_pass(model, segs, suffix)
+    st, _ = compose(model, segs, suffix, "hypic", 1.0)
+    assert (st.last_logits - full.last_logits).abs().max().item() < 1e-5
+    for li in model.config.linear_layers:
+        assert rel(st.layers[li].recurrent, full.layers[li].recurrent) <= 1e-5
