@@ -184,7 +184,10 @@ def combine(
 
     Without ``cold``, a layout seen before may replay from a CUDA graph of the whole forward
     (``combine_graphs``; enabled with the layer graphs)."""
-    graphs = model.combine_graphs if cold is None else None
+    # a whole-forward graph needs every linear layer on GDN's device-only kernels (the other kinds'
+    # torch scans read their bounds on the host)
+    gdn_only = all(layer.mixer_kind in ("gdn", "attention") for layer in model.layers)
+    graphs = model.combine_graphs if cold is None and gdn_only else None
     if isinstance(graphs, CombineGraphs):
         state = graphs.replay(lay, entries, spec, fused_scan, kernels)
         if state is not None:
