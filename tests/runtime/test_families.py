@@ -1,4 +1,4 @@
-"""LFM2 and Granite 4 (Mamba2) served as a user runs them: ``tiny:<arch>`` through the loader, the
+"""LFM2, Granite 4 and Nemotron-H (Mamba2) served as a user runs them: ``tiny:<arch>`` through the loader, the
 engine (scheduler + runner over the state pool) and the HTTP API, in every mode."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from hypic_agent.runtime.sampling import SamplingParams
 
 from .conftest import rand_tokens
 
-ARCHS = ["lfm2", "granitemoehybrid"]
+ARCHS = ["lfm2", "granitemoehybrid", "nemotron_h"]
 
 
 @dataclass

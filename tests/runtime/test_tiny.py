@@ -28,6 +28,7 @@ HF_CLASS = {
     "llama": "LlamaForCausalLM",
     "lfm2": "Lfm2ForCausalLM",
     "granitemoehybrid": "GraniteMoeHybridForCausalLM",
+    "nemotron_h": "NemotronHForCausalLM",
 }
 
 
@@ -53,6 +54,11 @@ def test_tiny_config_is_valid_transformers_config(arch: str) -> None:
         assert cfg.linear_state_shape == (4, 16, 32) and cfg.linear_pair_shapes[0] == (4,)  # T: a decay per head
         assert cfg.linear_conv_dim == 2 * 64 + 2 * 2 * 16  # x, B, C
         assert cfg.num_experts == 4 and not cfg.shared_expert_gate and cfg.residual_multiplier == 0.5
+    elif arch == "nemotron_h":  # blocks M - M * - M - regrouped into 4 layers, the second without an MLP
+        assert cfg.attention_layers == [2] and cfg.linear_kind == "mamba2" and cfg.rotary_dim == 0
+        assert cfg.ffn_layers == (True, False, True, True) and cfg.ffn_act == "relu2"
+        assert cfg.hf_blocks == ((0, 1), (2, -1), (3, 4), (5, 6)) and len(hf.layers_block_type) == 7
+        assert cfg.linear_dt_limit == (0.001, float("inf"))
     else:
         assert cfg.attention_layers == [3] and cfg.linear_layers == [0, 1, 2]
         assert (cfg.linear_num_key_heads, cfg.linear_num_value_heads) == (2, 4)
@@ -90,7 +96,7 @@ def test_random_state_dict_matches_transformers_names(arch: str) -> None:
             assert tuple(sd[k].shape) == tuple(v.shape), k
     cfg = HybridConfig.from_hf(d)
     ours = to_contract(cfg, sd)  # renamed for lfm2 / granitemoehybrid, as it is elsewhere
-    assert (ours is sd) == (cfg.family not in ("lfm2", "granitemoehybrid"))
+    assert (ours is sd) == (cfg.family not in ("lfm2", "granitemoehybrid", "nemotron_h"))
     assert {k: tuple(v.shape) for k, v in ours.items()} == expected_shapes(cfg)
     assert validate_state_dict(cfg, ours) == []
 

@@ -27,6 +27,7 @@ FAMILIES: dict[str, str] = {
     "llama": "llama",
     "lfm2": "lfm2",
     "granitemoehybrid": "granitemoehybrid",
+    "nemotron_h": "nemotron_h",
 }
 
 
@@ -35,7 +36,7 @@ class HybridConfig:
     """Shapes and options of a hybrid (linear + full attention) decoder stack."""
 
     model_type: str  # the text model_type, e.g. "qwen3_5_moe_text", "qwen3_next", "llama"
-    family: str  # "qwen3_5" | "qwen3_next" | "llama" | "lfm2" | "granitemoehybrid"
+    family: str  # "qwen3_5" | "qwen3_next" | "llama" | "lfm2" | "granitemoehybrid" | "nemotron_h"
     vocab_size: int
     hidden_size: int
     layer_types: tuple[LayerKind, ...]
@@ -65,9 +66,15 @@ class HybridConfig:
     linear_conv_kernel_dim: int = 4
     linear_fused_qkvz: bool = False  # qwen3_next checkpoint layout (in_proj_qkvz / in_proj_ba)
     linear_conv_bias: bool = False
-    linear_proj_bias: bool = False  # Mamba2 in_proj / out_proj, LFM2 in_proj / out_proj
+    linear_proj_bias: bool = False  # Mamba2 / LFM2 in_proj
+    linear_out_bias: bool = False  # Mamba2 / LFM2 out_proj
     linear_dt_limit: tuple[float, float] = (0.0, float("inf"))  # Mamba2 clamp of dt after softplus
-    # MLP / MoE
+    # MLP / MoE. ``ffn_act``: "swiglu" (``down(silu(gate x) * up x)``) or "relu2" (Nemotron-H:
+    # ``down(relu(up x)^2)``); ``ffn_layers``: per layer whether it has a feed-forward half (empty: all)
+    ffn_act: str = "swiglu"
+    ffn_layers: tuple[bool, ...] = ()
+    # Nemotron-H: per layer the checkpoint's (mixer block, feed-forward block or -1) indices
+    hf_blocks: tuple[tuple[int, int], ...] = ()
     intermediate_size: int = 0
     num_experts: int = 0
     num_experts_per_tok: int = 0
@@ -153,7 +160,7 @@ class HybridConfig:
             )
         family = FAMILIES[model_type]
         try:
-            if family in ("lfm2", "granitemoehybrid"):
+            if family in ("lfm2", "granitemoehybrid", "nemotron_h"):
                 from hypic_agent.runtime.models.config_families import NORMALIZERS
 
                 return NORMALIZERS[family](raw, model_type)

@@ -6,7 +6,10 @@
 * ``granitemoehybrid`` (IBM Granite 4): Mamba2 layers (``mamba``) plus attention without RoPE
   (``position_embedding_type`` None) scaled by ``attention_multiplier``; a routed MoE (softmax
   over the top-k logits) plus an ungated shared MLP, or the shared MLP alone with 0 experts; the
-  embedding / residual / logits multipliers.
+  embedding / residual / logits multipliers;
+* ``nemotron_h`` (NVIDIA Nemotron-H): blocks of one norm + one mixer each (Mamba2, attention without
+  RoPE, squared-ReLU MLP); a mixer block and the MLP block after it become one of our layers, a
+  mixer block without one a layer without feed-forward (``ffn_layers``); MoE blocks are refused.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ def _float(x: Any) -> float:
 def _lfm2_ff(raw: dict[str, Any]) -> int:
     """transformers' ``Lfm2MLP`` width: 2/3 of ``intermediate_size`` times the multiplier, rounded up
     to ``block_multiple_of`` (when ``block_auto_adjust_ff_dim``)."""
-    size = int(raw.get("block_ff_dim", raw["intermediate_size"]))
+    size = int(raw["block_ff_dim"] if "block_ff_dim" in raw else raw["intermediate_size"])
     if raw.get("block_auto_adjust_ff_dim", True):
         size = int(2 * size / 3)
         mult = raw.get("block_ffn_dim_multiplier", 1.0)
@@ -83,6 +86,7 @@ def lfm2(raw: dict[str, Any], model_type: str) -> HybridConfig:
         linear_conv_kernel_dim=int(raw.get("conv_L_cache", 3)),
         linear_conv_bias=bool(raw.get("conv_bias", False)),
         linear_proj_bias=bool(raw.get("conv_bias", False)),
+        linear_out_bias=bool(raw.get("conv_bias", False)),
         intermediate_size=_lfm2_ff(raw),
         moe_layers=tuple(False for _ in range(n)),
         bos_token_id=raw.get("bos_token_id"),
@@ -136,6 +140,7 @@ def granite_moe_hybrid(raw: dict[str, Any], model_type: str) -> HybridConfig:
         linear_conv_kernel_dim=int(raw.get("mamba_d_conv", 4)),
         linear_conv_bias=bool(raw.get("mamba_conv_bias", True)),
         linear_proj_bias=bool(raw.get("mamba_proj_bias", False)),
+        linear_out_bias=bool(raw.get("mamba_proj_bias", False)),
         linear_dt_limit=(_float(limit[0]), _float(limit[1])),
         intermediate_size=int(raw.get("shared_intermediate_size", 1024)),
         num_experts=experts,
@@ -153,7 +158,84 @@ def granite_moe_hybrid(raw: dict[str, Any], model_type: str) -> HybridConfig:
     )
 
 
+_NEMOTRON_BLOCKS = {"M": "mamba", "*": "attention", "-": "mlp", "E": "moe"}
+
+
+def _nemotron_layers(types: list[str]) -> tuple[tuple[LayerKind, ...], tuple[bool, ...], tuple[tuple[int, int], ...]]:
+    """Nemotron-H blocks (each one norm + one of mamba / attention / mlp) -> our layers: a mixer block
+    and the MLP block right after it (if any) form one layer. -> (kinds, has feed-forward, blocks)."""
+    kinds: list[LayerKind] = []
+    ffn: list[bool] = []
+    blocks: list[tuple[int, int]] = []
+    for j, t in enumerate(types):
+        t = _NEMOTRON_BLOCKS.get(t, t)
+        if t in ("mamba", "linear_attention"):
+            kinds.append("linear")
+        elif t in ("attention", "full_attention"):
+            kinds.append("attention")
+        elif t == "mlp":
+            if not kinds or ffn[-1]:
+                raise ModelConfigError(f"Nemotron-H block {j}: an MLP block must follow a mamba or attention block")
+            ffn[-1], blocks[-1] = True, (blocks[-1][0], j)
+            continue
+        elif t == "moe":
+            raise ModelConfigError("Nemotron-H MoE blocks ('E', Nemotron 3) are not supported yet")
+        else:
+            raise ModelConfigError(f"unknown Nemotron-H block type {t!r}")
+        ffn.append(False)
+        blocks.append((j, -1))
+    return tuple(kinds), tuple(ffn), tuple(blocks)
+
+
+def nemotron_h(raw: dict[str, Any], model_type: str) -> HybridConfig:
+    """NVIDIA Nemotron-H: Mamba2 and attention (no RoPE) blocks, squared-ReLU MLP blocks."""
+    types = raw.get("layers_block_type") or raw.get("layer_types")
+    if types is None:
+        types = list(str(raw["hybrid_override_pattern"]))
+    kinds, ffn, blocks = _nemotron_layers(list(types))
+    if raw.get("mlp_bias"):
+        raise ModelConfigError("Nemotron-H with mlp_bias is not supported yet")
+    hidden = int(raw["hidden_size"])
+    heads = int(raw["num_attention_heads"])
+    return HybridConfig(
+        model_type=model_type,
+        family="nemotron_h",
+        vocab_size=int(raw["vocab_size"]),
+        hidden_size=hidden,
+        layer_types=kinds,
+        rms_norm_eps=float(raw.get("layer_norm_epsilon", 1e-5)),
+        norm_zero_centered=False,
+        tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+        max_position_embeddings=int(raw.get("max_position_embeddings", 4096)),
+        num_attention_heads=heads,
+        num_key_value_heads=int(raw.get("num_key_value_heads") or heads),
+        head_dim=int(raw.get("head_dim") or hidden // heads),
+        rotary_dim=0,  # no positional encoding in the attention blocks
+        attn_output_gate=False,
+        qk_norm=False,
+        attention_bias=bool(raw.get("attention_bias", False)),
+        linear_kind="mamba2",
+        linear_num_key_heads=int(raw.get("n_groups", 8)),
+        linear_num_value_heads=int(raw.get("mamba_num_heads", 128)),
+        linear_key_head_dim=int(raw.get("ssm_state_size", 128)),
+        linear_value_head_dim=int(raw.get("mamba_head_dim", 64)),
+        linear_conv_kernel_dim=int(raw.get("conv_kernel", 4)),
+        linear_conv_bias=bool(raw.get("use_conv_bias", True)),
+        linear_proj_bias=bool(raw.get("mamba_proj_bias", False)),
+        linear_out_bias=bool(raw.get("use_bias", False)),
+        linear_dt_limit=(_float(raw.get("time_step_min", 0.001)), float("inf")),  # as transformers clamps
+        ffn_act="relu2",
+        ffn_layers=ffn,
+        hf_blocks=blocks,
+        intermediate_size=int(raw.get("intermediate_size", 0)),
+        moe_layers=tuple(False for _ in kinds),
+        bos_token_id=raw.get("bos_token_id"),
+        eos_token_ids=eos_of(raw),
+    )
+
+
 NORMALIZERS: dict[str, Callable[[dict[str, Any], str], HybridConfig]] = {
     "lfm2": lfm2,
     "granitemoehybrid": granite_moe_hybrid,
+    "nemotron_h": nemotron_h,
 }

@@ -38,9 +38,11 @@ class DecoderLayer(nn.Module):
             self.linear_attn = LINEAR_MIXERS[cfg.linear_kind](cfg)  # type: ignore[assignment]
         else:
             self.self_attn = FullAttention(cfg)
-        self.mlp = build_mlp(cfg, idx)
+        self.mlp = build_mlp(cfg, idx)  # None: no feed-forward half (Nemotron-H mixer blocks without an MLP block)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_zero_centered)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_zero_centered)
+        self.post_attention_layernorm: RMSNorm | None = None
+        if self.mlp is not None:
+            self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_zero_centered)
         self.residual_multiplier = cfg.residual_multiplier  # Granite; 1.0 elsewhere (not multiplied)
 
     def residual(self, h: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -48,7 +50,9 @@ class DecoderLayer(nn.Module):
         return h + y if self.residual_multiplier == 1.0 else h + y * self.residual_multiplier
 
     def feed_forward(self, h: torch.Tensor) -> torch.Tensor:
-        """Residual MLP half of the block: ``h + mlp(norm(h))``. h ``[T, D]``."""
+        """Residual MLP half of the block: ``h + mlp(norm(h))`` (h itself without one). h ``[T, D]``."""
+        if self.mlp is None or self.post_attention_layernorm is None:
+            return h
         return self.residual(h, self.mlp(self.post_attention_layernorm(h)))
 
     def mixer_in(self, h: torch.Tensor) -> tuple[torch.Tensor, ...]:

@@ -4,7 +4,8 @@ Our modules keep one naming for every family (``model.layers.{i}.linear_attn`` f
 mixer, ``self_attn.{q,k,v,o}_proj`` / ``q_norm`` / ``k_norm``, ``input_layernorm`` /
 ``post_attention_layernorm``, ``mlp.{gate,up,down}_proj`` or ``mlp.{gate,experts,shared_expert}``,
 ``model.norm``). ``to_contract`` renames (and where a tensor is fused, splits) transformers' names
-of ``lfm2`` and ``granitemoehybrid`` into it; names already in our naming pass through, so it is
+of ``lfm2``, ``granitemoehybrid`` and ``nemotron_h`` (whose blocks are regrouped into layers,
+``HybridConfig.hf_blocks``) into it; names already in our naming pass through, so it is
 safe to apply twice. Other families are returned as they are.
 """
 
@@ -50,8 +51,38 @@ def _rename(name: str, rules: list[tuple[re.Pattern[str], str]]) -> str:
     return name
 
 
+_NEMOTRON_BLOCK = re.compile(r"^(?:model|backbone)\.layers\.(\d+)\.(norm|mixer)\.(.+)$")
+_NEMOTRON_TOP = {
+    "model.embeddings.weight": "model.embed_tokens.weight",
+    "backbone.embeddings.weight": "model.embed_tokens.weight",
+    "model.norm_f.weight": "model.norm.weight",
+    "backbone.norm_f.weight": "model.norm.weight",
+}
+
+
+def _nemotron(cfg: HybridConfig, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Block j's ``norm`` / ``mixer`` -> its layer's ``input_layernorm`` and ``linear_attn`` / ``self_attn``
+    (a mixer block) or ``post_attention_layernorm`` and ``mlp`` (the MLP block after it)."""
+    role: dict[int, tuple[int, str, str]] = {}
+    for i, (mixer_block, ffn_block) in enumerate(cfg.hf_blocks):
+        role[mixer_block] = (i, "input_layernorm", "linear_attn" if cfg.layer_types[i] == "linear" else "self_attn")
+        if ffn_block >= 0:
+            role[ffn_block] = (i, "post_attention_layernorm", "mlp")
+    out: dict[str, torch.Tensor] = {}
+    for k, v in tensors.items():
+        m = _NEMOTRON_BLOCK.match(k)
+        if m is None or int(m[1]) not in role:
+            out[_NEMOTRON_TOP.get(k, k)] = v
+            continue
+        layer, norm, mixer = role[int(m[1])]
+        out[f"model.layers.{layer}.{norm if m[2] == 'norm' else mixer}.{m[3]}"] = v
+    return out
+
+
 def to_contract(cfg: HybridConfig, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """transformers' tensor names of ``cfg.family`` -> ours (see module doc)."""
+    if cfg.family == "nemotron_h":
+        return _nemotron(cfg, tensors)
     if cfg.family == "lfm2":
         return {_rename(k, _LFM2): v for k, v in tensors.items()}
     if cfg.family != "granitemoehybrid":

@@ -79,7 +79,7 @@ class Mamba2Mixer(nn.Module):
         self.A_log = nn.Parameter(torch.zeros(self.hv))
         self.D = nn.Parameter(torch.ones(self.hv))
         self.norm = GroupGatedRMSNorm(self.inner, self.g_heads, cfg.rms_norm_eps)
-        self.out_proj = nn.Linear(self.inner, d, bias=cfg.linear_proj_bias)
+        self.out_proj = nn.Linear(self.inner, d, bias=cfg.linear_out_bias)
 
     # ------------------------------------------------------------------ stages
     def conv_weight(self) -> torch.Tensor:

@@ -24,6 +24,18 @@ class MLP(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
+class ReluSquaredMLP(nn.Module):
+    """Nemotron-H's MLP: ``down(relu(up(x))^2)``. x: ``[T, D]``."""
+
+    def __init__(self, hidden: int, intermediate: int, bias: bool = False) -> None:
+        super().__init__()
+        self.up_proj = nn.Linear(hidden, intermediate, bias=bias)
+        self.down_proj = nn.Linear(intermediate, hidden, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(torch.relu(self.up_proj(x)).square())
+
+
 class Router(nn.Module):
     """Softmax top-k router; weights renormalized over the chosen experts when ``norm_topk``."""
 
@@ -81,7 +93,12 @@ class SparseMoE(nn.Module):
         return routed + shared
 
 
-def build_mlp(cfg: HybridConfig, layer_idx: int) -> nn.Module:
+def build_mlp(cfg: HybridConfig, layer_idx: int) -> nn.Module | None:
+    """The layer's feed-forward block, or None for a layer without one (``cfg.ffn_layers``)."""
+    if cfg.ffn_layers and not cfg.ffn_layers[layer_idx]:
+        return None
     if cfg.moe_layers and cfg.moe_layers[layer_idx]:
         return SparseMoE(cfg)
+    if cfg.ffn_act == "relu2":
+        return ReluSquaredMLP(cfg.hidden_size, cfg.intermediate_size)
     return MLP(cfg.hidden_size, cfg.intermediate_size)

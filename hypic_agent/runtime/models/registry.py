@@ -23,6 +23,7 @@ BUILDERS: dict[str, Builder] = {
     "llama": HybridForCausalLM,
     "lfm2": HybridForCausalLM,
     "granitemoehybrid": HybridForCausalLM,
+    "nemotron_h": HybridForCausalLM,
 }
 
 

@@ -35,7 +35,7 @@ class ShortConv(nn.Module):
         self.backend = "auto"
         self.in_proj = nn.Linear(d, 3 * d, bias=cfg.linear_proj_bias)
         self.conv = nn.Conv1d(d, d, self.kernel, groups=d, bias=cfg.linear_conv_bias, padding=self.kernel - 1)
-        self.out_proj = nn.Linear(d, d, bias=cfg.linear_proj_bias)
+        self.out_proj = nn.Linear(d, d, bias=cfg.linear_out_bias)
 
     def conv_weight(self) -> torch.Tensor:
         """``[D, W]``"""

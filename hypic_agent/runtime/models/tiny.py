@@ -27,7 +27,7 @@ TINY_VOCAB_SIZE = 259
 TINY_PAD_ID, TINY_BOS_ID, TINY_EOS_ID = 256, 257, 258
 
 TINY_ARCHS: tuple[str, ...] = (
-    "qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "llama", "lfm2", "granitemoehybrid",
+    "qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "llama", "lfm2", "granitemoehybrid", "nemotron_h",
 )  # fmt: skip
 ALIASES: dict[str, str] = {"qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text"}
 
@@ -126,6 +126,21 @@ _CONFIGS: dict[str, dict[str, Any]] = {
         "logits_scaling": 2.0,
         "tie_word_embeddings": False,
     },
+    # Nemotron-H: 7 blocks M - M * - M - (mamba, MLP, mamba, attention, MLP, mamba, MLP) = our 4 layers,
+    # the second without a feed-forward half; squared-ReLU MLPs, attention without RoPE
+    "nemotron_h": {
+        "model_type": "nemotron_h",
+        **{k: v for k, v in _COMMON.items() if k != "num_hidden_layers"},
+        "hybrid_override_pattern": "M-M*-M-",
+        "mamba_num_heads": 4,
+        "mamba_head_dim": 32,
+        "n_groups": 2,
+        "ssm_state_size": 16,
+        "conv_kernel": 4,
+        "chunk_size": 16,
+        "layer_norm_epsilon": 1e-5,
+        "tie_word_embeddings": False,
+    },
 }
 
 
@@ -191,13 +206,13 @@ def random_state_dict(
     out: dict[str, torch.Tensor] = {}
     for name, t in model.state_dict().items():
         t = t.detach().clone().float()
-        if name.endswith(("linear_attn.A_log", "mamba.A_log")):
+        if name.endswith(("linear_attn.A_log", "mamba.A_log", "mixer.A_log")):
             t = torch.empty(t.shape).uniform_(0.05, 1.0, generator=gen).log()
-        elif name.endswith(("linear_attn.dt_bias", "mamba.dt_bias", "mamba.D", "conv1d.bias")):
+        elif name.endswith(("_attn.dt_bias", "mamba.dt_bias", "mixer.dt_bias", "mamba.D", "mixer.D", "conv1d.bias")):
             t = torch.randn(t.shape, generator=gen) * 0.5
-        elif name.endswith(("linear_attn.conv1d.weight", "mamba.conv1d.weight", "conv.conv.weight")):
+        elif name.endswith(("conv1d.weight", "conv.conv.weight")):
             t = torch.randn(t.shape, generator=gen) / t.shape[-1] ** 0.5
-        elif name.endswith(("linear_attn.norm.weight", "mamba.norm.weight")):  # gated RMSNorm: y * w
+        elif name.endswith(("linear_attn.norm.weight", "mamba.norm.weight", "mixer.norm.weight")):  # gated: y * w
             t = 1.0 + 0.1 * torch.randn(t.shape, generator=gen)
         elif name.endswith("norm.weight"):
             t = 0.1 * torch.randn(t.shape, generator=gen) + (0.0 if zero_centered else 1.0)

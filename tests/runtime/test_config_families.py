@@ -1,0 +1,56 @@
+"""Config normalizers of LFM2, Granite 4 and Nemotron-H on hub-shaped config.json values."""
+
+from __future__ import annotations
+
+import pytest
+
+from hypic_agent.errors import ModelConfigError
+from hypic_agent.runtime.models.config import HybridConfig
+
+_ATT = {"vocab_size": 100, "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2}
+
+
+def test_lfm2_feed_forward_width_and_layer_layout():
+    # LFM2-1.2B's config.json: block_ff_dim 12288 -> transformers' Lfm2MLP width 8192
+    cfg = HybridConfig.from_hf(
+        {**_ATT, "model_type": "lfm2", "num_hidden_layers": 4, "block_ff_dim": 12288, "full_attn_idxs": [1, 3],
+         "conv_L_cache": 3, "tie_embedding": True}
+    )  # fmt: skip
+    assert cfg.intermediate_size == 8192
+    assert cfg.layer_types == ("linear", "attention", "linear", "attention")
+    assert cfg.linear_kind == "short_conv" and cfg.linear_conv_kernel_dim == 3 and cfg.tie_word_embeddings
+    assert cfg.rope_theta == 1000000.0  # Lfm2Config's default
+
+
+def test_granite_mamba_head_dim_auto_and_nope():
+    cfg = HybridConfig.from_hf(
+        {**_ATT, "model_type": "granitemoehybrid", "num_hidden_layers": 3,
+         "layer_types": ["mamba", "attention", "mamba"], "mamba_n_heads": 8, "mamba_d_head": "auto",
+         "mamba_expand": 2, "mamba_d_state": 32, "mamba_n_groups": 1,
+         "num_local_experts": 0, "shared_intermediate_size": 96, "position_embedding_type": "nope"}
+    )  # fmt: skip
+    assert cfg.linear_state_shape == (8, 32, 16)  # heads, d_state, 2 * 64 / 8
+    assert cfg.rotary_dim == 0 and cfg.num_experts == 0 and cfg.intermediate_size == 96
+    with pytest.raises(ModelConfigError, match="mamba_d_head"):
+        HybridConfig.from_hf(
+            {**_ATT, "model_type": "granitemoehybrid", "num_hidden_layers": 1, "mamba_n_heads": 8, "mamba_d_head": 10}
+        )
+
+
+@pytest.mark.parametrize(
+    ("pattern", "kinds", "ffn"),
+    [
+        ("M-M-M*-", ("linear", "linear", "linear", "attention"), (True, True, False, True)),
+        ("MM*", ("linear", "linear", "attention"), (False, False, False)),
+    ],
+)
+def test_nemotron_blocks_regroup_into_layers(pattern, kinds, ffn):
+    cfg = HybridConfig.from_hf({**_ATT, "model_type": "nemotron_h", "hybrid_override_pattern": pattern})
+    assert cfg.layer_types == kinds and cfg.ffn_layers == ffn
+    assert sum(1 + (b >= 0) for _, b in cfg.hf_blocks) == len(pattern)
+
+
+@pytest.mark.parametrize(("pattern", "match"), [("-M", "must follow"), ("M--", "must follow"), ("ME", "MoE")])
+def test_nemotron_unsupported_block_layouts(pattern, match):
+    with pytest.raises(ModelConfigError, match=match):
+        HybridConfig.from_hf({**_ATT, "model_type": "nemotron_h", "hybrid_override_pattern": pattern})
