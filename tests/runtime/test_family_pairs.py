@@ -128,3 +128,24 @@ def test_mamba2_seams_covering_whole_segments_equal_full_recompute_in_every_laye
     assert (st.last_logits - full.last_logits).abs().max().item() < 1e-5
     for li in model.config.linear_layers:
         assert rel(st.layers[li].recurrent, full.layers[li].recurrent) <= 1e-5
+
+
+@pytest.mark.parametrize("arch", ["lfm2", "granitemoehybrid", "nemotron_h"])
+def test_entries_round_trip_through_the_store_and_the_worker_wire(arch):
+    """Empty short-conv pairs and 1-D Mamba2 T survive safetensors-style dicts and the scatter wire."""
+    from hypic_agent.runtime.hypic.entry import SegmentEntry
+    from hypic_agent.runtime.workers import protocol
+
+    model, _, _ = make_model(arch)
+    (e,) = build_entries(model, [tuple(rand_tokens(20, 1))], [4])
+    ts = protocol.entry_tensors(e)
+    wire = protocol.assemble(
+        protocol.unpack(protocol.pack(ts), protocol.decode_meta(protocol.encode_meta(ts)), separate=True),
+        model.config.layer_types, e.token_ids, e.seam, 0.0,
+    )  # fmt: skip
+    stored = SegmentEntry.from_tensors(e.to_tensors(), model.config.layer_types)
+    for back in (wire, stored):
+        assert back.nbytes() == e.nbytes()
+        for la, lb in zip(e.layers, back.layers, strict=True):
+            for a, b in zip(vars(la).values(), vars(lb).values(), strict=True):
+                assert a.shape == b.shape and torch.equal(a, b)
