@@ -7,7 +7,8 @@ Per token: ``in_proj`` -> (z ``[inner]``, xBC ``[C]``, dt ``[H]``); causal depth
 
 The state is kept in the fla layout ``[H, N, P]`` (keys = B, values = x) so the pool, the entries
 and the combine handle it like a GDN state; its transition is a per-head scalar, so a segment's
-pair is ``T [H]`` (the cumulative decay) and ``S [H, N, P]`` (``kernels.ssd``).
+pair is ``T [H]`` (the cumulative decay) and ``S [H, N, P]`` (``decay_mixer.DecayMixer``,
+``kernels.ssd``).
 
 The stages follow the linear-mixer protocol (``linear_mixer.LinearMixer``).
 """
@@ -23,8 +24,8 @@ from torch import nn
 from hypic_agent.kernels import conv as conv_ops
 from hypic_agent.kernels import ssd
 from hypic_agent.kernels.conv_decode import conv_decode_slots
-from hypic_agent.kernels.gdn_pairs import PairSink, SeamSplit
 from hypic_agent.runtime.models.config import HybridConfig
+from hypic_agent.runtime.models.decay_mixer import DecayMixer
 
 
 @dataclass
@@ -55,7 +56,7 @@ class GroupGatedRMSNorm(nn.Module):
         return self.weight * grp.view(t, -1).to(y.dtype)
 
 
-class Mamba2Mixer(nn.Module):
+class Mamba2Mixer(DecayMixer):
     kind = "mamba2"
 
     def __init__(self, cfg: HybridConfig) -> None:
@@ -120,52 +121,13 @@ class Mamba2Mixer(nn.Module):
         )  # fmt: skip
         return self.split(out, g, dt), conv_final
 
-    def _v(self, ops: Mamba2Operands) -> torch.Tensor:
-        return ops.x.float() * ops.dt[..., None]
+    def decay_operands(self, ops: Mamba2Operands) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q = C, k = B, v = dt * x, g = dt * A."""
+        return ops.C, ops.B, ops.x.float() * ops.dt[..., None], ops.g
 
-    def _skip(self, o: torch.Tensor, ops: Mamba2Operands) -> torch.Tensor:
+    def finish(self, o: torch.Tensor, ops: Mamba2Operands) -> torch.Tensor:
+        """The D skip: ``y = C S + D x`` ``[T, H, P]``."""
         return (o + self.D.float()[:, None] * ops.x.float()).to(ops.x.dtype)
-
-    def mix(
-        self, ops: Mamba2Operands, cu_seqlens: torch.Tensor | None, initial_state: torch.Tensor | None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """SSM -> (y ``[T, H, P]`` with the D skip, final state ``[N, H, N_state, P]`` fp32)."""
-        o, final = ssd.decay_attention(
-            ops.C, ops.B, self._v(ops), ops.g, cu_seqlens=cu_seqlens, initial_state=initial_state
-        )
-        return self._skip(o, ops), final
-
-    def mix_into_pairs(
-        self, ops: Mamba2Operands, cu_seqlens: torch.Tensor, split: SeamSplit, sink: PairSink
-    ) -> torch.Tensor:
-        """Isolated segments from zero states -> y ``[T, H, P]``; each segment's body pair
-        (``T [H]``, ``S [H, N, P]``) goes into ``sink``; a segment without a body gets ``(1, 0)``."""
-        o, _ = self.mix(ops, cu_seqlens, None)
-        idx = split.body_idx
-        T, S = ssd.decay_pairs(ops.B[idx], self._v(ops)[idx], ops.g[idx], cu_seqlens=split.cu_body)
-        for j in range(split.n):
-            sink.T[j].fill_(1.0)
-            sink.S[j].zero_()
-        for row, seg in enumerate(split.body_segs):
-            sink.T[seg].copy_(T[row])
-            sink.S[seg].copy_(S[row])
-        return o
-
-    def mix_after_pairs(
-        self, ops: Mamba2Operands, cu_seqlens: torch.Tensor, enter: object
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Pieces run from ``enter(their own pairs)`` (states ``[P, H, N, P]``) -> (y, finals)."""
-        T, S = ssd.decay_pairs(ops.B, self._v(ops), ops.g, cu_seqlens=cu_seqlens)
-        states = enter(T, S)  # type: ignore[operator]
-        return self.mix(ops, cu_seqlens, states)
-
-    def pair_identity(self, like: torch.Tensor) -> torch.Tensor:
-        """The transition of an empty span ``[H]`` (what ``addition`` puts in place of T)."""
-        return torch.ones(self.hv, device=like.device, dtype=torch.float32)
-
-    def compose(self, h0: torch.Tensor, T: torch.Tensor, S: torch.Tensor) -> torch.Tensor:
-        """States along a chain: h0 ``[H, N, P]``, T ``[n, H]``, S ``[n, H, N, P]`` -> ``[n+1, H, N, P]``."""
-        return ssd.decay_chain(h0, T, S)
 
     def output(self, o: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         """y ``[T, H, P]``, z ``[T, inner]`` -> ``[T, D]``: gate, then RMSNorm per group of B/C."""
@@ -181,8 +143,9 @@ class Mamba2Mixer(nn.Module):
             xbc, conv_state, self.conv_weight(), self.conv1d.bias, activation="silu"
         )
         ops = self.split(out, g, dt)
-        o, new = ssd.decay_step(ops.C, ops.B, self._v(ops), ops.g, state)
-        return self.output(self._skip(o, ops), z), new, conv_new
+        q, k, v, g = self.decay_operands(ops)
+        o, new = ssd.decay_step(q, k, v, g, state)
+        return self.output(self.finish(o, ops), z), new, conv_new
 
     def decode_slots(
         self, inputs: tuple[torch.Tensor, ...], conv_pool: torch.Tensor, rec_pool: torch.Tensor, slots: torch.Tensor
@@ -192,7 +155,4 @@ class Mamba2Mixer(nn.Module):
         out = conv_decode_slots(
             xbc, conv_pool, slots, self.conv_weight(), self.conv1d.bias, activation="silu", backend=self.backend
         )
-        ops = self.split(out, g, dt)
-        o, new = ssd.decay_step(ops.C, ops.B, self._v(ops), ops.g, rec_pool.index_select(0, slots))
-        rec_pool.index_copy_(0, slots, new)
-        return self._skip(o, ops)
+        return self.step_slots(self.split(out, g, dt), rec_pool, slots)
