@@ -54,3 +54,14 @@ def test_nemotron_blocks_regroup_into_layers(pattern, kinds, ffn):
 def test_nemotron_unsupported_block_layouts(pattern, match):
     with pytest.raises(ModelConfigError, match=match):
         HybridConfig.from_hf({**_ATT, "model_type": "nemotron_h", "hybrid_override_pattern": pattern})
+
+
+def test_minimax_defaults_and_refusals():
+    cfg = HybridConfig.from_hf({**_ATT, "model_type": "minimax", "num_hidden_layers": 4, "intermediate_size": 32})
+    # transformers' default layout: even layers full attention, odd ones Lightning
+    assert cfg.layer_types == ("attention", "linear", "attention", "linear")
+    assert cfg.linear_kind == "lightning" and cfg.postnorm_residual and cfg.rope_theta == 1000000.0
+    assert cfg.rotary_dim == cfg.head_dim == 16
+    with pytest.raises(ModelConfigError, match="sliding_window"):
+        HybridConfig.from_hf({**_ATT, "model_type": "minimax", "num_hidden_layers": 2, "intermediate_size": 8,
+                              "sliding_window": 64})  # fmt: skip

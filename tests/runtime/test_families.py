@@ -1,4 +1,4 @@
-"""LFM2, Granite 4 and Nemotron-H (Mamba2) served as a user runs them: ``tiny:<arch>`` through the loader, the
+"""LFM2, Granite 4, Nemotron-H and MiniMax (Mamba2) served as a user runs them: ``tiny:<arch>`` through the loader, the
 engine (scheduler + runner over the state pool) and the HTTP API, in every mode."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from hypic_agent.runtime.sampling import SamplingParams
 
 from .conftest import rand_tokens
 
-ARCHS = ["lfm2", "granitemoehybrid", "nemotron_h"]
+ARCHS = ["lfm2", "granitemoehybrid", "nemotron_h", "minimax"]
 
 
 @dataclass
@@ -54,7 +54,8 @@ def greedy(engine: Engine, plan: Plan, mode: str, seam: float | None = None) -> 
 
 def test_tiny_family_loads_with_its_mixers(engine):
     kinds = {layer.mixer_kind for layer in engine.model.layers}
-    assert kinds == {"attention", "short_conv" if engine.model.config.family == "lfm2" else "mamba2"}
+    linear = {"lfm2": "short_conv", "minimax": "lightning"}.get(engine.model.config.family, "mamba2")
+    assert kinds == {"attention", linear}
     assert engine.name.startswith("tiny:")
 
 

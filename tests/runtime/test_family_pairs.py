@@ -130,7 +130,27 @@ def test_mamba2_seams_covering_whole_segments_equal_full_recompute_in_every_laye
         assert rel(st.layers[li].recurrent, full.layers[li].recurrent) <= 1e-5
 
 
-@pytest.mark.parametrize("arch", ["lfm2", "granitemoehybrid", "nemotron_h"])
+# ---------------------------------------------------------------------------- MiniMax (Lightning)
+def test_lightning_pair_is_the_fixed_decay_and_composes_exactly_without_seams():
+    """A Lightning body's T is exp(-slope * body length) per head; with no conv, layer 0's composed
+    state equals the one-pass state even at w = 0, and dropping T (addition) does not."""
+    from hypic_agent.runtime.models.lightning import lightning_slopes
+
+    model, _, _ = make_model("minimax", layer_types=["linear_attention"] * 4)
+    segs, suffix = segments(), rand_tokens(5, 94)
+    entries = build_entries(model, segs, [0, 0, 0])
+    slopes = torch.tensor(lightning_slopes(4, 0, 4))
+    for seg, e in zip(segs, entries, strict=True):
+        assert torch.allclose(e.layers[0].T, torch.exp(-slopes * len(seg)), rtol=1e-5)
+        assert e.layers[0].conv_tail.numel() == 0
+    ref = one_pass(model, segs, suffix).layers[0].recurrent
+    tr, _ = compose(model, segs, suffix, "transition", 0, entries)
+    add, _ = compose(model, segs, suffix, "addition", 0, entries)
+    assert rel(tr.layers[0].recurrent, ref) <= 1e-5
+    assert rel(add.layers[0].recurrent, ref) > 0.2
+
+
+@pytest.mark.parametrize("arch", ["lfm2", "granitemoehybrid", "nemotron_h", "minimax"])
 def test_entries_round_trip_through_the_store_and_the_worker_wire(arch):
     """Empty short-conv pairs and 1-D Mamba2 T survive safetensors-style dicts and the scatter wire."""
     from hypic_agent.runtime.hypic.entry import SegmentEntry

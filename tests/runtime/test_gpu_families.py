@@ -1,5 +1,6 @@
-"""GPU (H200, never in CI; not yet run): LFM2, Granite 4 and Nemotron-H on CUDA (Triton conv kernels, the Mamba2
-torch scan on the device) vs the CPU torch reference: prefill, runner decode and HYPIC combine."""
+"""GPU (H200, never in CI; not yet run): LFM2, Granite 4, Nemotron-H and MiniMax on CUDA (Triton conv
+kernels, the decay-only torch scan on the device) vs the CPU torch reference: prefill, runner decode
+and HYPIC combine."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from hypic_agent.runtime.runner.runner import ModelRunner
 from .conftest import make_model, rand_tokens
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
-ARCHS = ["lfm2", "granitemoehybrid", "nemotron_h"]
+ARCHS = ["lfm2", "granitemoehybrid", "nemotron_h", "minimax"]
 
 
 def _pair(arch: str):

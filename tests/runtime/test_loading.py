@@ -146,7 +146,7 @@ def test_error_unknown_model_type_names_the_supported_ones(tmp_path: Path, model
     (tmp_path / "config.json").write_text(json.dumps({"model_type": model_type}))
     with pytest.raises(ModelConfigError, match="unknown model_type") as e:
         load_checkpoint(tmp_path)
-    for supported in ("qwen3_5", "qwen3_next", "llama", "lfm2", "granitemoehybrid", "nemotron_h"):
+    for supported in ("qwen3_5", "qwen3_next", "llama", "lfm2", "granitemoehybrid", "nemotron_h", "minimax"):
         assert repr(supported) in e.value.message
 
 

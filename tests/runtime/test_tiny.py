@@ -29,6 +29,7 @@ HF_CLASS = {
     "lfm2": "Lfm2ForCausalLM",
     "granitemoehybrid": "GraniteMoeHybridForCausalLM",
     "nemotron_h": "NemotronHForCausalLM",
+    "minimax": "MiniMaxForCausalLM",
 }
 
 
@@ -59,6 +60,11 @@ def test_tiny_config_is_valid_transformers_config(arch: str) -> None:
         assert cfg.ffn_layers == (True, False, True, True) and cfg.ffn_act == "relu2"
         assert cfg.hf_blocks == ((0, 1), (2, -1), (3, 4), (5, 6)) and len(hf.layers_block_type) == 7
         assert cfg.linear_dt_limit == (0.001, float("inf"))
+    elif arch == "minimax":
+        assert cfg.attention_layers == [2] and cfg.linear_kind == "lightning" and cfg.rotary_dim == 32
+        assert cfg.linear_state_shape == (4, 32, 32) and cfg.linear_conv_dim == 0 and cfg.postnorm_residual
+        assert cfg.linear_residual == (0.8, 1.2) and cfg.mlp_residual == (0.95, 1.05)
+        assert cfg.num_experts == 4 and cfg.shared_expert_intermediate_size == 0
     else:
         assert cfg.attention_layers == [3] and cfg.linear_layers == [0, 1, 2]
         assert (cfg.linear_num_key_heads, cfg.linear_num_value_heads) == (2, 4)
@@ -96,7 +102,7 @@ def test_random_state_dict_matches_transformers_names(arch: str) -> None:
             assert tuple(sd[k].shape) == tuple(v.shape), k
     cfg = HybridConfig.from_hf(d)
     ours = to_contract(cfg, sd)  # renamed for lfm2 / granitemoehybrid, as it is elsewhere
-    assert (ours is sd) == (cfg.family not in ("lfm2", "granitemoehybrid", "nemotron_h"))
+    assert (ours is sd) == (cfg.family not in ("lfm2", "granitemoehybrid", "nemotron_h", "minimax"))
     assert {k: tuple(v.shape) for k, v in ours.items()} == expected_shapes(cfg)
     assert validate_state_dict(cfg, ours) == []
 

@@ -14,8 +14,9 @@ from hypic_agent.errors import ModelConfigError
 
 LayerKind = Literal["linear", "attention"]
 # the token mixer of a model's linear (fixed-state) layers: Gated DeltaNet, LFM2's gated short
-# convolution (no recurrent state: the conv tail is the whole state), Mamba2's decay-only SSM
-LinearKind = Literal["gdn", "short_conv", "mamba2"]
+# convolution (no recurrent state: the conv tail is the whole state), Mamba2's decay-only SSM,
+# MiniMax's Lightning attention (decay-only with a fixed decay per head, no conv)
+LinearKind = Literal["gdn", "short_conv", "mamba2", "lightning"]
 
 # model_type strings accepted, mapped to the family whose module code runs them
 FAMILIES: dict[str, str] = {
@@ -28,6 +29,7 @@ FAMILIES: dict[str, str] = {
     "lfm2": "lfm2",
     "granitemoehybrid": "granitemoehybrid",
     "nemotron_h": "nemotron_h",
+    "minimax": "minimax",
 }
 
 
@@ -36,7 +38,7 @@ class HybridConfig:
     """Shapes and options of a hybrid (linear + full attention) decoder stack."""
 
     model_type: str  # the text model_type, e.g. "qwen3_5_moe_text", "qwen3_next", "llama"
-    family: str  # "qwen3_5" | "qwen3_next" | "llama" | "lfm2" | "granitemoehybrid" | "nemotron_h"
+    family: str  # "qwen3_5" | "qwen3_next" | "llama" | "lfm2" | "granitemoehybrid" | "nemotron_h" | "minimax"
     vocab_size: int
     hidden_size: int
     layer_types: tuple[LayerKind, ...]
@@ -86,6 +88,12 @@ class HybridConfig:
     embedding_multiplier: float = 1.0
     residual_multiplier: float = 1.0
     logits_scaling: float = 1.0
+    # MiniMax: the residual stream carries the *normed* hidden states, and each half of a layer mixes
+    # them as ``alpha * residual + beta * branch`` with (alpha, beta) per kind
+    postnorm_residual: bool = False
+    linear_residual: tuple[float, float] = (1.0, 1.0)
+    attention_residual: tuple[float, float] = (1.0, 1.0)
+    mlp_residual: tuple[float, float] = (1.0, 1.0)
     moe_layers: tuple[bool, ...] = ()  # per layer: MoE block (True) or dense MLP (False)
     # tokens
     bos_token_id: int | None = None
@@ -119,6 +127,8 @@ class HybridConfig:
         (Mamba2: the same count), the gated input ``B * x`` (short conv: the hidden size)."""
         if self.linear_kind == "short_conv":
             return self.hidden_size
+        if self.linear_kind == "lightning":
+            return 0
         return 2 * self.linear_key_dim + self.linear_value_dim
 
     @property
@@ -160,7 +170,7 @@ class HybridConfig:
             )
         family = FAMILIES[model_type]
         try:
-            if family in ("lfm2", "granitemoehybrid", "nemotron_h"):
+            if family in ("lfm2", "granitemoehybrid", "nemotron_h", "minimax"):
                 from hypic_agent.runtime.models.config_families import NORMALIZERS
 
                 return NORMALIZERS[family](raw, model_type)

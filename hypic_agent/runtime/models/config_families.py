@@ -9,7 +9,9 @@
   embedding / residual / logits multipliers;
 * ``nemotron_h`` (NVIDIA Nemotron-H): blocks of one norm + one mixer each (Mamba2, attention without
   RoPE, squared-ReLU MLP); a mixer block and the MLP block after it become one of our layers, a
-  mixer block without one a layer without feed-forward (``ffn_layers``); MoE blocks are refused.
+  mixer block without one a layer without feed-forward (``ffn_layers``); MoE blocks are refused;
+* ``minimax`` (MiniMax-Text-01 / M1): Lightning attention layers (``lightning``) and RoPE attention,
+  MoE without a shared expert, a post-norm residual with per-kind (alpha, beta) factors.
 """
 
 from __future__ import annotations
@@ -234,8 +236,63 @@ def nemotron_h(raw: dict[str, Any], model_type: str) -> HybridConfig:
     )
 
 
+def minimax(raw: dict[str, Any], model_type: str) -> HybridConfig:
+    """MiniMax (Text-01 / M1): Lightning and RoPE attention layers, MoE without a shared expert,
+    the residual carrying normed states with per-kind (alpha, beta) factors."""
+    n = int(raw["num_hidden_layers"])
+    types = raw.get("layer_types") or ["full_attention" if (i + 1) % 2 else "linear_attention" for i in range(n)]
+    if raw.get("sliding_window"):
+        raise ModelConfigError("MiniMax with sliding_window attention is not supported yet")
+    hidden = int(raw["hidden_size"])
+    heads = int(raw["num_attention_heads"])
+    head_dim = int(raw.get("head_dim") or hidden // heads)
+    theta, _ = rope_of({"rope_theta": 1000000.0, **raw, "partial_rotary_factor": 1.0}, head_dim)
+
+    def ab(prefix: str) -> tuple[float, float]:
+        return float(raw.get(f"{prefix}_alpha_factor", 1)), float(raw.get(f"{prefix}_beta_factor", 1))
+
+    return HybridConfig(
+        model_type=model_type,
+        family="minimax",
+        vocab_size=int(raw["vocab_size"]),
+        hidden_size=hidden,
+        layer_types=_kinds(list(types), ("linear_attention",), ("full_attention", "attention")),
+        rms_norm_eps=float(raw.get("rms_norm_eps", 1e-5)),
+        norm_zero_centered=False,
+        tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+        hidden_act=str(raw.get("hidden_act", "silu")),
+        max_position_embeddings=int(raw.get("max_position_embeddings", 131072)),
+        num_attention_heads=heads,
+        num_key_value_heads=int(raw.get("num_key_value_heads") or heads),
+        head_dim=head_dim,
+        rotary_dim=head_dim,  # transformers rotates the whole head
+        rope_theta=theta,
+        attn_output_gate=False,
+        qk_norm=False,
+        linear_kind="lightning",
+        linear_num_key_heads=heads,
+        linear_num_value_heads=heads,
+        linear_key_head_dim=head_dim,
+        linear_value_head_dim=head_dim,
+        linear_conv_kernel_dim=1,
+        num_experts=int(raw.get("num_local_experts", 8)),
+        num_experts_per_tok=int(raw.get("num_experts_per_tok", 2)),
+        moe_intermediate_size=int(raw["intermediate_size"]),
+        shared_expert_intermediate_size=0,
+        norm_topk_prob=True,
+        moe_layers=tuple(True for _ in range(n)),
+        postnorm_residual=True,
+        linear_residual=ab("linear_attn"),
+        attention_residual=ab("full_attn"),
+        mlp_residual=ab("mlp"),
+        bos_token_id=raw.get("bos_token_id"),
+        eos_token_ids=eos_of(raw),
+    )
+
+
 NORMALIZERS: dict[str, Callable[[dict[str, Any], str], HybridConfig]] = {
     "lfm2": lfm2,
     "granitemoehybrid": granite_moe_hybrid,
     "nemotron_h": nemotron_h,
+    "minimax": minimax,
 }

@@ -6,6 +6,8 @@ checkpoint keys (see ``loading.py``) and transformers' state dicts load as they 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -13,14 +15,27 @@ from hypic_agent.kernels.config import KernelConfig
 from hypic_agent.runtime.models.attention import FullAttention
 from hypic_agent.runtime.models.config import HybridConfig
 from hypic_agent.runtime.models.gated_deltanet import GatedDeltaNet
+from hypic_agent.runtime.models.lightning import LightningAttention
 from hypic_agent.runtime.models.linear_mixer import LinearMixer
 from hypic_agent.runtime.models.mamba2 import Mamba2Mixer
 from hypic_agent.runtime.models.mlp import Experts, build_mlp
 from hypic_agent.runtime.models.norms import GatedRMSNorm, RMSNorm
 from hypic_agent.runtime.models.short_conv import ShortConv
 
-# the module of each linear-layer kind (``HybridConfig.linear_kind``)
-LINEAR_MIXERS: dict[str, type[nn.Module]] = {"gdn": GatedDeltaNet, "mamba2": Mamba2Mixer, "short_conv": ShortConv}
+# the module of each linear-layer kind (``HybridConfig.linear_kind``), built from (config, layer index)
+LINEAR_MIXERS: dict[str, Callable[[HybridConfig, int], nn.Module]] = {
+    "gdn": lambda cfg, _: GatedDeltaNet(cfg),
+    "mamba2": lambda cfg, _: Mamba2Mixer(cfg),
+    "short_conv": lambda cfg, _: ShortConv(cfg),
+    "lightning": LightningAttention,
+}
+
+
+def _mix(base: torch.Tensor, y: torch.Tensor, alpha: float, beta: float) -> torch.Tensor:
+    """``alpha * base + beta * y`` (``base + y`` when both are 1: the usual residual, unchanged)."""
+    if alpha == 1.0:
+        return base + y if beta == 1.0 else base + y * beta
+    return base * alpha + y * beta
 
 
 class DecoderLayer(nn.Module):
@@ -35,7 +50,7 @@ class DecoderLayer(nn.Module):
         self.linear_attn: LinearMixer | None = None
         self.self_attn: FullAttention | None = None
         if self.kind == "linear":
-            self.linear_attn = LINEAR_MIXERS[cfg.linear_kind](cfg)  # type: ignore[assignment]
+            self.linear_attn = LINEAR_MIXERS[cfg.linear_kind](cfg, idx)  # type: ignore[assignment]
         else:
             self.self_attn = FullAttention(cfg)
         self.mlp = build_mlp(cfg, idx)  # None: no feed-forward half (Nemotron-H mixer blocks without an MLP block)
@@ -43,17 +58,25 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm: RMSNorm | None = None
         if self.mlp is not None:
             self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_zero_centered)
-        self.residual_multiplier = cfg.residual_multiplier  # Granite; 1.0 elsewhere (not multiplied)
+        # (alpha, beta) of each half's residual: 1s but Granite's residual_multiplier (beta) and MiniMax's
+        # factors; MiniMax's residual is the normed state (``postnorm``)
+        rm = cfg.residual_multiplier
+        a, b = cfg.linear_residual if self.kind == "linear" else cfg.attention_residual
+        self.mixer_ab = (a, b * rm)
+        self.ffn_ab = (cfg.mlp_residual[0], cfg.mlp_residual[1] * rm)
+        self.postnorm = cfg.postnorm_residual
 
     def residual(self, h: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """``h + y`` (Granite: ``h + y * residual_multiplier``)."""
-        return h + y if self.residual_multiplier == 1.0 else h + y * self.residual_multiplier
+        """The mixer half's residual: ``h + y`` (Granite: ``h + y * residual_multiplier``; MiniMax:
+        ``alpha * norm(h) + beta * y``)."""
+        return _mix(self.input_layernorm(h) if self.postnorm else h, y, *self.mixer_ab)
 
     def feed_forward(self, h: torch.Tensor) -> torch.Tensor:
         """Residual MLP half of the block: ``h + mlp(norm(h))`` (h itself without one). h ``[T, D]``."""
         if self.mlp is None or self.post_attention_layernorm is None:
             return h
-        return self.residual(h, self.mlp(self.post_attention_layernorm(h)))
+        x = self.post_attention_layernorm(h)
+        return _mix(x if self.postnorm else h, self.mlp(x), *self.ffn_ab)
 
     def mixer_in(self, h: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Token-local start of the mixer: input norm and projections. h ``[T, D]`` -> the linear

@@ -4,7 +4,7 @@ Our modules keep one naming for every family (``model.layers.{i}.linear_attn`` f
 mixer, ``self_attn.{q,k,v,o}_proj`` / ``q_norm`` / ``k_norm``, ``input_layernorm`` /
 ``post_attention_layernorm``, ``mlp.{gate,up,down}_proj`` or ``mlp.{gate,experts,shared_expert}``,
 ``model.norm``). ``to_contract`` renames (and where a tensor is fused, splits) transformers' names
-of ``lfm2``, ``granitemoehybrid`` and ``nemotron_h`` (whose blocks are regrouped into layers,
+of ``lfm2``, ``granitemoehybrid``, ``nemotron_h`` and ``minimax`` (whose blocks are regrouped into layers,
 ``HybridConfig.hf_blocks``) into it; names already in our naming pass through, so it is
 safe to apply twice. Other families are returned as they are.
 """
@@ -79,8 +79,44 @@ def _nemotron(cfg: HybridConfig, tensors: dict[str, torch.Tensor]) -> dict[str, 
     return out
 
 
+_MINIMAX_LAYER = re.compile(r"^model\.layers\.(\d+)\.self_attn\.(.+)$")
+_MINIMAX_BUFFERS = ("slope_rate", "query_decay", "key_decay", "diagonal_decay")  # recomputed, not loaded
+
+
+def _minimax(cfg: HybridConfig, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Lightning layers' ``self_attn.*`` -> ``linear_attn.*``; their decay buffers dropped."""
+    out: dict[str, torch.Tensor] = {}
+    for k, v in tensors.items():
+        m = _MINIMAX_LAYER.match(k)
+        if m is not None and cfg.layer_types[int(m[1])] == "linear":
+            if m[2] in _MINIMAX_BUFFERS:
+                continue
+            k = f"model.layers.{m[1]}.linear_attn.{m[2]}"
+        out[k] = v
+    return out
+
+
+_MIXTRAL_EXPERT = re.compile(_LAYER + r"block_sparse_moe\.experts\.(\d+)\.w([123])\.weight$")
+_MIXTRAL_GATE = re.compile(_LAYER + r"block_sparse_moe\.gate\.weight$")
+_W = {"1": "gate", "2": "down", "3": "up"}
+
+
+def expert_name(cfg: HybridConfig, name: str) -> str:
+    """A checkpoint name before per-expert tensors are fused (``loading.map_checkpoint_names``):
+    MiniMax hub checkpoints name experts Mixtral-style (``block_sparse_moe.experts.{e}.w1/w2/w3``,
+    ``block_sparse_moe.gate``), renamed here to ``mlp.experts.{e}.{gate,down,up}_proj`` / ``mlp.gate``."""
+    if cfg.family != "minimax":
+        return name
+    m = _MIXTRAL_EXPERT.match(name)
+    if m is not None:
+        return f"{m[1]}mlp.experts.{m[2]}.{_W[m[3]]}_proj.weight"
+    return _MIXTRAL_GATE.sub(r"\1mlp.gate.weight", name)
+
+
 def to_contract(cfg: HybridConfig, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """transformers' tensor names of ``cfg.family`` -> ours (see module doc)."""
+    if cfg.family == "minimax":
+        return _minimax(cfg, tensors)
     if cfg.family == "nemotron_h":
         return _nemotron(cfg, tensors)
     if cfg.family == "lfm2":

@@ -24,7 +24,7 @@ import torch
 
 from hypic_agent.errors import ModelConfigError, WeightsError
 from hypic_agent.runtime.models.config import HybridConfig
-from hypic_agent.runtime.models.keymap import to_contract
+from hypic_agent.runtime.models.keymap import expert_name, to_contract
 
 if TYPE_CHECKING:
     from hypic_agent.runtime.models.catalog import ModelSource
@@ -40,7 +40,7 @@ _EXPERT = re.compile(r"^(?P<pre>model\.layers\.\d+\.mlp\.experts)\.(?P<e>\d+)\.(
 def expected_shapes(cfg: HybridConfig) -> dict[str, Shape]:
     """Every tensor name of the naming contract for ``cfg`` with its shape (the families named in
     ``keymap``: read off the model built on the meta device)."""
-    if cfg.family in ("lfm2", "granitemoehybrid", "nemotron_h"):
+    if cfg.family in ("lfm2", "granitemoehybrid", "nemotron_h", "minimax"):
         from hypic_agent.runtime.models.registry import build_model
 
         shapes = {k: tuple(t.shape) for k, t in build_model(cfg, device="meta").state_dict().items()}
@@ -197,6 +197,7 @@ def map_checkpoint_names(raw: dict[str, torch.Tensor], cfg: HybridConfig) -> dic
             name = "model." + name[len("model.language_model.") :]
         if _DROP.search(name):
             continue
+        name = expert_name(cfg, name)
         m = _EXPERT.match(name)
         if m:
             experts.setdefault(m["pre"], {}).setdefault(m["w"], {})[int(m["e"])] = t

@@ -74,19 +74,23 @@ class Experts(nn.Module):
 
 
 class SparseMoE(nn.Module):
-    """Routed experts plus a shared expert, sigmoid-gated (Qwen) or not (Granite). x: ``[T, D]``."""
+    """Routed experts plus a shared expert, sigmoid-gated (Qwen), ungated (Granite) or none (MiniMax).
+    x: ``[T, D]``."""
 
     def __init__(self, cfg: HybridConfig) -> None:
         super().__init__()
         d = cfg.hidden_size
         self.gate = Router(d, cfg.num_experts, cfg.num_experts_per_tok, cfg.norm_topk_prob)
         self.experts = Experts(cfg.num_experts, d, cfg.moe_intermediate_size)
-        self.shared_expert = MLP(d, cfg.shared_expert_intermediate_size)
-        self.shared_expert_gate = nn.Linear(d, 1, bias=False) if cfg.shared_expert_gate else None
+        shared = cfg.shared_expert_intermediate_size
+        self.shared_expert = MLP(d, shared) if shared else None  # MiniMax: routed experts only
+        self.shared_expert_gate = nn.Linear(d, 1, bias=False) if shared and cfg.shared_expert_gate else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         top_w, top_i = self.gate(x)
         routed = self.experts(x, top_i, top_w)
+        if self.shared_expert is None:
+            return routed
         shared = self.shared_expert(x)
         if self.shared_expert_gate is not None:
             shared = torch.sigmoid(self.shared_expert_gate(x)) * shared

@@ -24,6 +24,7 @@ BUILDERS: dict[str, Builder] = {
     "lfm2": HybridForCausalLM,
     "granitemoehybrid": HybridForCausalLM,
     "nemotron_h": HybridForCausalLM,
+    "minimax": HybridForCausalLM,
 }
 
 

@@ -27,7 +27,7 @@ TINY_VOCAB_SIZE = 259
 TINY_PAD_ID, TINY_BOS_ID, TINY_EOS_ID = 256, 257, 258
 
 TINY_ARCHS: tuple[str, ...] = (
-    "qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "llama", "lfm2", "granitemoehybrid", "nemotron_h",
+    "qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "llama", "lfm2", "granitemoehybrid", "nemotron_h", "minimax",
 )  # fmt: skip
 ALIASES: dict[str, str] = {"qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text"}
 
@@ -139,6 +139,25 @@ _CONFIGS: dict[str, dict[str, Any]] = {
         "conv_kernel": 4,
         "chunk_size": 16,
         "layer_norm_epsilon": 1e-5,
+        "tie_word_embeddings": False,
+    },
+    # MiniMax: Lightning layers around one RoPE attention layer, 4 routed experts, the post-norm
+    # residual factors set away from 1 (16-token blocks in transformers' chunked Lightning)
+    "minimax": {
+        "model_type": "minimax",
+        **_COMMON,
+        "intermediate_size": 32,
+        "layer_types": ["linear_attention", "linear_attention", "full_attention", "linear_attention"],
+        "num_local_experts": 4,
+        "num_experts_per_tok": 2,
+        "block_size": 16,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+        "linear_attn_alpha_factor": 0.8,
+        "linear_attn_beta_factor": 1.2,
+        "full_attn_alpha_factor": 0.9,
+        "full_attn_beta_factor": 1.1,
+        "mlp_alpha_factor": 0.95,
+        "mlp_beta_factor": 1.05,
         "tie_word_embeddings": False,
     },
 }
