@@ -65,3 +65,20 @@ def test_minimax_defaults_and_refusals():
     with pytest.raises(ModelConfigError, match="sliding_window"):
         HybridConfig.from_hf({**_ATT, "model_type": "minimax", "num_hidden_layers": 2, "intermediate_size": 8,
                               "sliding_window": 64})  # fmt: skip
+
+
+def test_kimi_linear_hub_config_names():
+    """The hub config.json of Kimi Linear names its fields differently from transformers' class."""
+    cfg = HybridConfig.from_hf(
+        {"model_type": "kimi_linear", "vocab_size": 100, "hidden_size": 64, "num_hidden_layers": 4,
+         "num_attention_heads": 4, "model_max_length": 8192, "num_experts": 8, "num_experts_per_token": 2,
+         "num_shared_experts": 2, "moe_intermediate_size": 16, "num_expert_group": 2, "topk_group": 1,
+         "moe_renormalize": False, "first_k_dense_replace": 2, "kv_lora_rank": 32, "qk_nope_head_dim": 16,
+         "qk_rope_head_dim": 8, "v_head_dim": 16,
+         "linear_attn_config": {"num_heads": 2, "head_dim": 8, "short_conv_kernel_size": 4,
+                                "kda_layers": [1, 2, 3], "full_attn_layers": [4]}}
+    )  # fmt: skip
+    assert cfg.layer_types == ("linear", "linear", "linear", "attention") and cfg.linear_kind == "kda"
+    assert cfg.max_position_embeddings == 8192 and cfg.num_experts == 8 and cfg.num_experts_per_tok == 2
+    assert cfg.shared_expert_intermediate_size == 32 and cfg.router_groups == (2, 1) and not cfg.norm_topk_prob
+    assert cfg.moe_layers == (False, False, True, True) and cfg.head_dim == 24 and cfg.rotary_dim == 0

@@ -150,7 +150,22 @@ def test_lightning_pair_is_the_fixed_decay_and_composes_exactly_without_seams():
     assert rel(add.layers[0].recurrent, ref) > 0.2
 
 
-@pytest.mark.parametrize("arch", ["lfm2", "granitemoehybrid", "nemotron_h", "minimax"])
+# ---------------------------------------------------------------------------- Kimi Linear (KDA)
+def test_kda_dense_pairs_compose_to_the_one_pass_state_at_layer0():
+    """KDA's transition mixes key channels: T is dense [H, K, K] (the chain of GDN), and with seams
+    >= W-1 layer 0's composed state is the one-pass state; dropping T is far off."""
+    model, _, _ = make_model("kimi_linear", layer_types=["linear_attention"] * 4)
+    segs, suffix = segments(), rand_tokens(5, 93)
+    (e,) = build_entries(model, [segs[0]], [3])
+    assert e.layers[0].T.shape == (4, 16, 16)
+    full = one_pass(model, segs, suffix).layers[0].recurrent
+    st, _ = compose(model, segs, suffix, "hypic", 3)
+    assert rel(st.layers[0].recurrent, full) <= 1e-5
+    add, _ = compose(model, segs, suffix, "addition", 0)
+    assert rel(add.layers[0].recurrent, full) > 0.2
+
+
+@pytest.mark.parametrize("arch", ["lfm2", "granitemoehybrid", "nemotron_h", "minimax", "kimi_linear"])
 def test_entries_round_trip_through_the_store_and_the_worker_wire(arch):
     """Empty short-conv pairs and 1-D Mamba2 T survive safetensors-style dicts and the scatter wire."""
     from hypic_agent.runtime.hypic.entry import SegmentEntry

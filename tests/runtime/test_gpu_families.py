@@ -1,4 +1,4 @@
-"""GPU (H200, never in CI; not yet run): LFM2, Granite 4, Nemotron-H and MiniMax on CUDA (Triton conv
+"""GPU (H200, never in CI; not yet run): LFM2, Granite 4, Nemotron-H, MiniMax and Kimi Linear on CUDA (Triton conv
 kernels, the decay-only torch scan on the device) vs the CPU torch reference: prefill, runner decode
 and HYPIC combine."""
 
@@ -18,7 +18,7 @@ from hypic_agent.runtime.runner.runner import ModelRunner
 from .conftest import make_model, rand_tokens
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
-ARCHS = ["lfm2", "granitemoehybrid", "nemotron_h", "minimax"]
+ARCHS = ["lfm2", "granitemoehybrid", "nemotron_h", "minimax", "kimi_linear"]
 
 
 def _pair(arch: str):

@@ -141,12 +141,21 @@ def test_error_no_config(tmp_path: Path) -> None:
         load_checkpoint(tmp_path)
 
 
-@pytest.mark.parametrize("model_type", ["mamba2", "kimi_linear", "falcon_h1", "bailing_hybrid"])
+@pytest.mark.parametrize("model_type", ["mamba2", "zamba2", "falcon_h1", "bailing_hybrid"])
 def test_error_unknown_model_type_names_the_supported_ones(tmp_path: Path, model_type: str) -> None:
     (tmp_path / "config.json").write_text(json.dumps({"model_type": model_type}))
     with pytest.raises(ModelConfigError, match="unknown model_type") as e:
         load_checkpoint(tmp_path)
-    for supported in ("qwen3_5", "qwen3_next", "llama", "lfm2", "granitemoehybrid", "nemotron_h", "minimax"):
+    for supported in (
+        "qwen3_5",
+        "qwen3_next",
+        "llama",
+        "lfm2",
+        "granitemoehybrid",
+        "nemotron_h",
+        "minimax",
+        "kimi_linear",
+    ):
         assert repr(supported) in e.value.message
 
 

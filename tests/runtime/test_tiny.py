@@ -30,6 +30,7 @@ HF_CLASS = {
     "granitemoehybrid": "GraniteMoeHybridForCausalLM",
     "nemotron_h": "NemotronHForCausalLM",
     "minimax": "MiniMaxForCausalLM",
+    "kimi_linear": "KimiLinearForCausalLM",
 }
 
 
@@ -42,7 +43,8 @@ def test_tiny_config_is_valid_transformers_config(arch: str) -> None:
     assert cfg.vocab_size == TINY_VOCAB_SIZE == len(tiny_tokenizer())
     assert cfg.eos_token_ids == (TINY_EOS_ID,)
     assert cfg.num_layers == 4 and 64 <= cfg.hidden_size <= 128
-    assert cfg.head_dim == 32 and cfg.num_attention_heads > cfg.num_key_value_heads  # GQA
+    if arch != "kimi_linear":  # MLA: one key / value head per query head
+        assert cfg.head_dim == 32 and cfg.num_attention_heads > cfg.num_key_value_heads  # GQA
     if arch == "llama":
         assert cfg.attention_layers == [0, 1, 2, 3] and cfg.rotary_dim == 32
     elif arch == "lfm2":
@@ -65,6 +67,11 @@ def test_tiny_config_is_valid_transformers_config(arch: str) -> None:
         assert cfg.linear_state_shape == (4, 32, 32) and cfg.linear_conv_dim == 0 and cfg.postnorm_residual
         assert cfg.linear_residual == (0.8, 1.2) and cfg.mlp_residual == (0.95, 1.05)
         assert cfg.num_experts == 4 and cfg.shared_expert_intermediate_size == 0
+    elif arch == "kimi_linear":  # MLA: per-head keys 16 + 8 shared, values 16 (padded to 24 in the cache)
+        assert cfg.attention_layers == [2] and cfg.linear_kind == "kda" and cfg.rotary_dim == 0
+        assert cfg.head_dim == 24 and cfg.num_key_value_heads == 4 and cfg.mla is not None
+        assert cfg.linear_state_shape == (4, 16, 16) and cfg.linear_pair_shapes[0] == (4, 16, 16)
+        assert cfg.moe_layers == (False, True, True, True) and cfg.router == "sigmoid"
     else:
         assert cfg.attention_layers == [3] and cfg.linear_layers == [0, 1, 2]
         assert (cfg.linear_num_key_heads, cfg.linear_num_value_heads) == (2, 4)
@@ -102,7 +109,7 @@ def test_random_state_dict_matches_transformers_names(arch: str) -> None:
             assert tuple(sd[k].shape) == tuple(v.shape), k
     cfg = HybridConfig.from_hf(d)
     ours = to_contract(cfg, sd)  # renamed for lfm2 / granitemoehybrid, as it is elsewhere
-    assert (ours is sd) == (cfg.family not in ("lfm2", "granitemoehybrid", "nemotron_h", "minimax"))
+    assert (ours is sd) == (cfg.family not in ("lfm2", "granitemoehybrid", "nemotron_h", "minimax", "kimi_linear"))
     assert {k: tuple(v.shape) for k, v in ours.items()} == expected_shapes(cfg)
     assert validate_state_dict(cfg, ours) == []
 

@@ -15,8 +15,9 @@ from hypic_agent.errors import ModelConfigError
 LayerKind = Literal["linear", "attention"]
 # the token mixer of a model's linear (fixed-state) layers: Gated DeltaNet, LFM2's gated short
 # convolution (no recurrent state: the conv tail is the whole state), Mamba2's decay-only SSM,
-# MiniMax's Lightning attention (decay-only with a fixed decay per head, no conv)
-LinearKind = Literal["gdn", "short_conv", "mamba2", "lightning"]
+# MiniMax's Lightning attention (decay-only with a fixed decay per head, no conv), Kimi Delta
+# Attention (a delta rule with a per-key-channel decay: dense pairs like GDN)
+LinearKind = Literal["gdn", "short_conv", "mamba2", "lightning", "kda"]
 
 # model_type strings accepted, mapped to the family whose module code runs them
 FAMILIES: dict[str, str] = {
@@ -30,7 +31,19 @@ FAMILIES: dict[str, str] = {
     "granitemoehybrid": "granitemoehybrid",
     "nemotron_h": "nemotron_h",
     "minimax": "minimax",
+    "kimi_linear": "kimi_linear",
 }
+
+
+@dataclass(frozen=True)
+class MLAShape:
+    """Multi-head latent attention's widths (Kimi Linear; ``models/mla.py``)."""
+
+    q_lora_rank: int  # 0: a plain q_proj
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
 
 
 @dataclass(frozen=True)
@@ -38,7 +51,7 @@ class HybridConfig:
     """Shapes and options of a hybrid (linear + full attention) decoder stack."""
 
     model_type: str  # the text model_type, e.g. "qwen3_5_moe_text", "qwen3_next", "llama"
-    family: str  # "qwen3_5" | "qwen3_next" | "llama" | "lfm2" | "granitemoehybrid" | "nemotron_h" | "minimax"
+    family: str  # "qwen3_5" | "qwen3_next" | "llama" | "lfm2" | "granitemoehybrid" | "nemotron_h" | "minimax" | ...
     vocab_size: int
     hidden_size: int
     layer_types: tuple[LayerKind, ...]
@@ -57,6 +70,7 @@ class HybridConfig:
     qk_norm: bool = True
     attention_bias: bool = False
     attention_scale: float | None = None  # None: head_dim ** -0.5 (Granite: attention_multiplier)
+    mla: MLAShape | None = None  # Kimi Linear's latent attention (head_dim = nope + rope)
     # linear layers: ``linear_kind`` names the mixer. GDN: key heads / value heads as named.
     # Mamba2: key heads = B/C groups, key head dim = d_state, value heads = SSM heads, value head
     # dim = head_dim. Short conv: no heads (no recurrent state), conv channels = hidden size.
@@ -84,6 +98,11 @@ class HybridConfig:
     shared_expert_intermediate_size: int = 0
     norm_topk_prob: bool = True
     shared_expert_gate: bool = True  # Qwen: sigmoid-gated shared expert; Granite: ungated
+    # "softmax" (softmax, top-k, renormalize) or "sigmoid" (Kimi / DeepSeek-V3: sigmoid scores, top-k
+    # by score + correction bias within the best groups, renormalized, times routed_scaling_factor)
+    router: str = "softmax"
+    routed_scaling_factor: float = 1.0
+    router_groups: tuple[int, int] = (1, 1)  # (n_group, topk_group)
     # Granite scalings (1.0 elsewhere): embeddings * m, residual branches * m, logits / s
     embedding_multiplier: float = 1.0
     residual_multiplier: float = 1.0
@@ -138,10 +157,10 @@ class HybridConfig:
 
     @property
     def linear_pair_shapes(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
-        """Shapes of a body pair's ``T`` and ``S``: GDN ``[HV, K, K]`` / ``[HV, K, V]``; Mamba2 a
-        per-head decay ``[HV]`` / ``[HV, K, V]``; short conv none (``[0]`` / ``[0, 0, 0]``)."""
+        """Shapes of a body pair's ``T`` and ``S``: GDN / KDA ``[HV, K, K]`` / ``[HV, K, V]``; Mamba2 and
+        Lightning a per-head decay ``[HV]`` / ``[HV, K, V]``; short conv none (``[0]`` / ``[0, 0, 0]``)."""
         hv, k, _ = self.linear_state_shape
-        if self.linear_kind == "gdn":
+        if self.linear_kind in ("gdn", "kda"):
             return (hv, k, k), self.linear_state_shape
         return (hv,), self.linear_state_shape
 
@@ -170,7 +189,7 @@ class HybridConfig:
             )
         family = FAMILIES[model_type]
         try:
-            if family in ("lfm2", "granitemoehybrid", "nemotron_h", "minimax"):
+            if family in ("lfm2", "granitemoehybrid", "nemotron_h", "minimax", "kimi_linear"):
                 from hypic_agent.runtime.models.config_families import NORMALIZERS
 
                 return NORMALIZERS[family](raw, model_type)

@@ -21,6 +21,7 @@ from typing import Any
 
 from hypic_agent.errors import ModelConfigError
 from hypic_agent.runtime.models.config import HybridConfig, LayerKind, eos_of, rope_of
+from hypic_agent.runtime.models.config_kimi import kimi_linear
 
 
 def _kinds(types: list[str], linear: tuple[str, ...], attention: tuple[str, ...]) -> tuple[LayerKind, ...]:
@@ -295,4 +296,5 @@ NORMALIZERS: dict[str, Callable[[dict[str, Any], str], HybridConfig]] = {
     "granitemoehybrid": granite_moe_hybrid,
     "nemotron_h": nemotron_h,
     "minimax": minimax,
+    "kimi_linear": kimi_linear,
 }

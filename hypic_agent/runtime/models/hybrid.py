@@ -15,9 +15,11 @@ from hypic_agent.kernels.config import KernelConfig
 from hypic_agent.runtime.models.attention import FullAttention
 from hypic_agent.runtime.models.config import HybridConfig
 from hypic_agent.runtime.models.gated_deltanet import GatedDeltaNet
+from hypic_agent.runtime.models.kda_mixer import KimiDeltaAttention
 from hypic_agent.runtime.models.lightning import LightningAttention
 from hypic_agent.runtime.models.linear_mixer import LinearMixer
 from hypic_agent.runtime.models.mamba2 import Mamba2Mixer
+from hypic_agent.runtime.models.mla import MLAttention
 from hypic_agent.runtime.models.mlp import Experts, build_mlp
 from hypic_agent.runtime.models.norms import GatedRMSNorm, RMSNorm
 from hypic_agent.runtime.models.short_conv import ShortConv
@@ -28,6 +30,7 @@ LINEAR_MIXERS: dict[str, Callable[[HybridConfig, int], nn.Module]] = {
     "mamba2": lambda cfg, _: Mamba2Mixer(cfg),
     "short_conv": lambda cfg, _: ShortConv(cfg),
     "lightning": LightningAttention,
+    "kda": lambda cfg, _: KimiDeltaAttention(cfg),
 }
 
 
@@ -40,8 +43,8 @@ def _mix(base: torch.Tensor, y: torch.Tensor, alpha: float, beta: float) -> torc
 
 class DecoderLayer(nn.Module):
     """norm -> mixer -> residual -> norm -> MLP / MoE -> residual. ``mixer_kind``: ``attention`` or the
-    linear kind (``gdn`` | ``mamba2`` | ``short_conv``); a linear layer's mixer is ``linear_attn``
-    (any ``LinearMixer``), an attention layer's ``self_attn``."""
+    linear kind (``gdn`` | ``kda`` | ``mamba2`` | ``lightning`` | ``short_conv``); a linear layer's
+    mixer is ``linear_attn`` (any ``LinearMixer``), an attention layer's ``self_attn``."""
 
     def __init__(self, cfg: HybridConfig, idx: int) -> None:
         super().__init__()
@@ -52,7 +55,7 @@ class DecoderLayer(nn.Module):
         if self.kind == "linear":
             self.linear_attn = LINEAR_MIXERS[cfg.linear_kind](cfg, idx)  # type: ignore[assignment]
         else:
-            self.self_attn = FullAttention(cfg)
+            self.self_attn = MLAttention(cfg) if cfg.mla is not None else FullAttention(cfg)
         self.mlp = build_mlp(cfg, idx)  # None: no feed-forward half (Nemotron-H mixer blocks without an MLP block)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_zero_centered)
         self.post_attention_layernorm: RMSNorm | None = None

@@ -4,8 +4,8 @@ Our modules keep one naming for every family (``model.layers.{i}.linear_attn`` f
 mixer, ``self_attn.{q,k,v,o}_proj`` / ``q_norm`` / ``k_norm``, ``input_layernorm`` /
 ``post_attention_layernorm``, ``mlp.{gate,up,down}_proj`` or ``mlp.{gate,experts,shared_expert}``,
 ``model.norm``). ``to_contract`` renames (and where a tensor is fused, splits) transformers' names
-of ``lfm2``, ``granitemoehybrid``, ``nemotron_h`` and ``minimax`` (whose blocks are regrouped into layers,
-``HybridConfig.hf_blocks``) into it; names already in our naming pass through, so it is
+of ``lfm2``, ``granitemoehybrid``, ``nemotron_h`` (whose blocks are regrouped into layers,
+``HybridConfig.hf_blocks``), ``minimax`` and ``kimi_linear`` into it; names already in our naming pass through, so it is
 safe to apply twice. Other families are returned as they are.
 """
 
@@ -96,25 +96,49 @@ def _minimax(cfg: HybridConfig, tensors: dict[str, torch.Tensor]) -> dict[str, t
     return out
 
 
-_MIXTRAL_EXPERT = re.compile(_LAYER + r"block_sparse_moe\.experts\.(\d+)\.w([123])\.weight$")
-_MIXTRAL_GATE = re.compile(_LAYER + r"block_sparse_moe\.gate\.weight$")
+_MIXTRAL_EXPERT = re.compile(_LAYER + r"mlp\.experts\.(\d+)\.w([123])\.weight$")
 _W = {"1": "gate", "2": "down", "3": "up"}
 
 
 def expert_name(cfg: HybridConfig, name: str) -> str:
-    """A checkpoint name before per-expert tensors are fused (``loading.map_checkpoint_names``):
-    MiniMax hub checkpoints name experts Mixtral-style (``block_sparse_moe.experts.{e}.w1/w2/w3``,
-    ``block_sparse_moe.gate``), renamed here to ``mlp.experts.{e}.{gate,down,up}_proj`` / ``mlp.gate``."""
-    if cfg.family != "minimax":
+    """A checkpoint name before per-expert tensors are fused (``loading.map_checkpoint_names``): MiniMax
+    and Kimi Linear hub checkpoints keep the MoE under ``block_sparse_moe`` with Mixtral-style experts
+    (``experts.{e}.w1/w2/w3``), renamed here to ``mlp.experts.{e}.{gate,down,up}_proj`` (``mlp.gate``)."""
+    if cfg.family not in ("minimax", "kimi_linear"):
         return name
+    name = name.replace(".block_sparse_moe.", ".mlp.")
     m = _MIXTRAL_EXPERT.match(name)
-    if m is not None:
-        return f"{m[1]}mlp.experts.{m[2]}.{_W[m[3]]}_proj.weight"
-    return _MIXTRAL_GATE.sub(r"\1mlp.gate.weight", name)
+    return name if m is None else f"{m[1]}mlp.experts.{m[2]}.{_W[m[3]]}_proj.weight"
+
+
+_KIMI_GATE = re.compile(r"\.linear_attn\.(f_a_proj\.|f_b_proj\.|dt_bias$|A_log$)")
+_KIMI_CONV = re.compile(r"^(model\.layers\.\d+\.linear_attn\.)([qkv])_conv1d\.weight$")
+
+
+def _kimi(cfg: HybridConfig, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """KDA layers' ``self_attn.*`` -> ``linear_attn.*``; hub checkpoints' forget-gate tensors moved under
+    ``forget_gate`` and their ``q/k/v_conv1d`` stacked into ``conv1d``; ``mlp.shared_experts`` ->
+    ``mlp.shared_expert``."""
+    out: dict[str, torch.Tensor] = {}
+    convs: dict[str, dict[str, torch.Tensor]] = {}
+    for k, v in tensors.items():
+        m = _MINIMAX_LAYER.match(k)
+        if m is not None and cfg.layer_types[int(m[1])] == "linear":
+            k = _KIMI_GATE.sub(r".linear_attn.forget_gate.\1", f"model.layers.{m[1]}.linear_attn.{m[2]}")
+        c = _KIMI_CONV.match(k)
+        if c is not None:
+            convs.setdefault(c[1], {})[c[2]] = v
+            continue
+        out[k.replace(".mlp.shared_experts.", ".mlp.shared_expert.")] = v
+    for pre, parts in convs.items():
+        out[pre + "conv1d.weight"] = torch.cat([parts["q"], parts["k"], parts["v"]])
+    return out
 
 
 def to_contract(cfg: HybridConfig, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """transformers' tensor names of ``cfg.family`` -> ours (see module doc)."""
+    if cfg.family == "kimi_linear":
+        return _kimi(cfg, tensors)
     if cfg.family == "minimax":
         return _minimax(cfg, tensors)
     if cfg.family == "nemotron_h":

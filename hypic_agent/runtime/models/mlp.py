@@ -55,6 +55,40 @@ class Router(nn.Module):
         return top_w.to(logits.dtype), top_i
 
 
+class SigmoidRouter(nn.Module):
+    """Kimi Linear / DeepSeek-V3 routing: sigmoid scores; experts chosen by score + ``e_score_correction_bias``
+    within the ``topk_group`` best of ``n_group`` groups (a group's worth: its two best); the chosen
+    experts' scores renormalized (``norm_topk``) and times ``scaling``."""
+
+    def __init__(self, cfg: HybridConfig) -> None:
+        super().__init__()
+        e = cfg.num_experts
+        self.top_k, self.norm_topk, self.scaling = (
+            cfg.num_experts_per_tok,
+            cfg.norm_topk_prob,
+            cfg.routed_scaling_factor,
+        )
+        self.groups, self.top_groups = cfg.router_groups
+        self.weight = nn.Parameter(torch.zeros(e, cfg.hidden_size))
+        self.e_score_correction_bias: torch.Tensor
+        self.register_buffer("e_score_correction_bias", torch.zeros(e))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x ``[T, D]`` -> (top-k weights ``[T, k]`` in x.dtype, expert ids ``[T, k]``)."""
+        scores = F.linear(x.float(), self.weight.float()).sigmoid()
+        choice = scores + self.e_score_correction_bias.float()
+        if self.groups > 1:
+            grouped = choice.view(x.shape[0], self.groups, -1)
+            best = grouped.topk(2, dim=-1)[0].sum(-1).topk(self.top_groups, dim=-1)[1]
+            keep = torch.zeros_like(grouped[..., 0], dtype=torch.bool).scatter_(1, best, True)
+            choice = choice.masked_fill(~keep[..., None].expand_as(grouped).reshape_as(choice), float("-inf"))
+        top_i = choice.topk(self.top_k, dim=-1)[1]
+        top_w = scores.gather(1, top_i)
+        if self.norm_topk:
+            top_w = top_w / (top_w.sum(-1, keepdim=True) + 1e-20)
+        return (top_w * self.scaling).to(x.dtype), top_i
+
+
 class Experts(nn.Module):
     """Fused expert weights: ``gate_up_proj [E, 2I, D]``, ``down_proj [E, D, I]``. ``kernels``: the
     kernel choices (``moe_triton_*``), set with ``HybridForCausalLM.set_kernels``."""
@@ -80,7 +114,11 @@ class SparseMoE(nn.Module):
     def __init__(self, cfg: HybridConfig) -> None:
         super().__init__()
         d = cfg.hidden_size
-        self.gate = Router(d, cfg.num_experts, cfg.num_experts_per_tok, cfg.norm_topk_prob)
+        self.gate: Router | SigmoidRouter = (
+            SigmoidRouter(cfg)
+            if cfg.router == "sigmoid"
+            else Router(d, cfg.num_experts, cfg.num_experts_per_tok, cfg.norm_topk_prob)
+        )
         self.experts = Experts(cfg.num_experts, d, cfg.moe_intermediate_size)
         shared = cfg.shared_expert_intermediate_size
         self.shared_expert = MLP(d, shared) if shared else None  # MiniMax: routed experts only

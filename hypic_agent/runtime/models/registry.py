@@ -25,6 +25,7 @@ BUILDERS: dict[str, Builder] = {
     "granitemoehybrid": HybridForCausalLM,
     "nemotron_h": HybridForCausalLM,
     "minimax": HybridForCausalLM,
+    "kimi_linear": HybridForCausalLM,
 }
 
 

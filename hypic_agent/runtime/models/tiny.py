@@ -28,6 +28,7 @@ TINY_PAD_ID, TINY_BOS_ID, TINY_EOS_ID = 256, 257, 258
 
 TINY_ARCHS: tuple[str, ...] = (
     "qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "llama", "lfm2", "granitemoehybrid", "nemotron_h", "minimax",
+    "kimi_linear",
 )  # fmt: skip
 ALIASES: dict[str, str] = {"qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text"}
 
@@ -160,6 +161,34 @@ _CONFIGS: dict[str, dict[str, Any]] = {
         "mlp_beta_factor": 1.05,
         "tie_word_embeddings": False,
     },
+    # Kimi Linear: KDA layers (4 heads x 16, per-channel decay) around one MLA layer (NoPE, keys 24 =
+    # 16 + 8 shared, values 16), a dense first layer then sigmoid-routed MoE with a shared expert
+    "kimi_linear": {
+        "model_type": "kimi_linear",
+        **{k: v for k, v in _COMMON.items() if k not in ("head_dim", "num_key_value_heads")},
+        "num_attention_heads": 4,
+        "num_key_value_heads": 4,
+        "intermediate_size": 128,
+        "moe_intermediate_size": 32,
+        "num_local_experts": 4,
+        "num_experts_per_tok": 2,
+        "n_shared_experts": 1,
+        "routed_scaling_factor": 2.0,
+        "first_k_dense_replace": 1,
+        "kv_lora_rank": 32,
+        "q_lora_rank": None,
+        "qk_nope_head_dim": 16,
+        "qk_rope_head_dim": 8,
+        "v_head_dim": 16,
+        "linear_attn_config": {
+            "num_heads": 4,
+            "head_dim": 16,
+            "short_conv_kernel_size": 4,
+            "kda_layers": [1, 2, 4],
+            "full_attn_layers": [3],
+        },
+        "tie_word_embeddings": False,
+    },
 }
 
 
@@ -225,14 +254,18 @@ def random_state_dict(
     out: dict[str, torch.Tensor] = {}
     for name, t in model.state_dict().items():
         t = t.detach().clone().float()
-        if name.endswith(("linear_attn.A_log", "mamba.A_log", "mixer.A_log")):
+        if name.endswith(("linear_attn.A_log", "mamba.A_log", "mixer.A_log", "forget_gate.A_log")):
             t = torch.empty(t.shape).uniform_(0.05, 1.0, generator=gen).log()
-        elif name.endswith(("_attn.dt_bias", "mamba.dt_bias", "mixer.dt_bias", "mamba.D", "mixer.D", "conv1d.bias")):
+        elif name.endswith(
+            ("_attn.dt_bias", "mamba.dt_bias", "mixer.dt_bias", "gate.dt_bias", "mamba.D", "mixer.D", "conv1d.bias")
+        ):
             t = torch.randn(t.shape, generator=gen) * 0.5
         elif name.endswith(("conv1d.weight", "conv.conv.weight")):
             t = torch.randn(t.shape, generator=gen) / t.shape[-1] ** 0.5
-        elif name.endswith(("linear_attn.norm.weight", "mamba.norm.weight", "mixer.norm.weight")):  # gated: y * w
-            t = 1.0 + 0.1 * torch.randn(t.shape, generator=gen)
+        elif name.endswith(("linear_attn.norm.weight", "mamba.norm.weight", "mixer.norm.weight", "o_norm.weight")):
+            t = 1.0 + 0.1 * torch.randn(t.shape, generator=gen)  # gated norms: y * w
+        elif name.endswith("e_score_correction_bias"):
+            t = 0.1 * torch.randn(t.shape, generator=gen)
         elif name.endswith("norm.weight"):
             t = 0.1 * torch.randn(t.shape, generator=gen) + (0.0 if zero_centered else 1.0)
         out[name] = t.to(dtype).contiguous()
