@@ -30,18 +30,9 @@ def _empty_states(model: HybridForCausalLM, device: torch.device, dtype: torch.d
     out: list[LayerState] = []
     for kind in cfg.layer_types:
         if kind == "linear":
-            out.append(
-                LinearLayerState(
-                    torch.zeros(
-                        cfg.linear_num_value_heads,
-                        cfg.linear_key_head_dim,
-                        cfg.linear_value_head_dim,
-                        device=device,
-                        dtype=torch.float32,
-                    ),
-                    torch.zeros(cfg.linear_conv_dim, cfg.linear_conv_kernel_dim - 1, device=device, dtype=dtype),
-                )
-            )
+            rec = torch.zeros(cfg.linear_state_shape, device=device, dtype=torch.float32)
+            conv = torch.zeros(cfg.linear_conv_dim, cfg.linear_conv_kernel_dim - 1, device=device, dtype=dtype)
+            out.append(LinearLayerState(rec, conv))
         else:
             shape = (0, cfg.num_key_value_heads, cfg.head_dim)
             out.append(
@@ -88,10 +79,9 @@ def prefill(
         if layer.linear_attn is not None:
             init = torch.stack([st.layers[i].recurrent for st in prior])  # type: ignore[union-attr]
             conv = torch.stack([st.layers[i].conv for st in prior])  # type: ignore[union-attr]
-            mixed, z, g, beta = inputs
-            ops, conv_final = layer.linear_attn.convolve(mixed, z, g, beta, cu, conv)
+            ops, conv_final = layer.linear_attn.convolve(*inputs, cu, conv)
             o, final = layer.linear_attn.mix(ops, cu, init)
-            extra: tuple[torch.Tensor, ...] = (z,)
+            extra: tuple[torch.Tensor, ...] = tuple(inputs[1:2])
             for j in range(len(seqs)):
                 new_layers[j].append(LinearLayerState(final[j], conv_final[j]))
         else:
@@ -164,7 +154,7 @@ def decode_step(model: HybridForCausalLM, states: Sequence[RequestState], tokens
                 cu_seqlens_of([t.shape[0] for t in ks], torch.device("cpu")),
             )
             y = attn.output(o, gate)
-        h = feed_forward(model, i, h + y)
+        h = feed_forward(model, i, layer.residual(h, y))
     logits = model.logits(h)
     for j, st in enumerate(states):
         st.length += 1

@@ -219,7 +219,7 @@ def feed_forward(model: HybridForCausalLM, li: int, h: torch.Tensor) -> torch.Te
     """Layer ``li``'s feed-forward half ``[T, D] -> [T, D]``."""
     layer = model.layers[li]
     runner = _runner(model)
-    if runner is None:
+    if runner is None or layer.mlp is None:  # a layer without a feed-forward half returns h itself
         return layer.feed_forward(h)
     return runner.run("ffn", li, lambda x: (layer.feed_forward(x),), h)[0]
 

@@ -96,6 +96,7 @@ def layer_forward(
     if probe is not None:
         probe(idx, "x", x)
     if layer.linear_attn is not None:
+        assert isinstance(layer.linear_attn, GatedDeltaNet), "training runs Gated DeltaNet hybrids only"
         y = gdn_mixer(layer.linear_attn, x, gdn, probe, idx)
     else:
         assert layer.self_attn is not None

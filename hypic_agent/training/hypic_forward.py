@@ -199,6 +199,7 @@ def _layer(
     ni = hi.shape[0] * hi.shape[1]
     xi, xa = x[:ni].view(hi.shape), x[ni:].view(ha.shape)
     if layer.linear_attn is not None:
+        assert isinstance(layer.linear_attn, GatedDeltaNet), "training runs Gated DeltaNet hybrids only"
         yi, ya = _gdn(layer.linear_attn, xi, xa, ix, gdn)
     else:
         assert layer.self_attn is not None

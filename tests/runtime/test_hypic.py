@@ -38,7 +38,9 @@ def segments(lengths=(30, 41, 26), seed=0):
     return [tuple(rand_tokens(n, seed + i)) for i, n in enumerate(lengths)]
 
 
-@pytest.mark.parametrize("arch", ["qwen3_5_text", "qwen3_next", "llama"])
+@pytest.mark.parametrize(
+    "arch", ["qwen3_5_text", "qwen3_next", "llama", "lfm2", "granitemoehybrid", "nemotron_h", "minimax"]
+)
 def test_seam_covering_whole_segments_equals_full_recompute(arch):
     model, _, _ = make_model(arch)
     segs, suffix = segments(), rand_tokens(6, 99)
@@ -173,7 +175,9 @@ def test_scan_tables_from_cached_entry_pointers_equal_the_chain_tables():
         pair_tables(lay, [entries[0], None, entries[2]], torch.device("meta"), len(lin))
 
 
-@pytest.mark.parametrize("arch", ["qwen3_5_moe_text", "qwen3_next", "llama"])
+@pytest.mark.parametrize(
+    "arch", ["qwen3_5_moe_text", "qwen3_next", "llama", "lfm2", "granitemoehybrid", "nemotron_h", "minimax"]
+)
 @pytest.mark.parametrize("fused_scan", [True, False])
 def test_cold_segments_built_inside_the_combine_equal_build_then_combine(arch, fused_scan):
     """Cold segments built in the combine forward (``combine(..., cold=ColdBatch)``) give the same

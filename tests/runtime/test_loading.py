@@ -12,6 +12,7 @@ from safetensors.torch import save_file
 from hypic_agent.errors import ModelConfigError, WeightsError
 from hypic_agent.runtime.models.catalog import ModelSource
 from hypic_agent.runtime.models.config import HybridConfig
+from hypic_agent.runtime.models.keymap import to_contract
 from hypic_agent.runtime.models.loading import (
     load_checkpoint,
     load_weights,
@@ -43,7 +44,7 @@ def test_load_save_pretrained(arch: str, shard: str | None, tmp_path: Path) -> N
         assert (tmp_path / "model.safetensors.index.json").is_file() and len(weight_files(tmp_path)) > 2
     cfg, raw, tensors = load_checkpoint(tmp_path)
     assert raw["model_type"] == arch and cfg == HybridConfig.from_hf(tiny_config(arch))
-    _same(tensors, sd)
+    _same(tensors, to_contract(cfg, sd))  # transformers' names of lfm2 / granitemoehybrid renamed
 
 
 def test_load_per_expert_layout_is_fused(tmp_path: Path) -> None:
@@ -140,10 +141,22 @@ def test_error_no_config(tmp_path: Path) -> None:
         load_checkpoint(tmp_path)
 
 
-def test_error_unknown_model_type(tmp_path: Path) -> None:
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "mamba2"}))
-    with pytest.raises(ModelConfigError, match="unknown model_type"):
+@pytest.mark.parametrize("model_type", ["mamba2", "zamba2", "falcon_h1", "bailing_hybrid"])
+def test_error_unknown_model_type_names_the_supported_ones(tmp_path: Path, model_type: str) -> None:
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": model_type}))
+    with pytest.raises(ModelConfigError, match="unknown model_type") as e:
         load_checkpoint(tmp_path)
+    for supported in (
+        "qwen3_5",
+        "qwen3_next",
+        "llama",
+        "lfm2",
+        "granitemoehybrid",
+        "nemotron_h",
+        "minimax",
+        "kimi_linear",
+    ):
+        assert repr(supported) in e.value.message
 
 
 def test_error_no_weight_files(tmp_path: Path) -> None:

@@ -59,17 +59,21 @@ def _carve(
     return out
 
 
-def _layer_dims(model: HybridForCausalLM) -> list[tuple[int, ...]]:
-    """Per layer the dims an entry's tensors need: linear ``(HV, K, V, conv channels, kernel)``,
-    attention ``(Hkv, D)`` (read once per batch: module attribute reads are slow in Python)."""
-    dims: list[tuple[int, ...]] = []
+def _layer_dims(model: HybridForCausalLM) -> list[tuple[tuple[int, ...], ...]]:
+    """Per layer the shapes an entry's tensors need: linear ``(T shape, S shape, conv tail shape)``
+    (GDN ``[HV, K, K]``, Mamba2 ``[HV]``, short conv ``[0]`` / ``[0, 0, 0]``: ``HybridConfig.linear_pair_shapes``),
+    attention ``((Hkv, D),)`` (read once per batch: module attribute reads are slow in Python)."""
+    cfg = model.config
+    t_shape, s_shape = cfg.linear_pair_shapes
+    tail = (cfg.linear_conv_dim, cfg.linear_conv_kernel_dim - 1)
+    dims: list[tuple[tuple[int, ...], ...]] = []
     for layer in model.layers:
-        if (m := layer.linear_attn) is not None:
-            dims.append((m.hv, m.dk, m.dv, m.conv_dim, m.kernel))
+        if layer.linear_attn is not None:
+            dims.append((t_shape, s_shape, tail))
         else:
             a = layer.self_attn
             assert a is not None
-            dims.append((a.hkv, a.d))
+            dims.append(((a.hkv, a.d),))
     return dims
 
 
@@ -141,7 +145,7 @@ class ColdBatch:
 
     @staticmethod
     def _empty_layers(
-        dims: list[tuple[int, ...]], n: int, pair_dtype: torch.dtype, dtype: torch.dtype, dev: torch.device
+        dims: list[tuple[tuple[int, ...], ...]], n: int, pair_dtype: torch.dtype, dtype: torch.dtype, dev: torch.device
     ) -> list[LinearEntry | AttentionEntry]:
         """One ``n``-token entry's tensors (``dims``: ``_layer_dims``), filled layer by layer: linear
         layers' pairs and conv tails, attention layers' K/V ``[n, Hkv, D]`` (``_carve``: on CUDA two
@@ -149,15 +153,14 @@ class ColdBatch:
         pair_shapes: list[tuple[int, ...]] = []
         shapes: list[tuple[int, ...]] = []  # conv tails and K/V, in the model's dtype
         for d in dims:
-            if len(d) == 5:  # linear: HV, K, V, conv channels, kernel
-                hv, kd, vd, c, w = d
-                pair_shapes += [(hv, kd, kd), (hv, kd, vd)]
-                shapes.append((c, w - 1))
-            else:  # attention: Hkv, D
-                shapes += [(n, *d), (n, *d)]
+            if len(d) == 3:  # linear: T, S, conv tail
+                pair_shapes += [d[0], d[1]]
+                shapes.append(d[2])
+            else:  # attention: (Hkv, D)
+                shapes += [(n, *d[0]), (n, *d[0])]
         pairs, rest = iter(_carve(pair_shapes, pair_dtype, dev)), iter(_carve(shapes, dtype, dev))
         return [
-            LinearEntry(next(pairs), next(pairs), next(rest)) if len(d) == 5 else AttentionEntry(next(rest), next(rest))
+            LinearEntry(next(pairs), next(pairs), next(rest)) if len(d) == 3 else AttentionEntry(next(rest), next(rest))
             for d in dims
         ]
 
@@ -198,20 +201,18 @@ class ColdBatch:
         if layer.linear_attn is not None:
             mixer = layer.linear_attn
 
-            def core(
-                sink: PairSink, mixed: torch.Tensor, z: torch.Tensor, g: torch.Tensor, beta: torch.Tensor
-            ) -> tuple[torch.Tensor, torch.Tensor]:
-                ops, conv_final = mixer.convolve(mixed, z, g, beta, self.cu, None)
+            def core(sink: PairSink, *xs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                ops, conv_final = mixer.convolve(*xs, self.cu, None)
                 return mixer.mix_into_pairs(ops, self.cu, self.split, sink), conv_final
 
             graphs = self.model.cold_graphs
-            if isinstance(graphs, ColdGraphs):  # replayed per layout where it can be
+            if isinstance(graphs, ColdGraphs) and layer.mixer_kind == "gdn":  # replayed per layout where it can be
                 o, conv_final = graphs.run(self, li, core, tuple(inputs[:4]))
             else:
-                o, conv_final = core(self.sinks[li], *inputs[:4])
+                o, conv_final = core(self.sinks[li], *inputs)
             tails = [x.conv_tail for x in self._linear(li)]
             torch._foreach_copy_(tails, list(conv_final.unbind(0)))  # one launch, not one copy per entry
-            return o, inputs[1:2]  # z
+            return o, inputs[1:2]  # the output stage's extra (GDN: z)
         attn = layer.self_attn
         assert attn is not None
         q, k, v = inputs[:3]

@@ -23,7 +23,6 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-from hypic_agent.kernels import chain as chain_ops
 from hypic_agent.kernels.config import DEFAULT_KERNELS, KernelConfig
 from hypic_agent.runtime.graphs import mixer_in, mixer_out
 from hypic_agent.runtime.hypic.build import ColdBatch
@@ -36,11 +35,12 @@ from hypic_agent.runtime.hypic.splice import SpliceTables
 from hypic_agent.runtime.models.attention import FullAttention
 from hypic_agent.runtime.models.gated_deltanet import GatedDeltaNet
 from hypic_agent.runtime.models.hybrid import HybridForCausalLM
+from hypic_agent.runtime.models.linear_mixer import LinearMixer
 from hypic_agent.runtime.state import AttentionLayerState, LayerState, LinearLayerState, RequestState
 
 
 def _conv_init(
-    mixer: GatedDeltaNet,
+    mixer: LinearMixer,
     lay: CombineLayout,
     entries: list[SegmentEntry | None],
     li: int,
@@ -60,7 +60,7 @@ def _conv_init(
 
 
 def _linear(
-    mixer: GatedDeltaNet,
+    mixer: LinearMixer,
     inputs: tuple[torch.Tensor, ...],
     lay: CombineLayout,
     entries: list[SegmentEntry | None],
@@ -71,29 +71,29 @@ def _linear(
     h0: torch.Tensor | None,
     kernels: KernelConfig,
 ) -> tuple[torch.Tensor, LinearLayerState]:
-    """``inputs``: ``GatedDeltaNet.inputs`` of the active tokens; ``scan``: the layer's chain for the
-    fused scan (None: the chunked path); ``tails``: the conv states entering the pieces (None: from
-    the entries); ``h0``: the composed leading bodies (None: zero); ``kernels``: the fused scan's
-    kernel choices -> (o ``[T, HV, V]`` before the output projection, state)."""
-    mixed, z, g, beta = inputs
-    dev = mixed.device
-    init = _conv_init(mixer, lay, entries, li, mixed, tails)
-    ops, conv_final = mixer.convolve(mixed, z, g, beta, lay.cu_pieces, init)
+    """``inputs``: the linear mixer's ``inputs`` of the active tokens; ``scan``: the layer's chain for
+    the fused scan (GDN only; None: the chunked path); ``tails``: the conv states entering the pieces
+    (None: from the entries); ``h0``: the composed leading bodies (None: zero); ``kernels``: the fused
+    scan's kernel choices -> (o before the output projection (GDN ``[T, HV, V]``), state)."""
+    dev = inputs[0].device
+    init = _conv_init(mixer, lay, entries, li, inputs[0], tails)
+    ops, conv_final = mixer.convolve(*inputs, lay.cu_pieces, init)
     if scan is not None:
+        assert isinstance(mixer, GatedDeltaNet)
         o, final = mixer.mix_scan(
             ops, scan.chain, transition=spec.transition, tables=scan.tables, h0=h0, scan=kernels.combine_scan,
             precise_for_half=kernels.precise_for_half,
         )  # fmt: skip
         return o, LinearLayerState(final, conv_final[-1])
-    hv, kd, vd = mixer.hv, mixer.dk, mixer.dv
-    h0 = torch.zeros(hv, kd, vd, device=dev, dtype=torch.float32)
+    h0 = torch.zeros(mixer.hv, mixer.dk, mixer.dv, device=dev, dtype=torch.float32)
     if lay.cu_pieces.numel() == 2 and lay.chain[0].kind == "piece":  # nothing cached before the only piece
         o, finals = mixer.mix(ops, lay.cu_pieces, h0.unsqueeze(0))
         return o, LinearLayerState(finals[-1], conv_final[-1])
 
     def enter(Tp: torch.Tensor, Sp: torch.Tensor) -> torch.Tensor:
-        """Pieces' own pairs ``[P, HV, K, K]`` / ``[P, HV, K, V]`` -> states entering them ``[P, HV, K, V]``."""
-        eye = torch.eye(kd, device=dev, dtype=torch.float32).expand(hv, kd, kd)
+        """Pieces' own pairs (GDN ``[P, HV, K, K]``, Mamba2 ``[P, HV]``; and ``[P, HV, K, V]``) -> states
+        entering them ``[P, HV, K, V]``."""
+        eye = mixer.pair_identity(h0)
         Ts: list[torch.Tensor] = []
         Ss: list[torch.Tensor] = []
         piece_slot: list[int] = []
@@ -106,7 +106,7 @@ def _linear(
                 le: LinearEntry = entries[item.index].layers[li]  # type: ignore[union-attr,assignment]
                 Ts.append(le.T.float() if spec.transition else eye)
                 Ss.append(le.S.float())
-        states = chain_ops.chain_scan(h0, torch.stack(Ts), torch.stack(Ss), backend=mixer.backend)  # [n+1, HV, K, V]
+        states = mixer.compose(h0, torch.stack(Ts), torch.stack(Ss))  # [n+1, HV, K, V]
         return states[torch.tensor(piece_slot, device=dev)]
 
     o, finals = mixer.mix_after_pairs(ops, lay.cu_pieces, enter)
@@ -184,7 +184,10 @@ def combine(
 
     Without ``cold``, a layout seen before may replay from a CUDA graph of the whole forward
     (``combine_graphs``; enabled with the layer graphs)."""
-    graphs = model.combine_graphs if cold is None else None
+    # a whole-forward graph needs every linear layer on GDN's device-only kernels (the other kinds'
+    # torch scans read their bounds on the host)
+    gdn_only = all(layer.mixer_kind in ("gdn", "attention") for layer in model.layers)
+    graphs = model.combine_graphs if cold is None and gdn_only else None
     if isinstance(graphs, CombineGraphs):
         state = graphs.replay(lay, entries, spec, fused_scan, kernels)
         if state is not None:
@@ -252,7 +255,7 @@ def forward_steps(
                 layer.linear_attn, xs, lay, entries, li, spec, planned.plan[li],
                 None if tails is None else tails[row], None if h0_all is None else h0_all[row], planned.kernels,
             )  # fmt: skip
-            extra = both[1:2]  # z
+            extra = both[1:2]  # the linear mixer's output extra (GDN: z)
         else:
             assert layer.self_attn is not None
             q, k, v = xs[:3]

@@ -195,7 +195,7 @@ def combine_inputs(
     dev = lay.active_ids.device
     splice = splice_ops.build(model, lay, entries, dev) if cold is None else None
     lin = [i for i, layer in enumerate(model.layers) if layer.linear_attn is not None]
-    if not lin or fused_scan is False:
+    if not lin or fused_scan is False or model.layers[lin[0]].mixer_kind != "gdn":  # the fused scan is GDN's
         return CombineInputs(dict.fromkeys(lin), splice=splice, kernels=kernels)
     mixer = model.layers[lin[0]].linear_attn
     assert mixer is not None

@@ -26,7 +26,7 @@ class FullAttention(nn.Module):
         self.gated = cfg.attn_output_gate
         self.rotary_dim = cfg.rotary_dim
         self.theta = cfg.rope_theta
-        self.scale = self.d**-0.5
+        self.scale = cfg.attention_scale if cfg.attention_scale is not None else self.d**-0.5
         self.backend = "auto"
         hidden, bias = cfg.hidden_size, cfg.attention_bias
         self.q_proj = nn.Linear(hidden, self.hq * self.d * (2 if self.gated else 1), bias=bias)
@@ -57,7 +57,9 @@ class FullAttention(nn.Module):
         return q, k, v, gate
 
     def rotate(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Apply RoPE at ``positions [T]`` to x ``[T, H, D]``."""
+        """Apply RoPE at ``positions [T]`` to x ``[T, H, D]`` (none without rotary dims: Granite 4)."""
+        if self.rotary_dim == 0:
+            return x
         return rope_ops.apply_rope(x, positions, rotary_dim=self.rotary_dim, theta=self.theta)
 
     def attend(

@@ -13,6 +13,11 @@ from typing import Any, Literal
 from hypic_agent.errors import ModelConfigError
 
 LayerKind = Literal["linear", "attention"]
+# the token mixer of a model's linear (fixed-state) layers: Gated DeltaNet, LFM2's gated short
+# convolution (no recurrent state: the conv tail is the whole state), Mamba2's decay-only SSM,
+# MiniMax's Lightning attention (decay-only with a fixed decay per head, no conv), Kimi Delta
+# Attention (a delta rule with a per-key-channel decay: dense pairs like GDN)
+LinearKind = Literal["gdn", "short_conv", "mamba2", "lightning", "kda"]
 
 # model_type strings accepted, mapped to the family whose module code runs them
 FAMILIES: dict[str, str] = {
@@ -22,7 +27,23 @@ FAMILIES: dict[str, str] = {
     "qwen3_5_moe_text": "qwen3_5",
     "qwen3_next": "qwen3_next",
     "llama": "llama",
+    "lfm2": "lfm2",
+    "granitemoehybrid": "granitemoehybrid",
+    "nemotron_h": "nemotron_h",
+    "minimax": "minimax",
+    "kimi_linear": "kimi_linear",
 }
+
+
+@dataclass(frozen=True)
+class MLAShape:
+    """Multi-head latent attention's widths (Kimi Linear; ``models/mla.py``)."""
+
+    q_lora_rank: int  # 0: a plain q_proj
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
 
 
 @dataclass(frozen=True)
@@ -30,7 +51,7 @@ class HybridConfig:
     """Shapes and options of a hybrid (linear + full attention) decoder stack."""
 
     model_type: str  # the text model_type, e.g. "qwen3_5_moe_text", "qwen3_next", "llama"
-    family: str  # "qwen3_5" | "qwen3_next" | "llama"
+    family: str  # "qwen3_5" | "qwen3_next" | "llama" | "lfm2" | "granitemoehybrid" | "nemotron_h" | "minimax" | ...
     vocab_size: int
     hidden_size: int
     layer_types: tuple[LayerKind, ...]
@@ -48,20 +69,50 @@ class HybridConfig:
     attn_output_gate: bool = True
     qk_norm: bool = True
     attention_bias: bool = False
-    # linear (Gated DeltaNet)
+    attention_scale: float | None = None  # None: head_dim ** -0.5 (Granite: attention_multiplier)
+    mla: MLAShape | None = None  # Kimi Linear's latent attention (head_dim = nope + rope)
+    # linear layers: ``linear_kind`` names the mixer. GDN: key heads / value heads as named.
+    # Mamba2: key heads = B/C groups, key head dim = d_state, value heads = SSM heads, value head
+    # dim = head_dim. Short conv: no heads (no recurrent state), conv channels = hidden size.
+    linear_kind: LinearKind = "gdn"
     linear_num_key_heads: int = 0
     linear_num_value_heads: int = 0
     linear_key_head_dim: int = 0
     linear_value_head_dim: int = 0
     linear_conv_kernel_dim: int = 4
     linear_fused_qkvz: bool = False  # qwen3_next checkpoint layout (in_proj_qkvz / in_proj_ba)
-    # MLP / MoE
+    linear_conv_bias: bool = False
+    linear_proj_bias: bool = False  # Mamba2 / LFM2 in_proj
+    linear_out_bias: bool = False  # Mamba2 / LFM2 out_proj
+    linear_dt_limit: tuple[float, float] = (0.0, float("inf"))  # Mamba2 clamp of dt after softplus
+    # MLP / MoE. ``ffn_act``: "swiglu" (``down(silu(gate x) * up x)``) or "relu2" (Nemotron-H:
+    # ``down(relu(up x)^2)``); ``ffn_layers``: per layer whether it has a feed-forward half (empty: all)
+    ffn_act: str = "swiglu"
+    ffn_layers: tuple[bool, ...] = ()
+    # Nemotron-H: per layer the checkpoint's (mixer block, feed-forward block or -1) indices
+    hf_blocks: tuple[tuple[int, int], ...] = ()
     intermediate_size: int = 0
     num_experts: int = 0
     num_experts_per_tok: int = 0
     moe_intermediate_size: int = 0
     shared_expert_intermediate_size: int = 0
     norm_topk_prob: bool = True
+    shared_expert_gate: bool = True  # Qwen: sigmoid-gated shared expert; Granite: ungated
+    # "softmax" (softmax, top-k, renormalize) or "sigmoid" (Kimi / DeepSeek-V3: sigmoid scores, top-k
+    # by score + correction bias within the best groups, renormalized, times routed_scaling_factor)
+    router: str = "softmax"
+    routed_scaling_factor: float = 1.0
+    router_groups: tuple[int, int] = (1, 1)  # (n_group, topk_group)
+    # Granite scalings (1.0 elsewhere): embeddings * m, residual branches * m, logits / s
+    embedding_multiplier: float = 1.0
+    residual_multiplier: float = 1.0
+    logits_scaling: float = 1.0
+    # MiniMax: the residual stream carries the *normed* hidden states, and each half of a layer mixes
+    # them as ``alpha * residual + beta * branch`` with (alpha, beta) per kind
+    postnorm_residual: bool = False
+    linear_residual: tuple[float, float] = (1.0, 1.0)
+    attention_residual: tuple[float, float] = (1.0, 1.0)
+    mlp_residual: tuple[float, float] = (1.0, 1.0)
     moe_layers: tuple[bool, ...] = ()  # per layer: MoE block (True) or dense MLP (False)
     # tokens
     bos_token_id: int | None = None
@@ -91,8 +142,27 @@ class HybridConfig:
 
     @property
     def linear_conv_dim(self) -> int:
-        """Channels of the causal conv: q, k and v projections concatenated."""
+        """Channels of the causal conv: q, k and v projections concatenated (GDN), x, B and C
+        (Mamba2: the same count), the gated input ``B * x`` (short conv: the hidden size)."""
+        if self.linear_kind == "short_conv":
+            return self.hidden_size
+        if self.linear_kind == "lightning":
+            return 0
         return 2 * self.linear_key_dim + self.linear_value_dim
+
+    @property
+    def linear_state_shape(self) -> tuple[int, int, int]:
+        """A linear layer's recurrent state per sequence ``[HV, K, V]`` (short conv: ``[0, 0, 0]``)."""
+        return (self.linear_num_value_heads, self.linear_key_head_dim, self.linear_value_head_dim)
+
+    @property
+    def linear_pair_shapes(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """Shapes of a body pair's ``T`` and ``S``: GDN / KDA ``[HV, K, K]`` / ``[HV, K, V]``; Mamba2 and
+        Lightning a per-head decay ``[HV]`` / ``[HV, K, V]``; short conv none (``[0]`` / ``[0, 0, 0]``)."""
+        hv, k, _ = self.linear_state_shape
+        if self.linear_kind in ("gdn", "kda"):
+            return (hv, k, k), self.linear_state_shape
+        return (hv,), self.linear_state_shape
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -119,6 +189,10 @@ class HybridConfig:
             )
         family = FAMILIES[model_type]
         try:
+            if family in ("lfm2", "granitemoehybrid", "nemotron_h", "minimax", "kimi_linear"):
+                from hypic_agent.runtime.models.config_families import NORMALIZERS
+
+                return NORMALIZERS[family](raw, model_type)
             if family == "llama":
                 return _llama(raw, model_type)
             return _qwen_hybrid(raw, model_type, family)
@@ -131,6 +205,15 @@ def _eos(raw: dict[str, Any]) -> tuple[int, ...]:
     if eos is None:
         return ()
     return tuple(eos) if isinstance(eos, list) else (int(eos),)
+
+
+def rope_of(raw: dict[str, Any], head_dim: int) -> tuple[float, int]:
+    """(theta, rotary dims) of a config dict: ``rope_parameters`` / ``rope_scaling`` or top level."""
+    return _rope(raw, head_dim)
+
+
+def eos_of(raw: dict[str, Any]) -> tuple[int, ...]:
+    return _eos(raw)
 
 
 def _rope(raw: dict[str, Any], head_dim: int) -> tuple[float, int]:

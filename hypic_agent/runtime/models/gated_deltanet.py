@@ -15,10 +15,13 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from hypic_agent.kernels import chain as chain_ops
 from hypic_agent.kernels import combine_scan, gdn_pairs
 from hypic_agent.kernels import conv as conv_ops
 from hypic_agent.kernels import gdn as gdn_ops
 from hypic_agent.kernels.config import DEFAULT_KERNELS, ScanName
+from hypic_agent.kernels.conv_decode import conv_decode_slots
+from hypic_agent.kernels.gdn_decode import gdn_decode_slots
 from hypic_agent.kernels.gdn_gates import gdn_gates
 from hypic_agent.kernels.gdn_pairs import PairSink, SeamSplit
 from hypic_agent.runtime.models.config import HybridConfig
@@ -39,6 +42,8 @@ class GDNOperands:
 
 
 class GatedDeltaNet(nn.Module):
+    kind = "gdn"
+
     def __init__(self, cfg: HybridConfig) -> None:
         super().__init__()
         self.h = cfg.linear_num_key_heads
@@ -215,6 +220,14 @@ class GatedDeltaNet(nn.Module):
             backend=self.backend, tables=tables, scan=scan, precise_for_half=precise_for_half,
         )  # fmt: skip
 
+    def pair_identity(self, like: torch.Tensor) -> torch.Tensor:
+        """The transition of an empty span ``[HV, K, K]`` (what ``addition`` puts in place of T)."""
+        return torch.eye(self.dk, device=like.device, dtype=torch.float32).expand(self.hv, self.dk, self.dk)
+
+    def compose(self, h0: torch.Tensor, T: torch.Tensor, S: torch.Tensor) -> torch.Tensor:
+        """States along a chain: h0 ``[HV, K, V]``, T ``[n, HV, K, K]``, S ``[n, HV, K, V]`` -> ``[n+1, HV, K, V]``."""
+        return chain_ops.chain_scan(h0, T, S, backend=self.backend)
+
     def output(self, o: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         """o, z ``[T, HV, V]`` -> ``[T, D]``."""
         y = self.norm(o, z)
@@ -242,3 +255,12 @@ class GatedDeltaNet(nn.Module):
         q, k, v = self.split(qkv)
         o, new_state = gdn_ops.gated_delta_rule_step(q, k, v, g, beta, state, use_qk_l2norm=True, backend=self.backend)
         return self.output(o, z), new_state, conv_new
+
+    def decode_slots(
+        self, inputs: tuple[torch.Tensor, ...], conv_pool: torch.Tensor, rec_pool: torch.Tensor, slots: torch.Tensor
+    ) -> torch.Tensor:
+        """Decode rows against their pool slots (conv and recurrent states updated in place) -> o ``[N, HV, V]``."""
+        mixed, _, g, beta = inputs
+        qkv = conv_decode_slots(mixed, conv_pool, slots, self.conv_weight(), None, backend=self.backend)
+        q, k, v = self.split(qkv)
+        return gdn_decode_slots(q, k, v, g, beta, rec_pool, slots, backend=self.backend)

@@ -24,6 +24,7 @@ import torch
 
 from hypic_agent.errors import ModelConfigError, WeightsError
 from hypic_agent.runtime.models.config import HybridConfig
+from hypic_agent.runtime.models.keymap import expert_name, to_contract
 
 if TYPE_CHECKING:
     from hypic_agent.runtime.models.catalog import ModelSource
@@ -37,7 +38,15 @@ _EXPERT = re.compile(r"^(?P<pre>model\.layers\.\d+\.mlp\.experts)\.(?P<e>\d+)\.(
 
 # ---------------------------------------------------------------------------- expected shapes
 def expected_shapes(cfg: HybridConfig) -> dict[str, Shape]:
-    """Every tensor name of the naming contract for ``cfg`` with its shape."""
+    """Every tensor name of the naming contract for ``cfg`` with its shape (the families named in
+    ``keymap``: read off the model built on the meta device)."""
+    if cfg.family in ("lfm2", "granitemoehybrid", "nemotron_h", "minimax", "kimi_linear"):
+        from hypic_agent.runtime.models.registry import build_model
+
+        shapes = {k: tuple(t.shape) for k, t in build_model(cfg, device="meta").state_dict().items()}
+        if cfg.tie_word_embeddings:
+            shapes.pop("lm_head.weight", None)
+        return shapes
     d, v = cfg.hidden_size, cfg.vocab_size
     out: dict[str, Shape] = {"model.embed_tokens.weight": (v, d), "model.norm.weight": (d,)}
     if not cfg.tie_word_embeddings:
@@ -188,6 +197,7 @@ def map_checkpoint_names(raw: dict[str, torch.Tensor], cfg: HybridConfig) -> dic
             name = "model." + name[len("model.language_model.") :]
         if _DROP.search(name):
             continue
+        name = expert_name(cfg, name)
         m = _EXPERT.match(name)
         if m:
             experts.setdefault(m["pre"], {}).setdefault(m["w"], {})[int(m["e"])] = t
@@ -195,6 +205,7 @@ def map_checkpoint_names(raw: dict[str, torch.Tensor], cfg: HybridConfig) -> dic
         out[name] = t
     for pre, parts in experts.items():
         out.update(_fuse_experts(pre, parts, cfg.num_experts))
+    out = to_contract(cfg, out)
     if cfg.tie_word_embeddings:
         out.pop("lm_head.weight", None)
     return out
@@ -289,8 +300,8 @@ def load_weights(
 
         raw = tiny_config(source.arch or "qwen3_5_text")
         dt = dtype or torch.float32
-        tensors = {k: v.to(device) for k, v in random_state_dict(raw, seed, dt).items()}
         cfg = HybridConfig.from_hf(raw)
+        tensors = to_contract(cfg, {k: v.to(device) for k, v in random_state_dict(raw, seed, dt).items()})
         fp = model_fingerprint(cfg, dtype=dt, seed=seed)
         return LoadedWeights(source, cfg, raw, tensors, fp)
     assert source.path is not None

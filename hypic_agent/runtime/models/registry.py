@@ -21,6 +21,11 @@ BUILDERS: dict[str, Builder] = {
     "qwen3_5": HybridForCausalLM,
     "qwen3_next": HybridForCausalLM,
     "llama": HybridForCausalLM,
+    "lfm2": HybridForCausalLM,
+    "granitemoehybrid": HybridForCausalLM,
+    "nemotron_h": HybridForCausalLM,
+    "minimax": HybridForCausalLM,
+    "kimi_linear": HybridForCausalLM,
 }
 
 

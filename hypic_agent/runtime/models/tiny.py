@@ -26,7 +26,10 @@ from hypic_agent.errors import ModelConfigError
 TINY_VOCAB_SIZE = 259
 TINY_PAD_ID, TINY_BOS_ID, TINY_EOS_ID = 256, 257, 258
 
-TINY_ARCHS: tuple[str, ...] = ("qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "llama")
+TINY_ARCHS: tuple[str, ...] = (
+    "qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "llama", "lfm2", "granitemoehybrid", "nemotron_h", "minimax",
+    "kimi_linear",
+)  # fmt: skip
 ALIASES: dict[str, str] = {"qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text"}
 
 _COMMON: dict[str, Any] = {
@@ -87,6 +90,104 @@ _CONFIGS: dict[str, dict[str, Any]] = {
         "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
         "mlp_bias": False,
         "tie_word_embeddings": True,
+    },
+    # short-conv layers around one attention layer (LFM2's feed-forward width rule: 2/3 of 192,
+    # rounded up to 64 -> 128)
+    "lfm2": {
+        "model_type": "lfm2",
+        **_COMMON,
+        "intermediate_size": 192,
+        "block_multiple_of": 64,
+        "layer_types": ["conv", "conv", "full_attention", "conv"],
+        "conv_L_cache": 3,
+        "norm_eps": 1e-5,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+        "tie_word_embeddings": True,
+    },
+    # Granite 4: Mamba2 layers (4 heads x 32, d_state 16, 2 groups) and one attention layer without
+    # RoPE; routed MoE plus shared MLP; the Granite multipliers set away from 1
+    "granitemoehybrid": {
+        "model_type": "granitemoehybrid",
+        **_COMMON,
+        "intermediate_size": 32,
+        "layer_types": ["mamba", "mamba", "attention", "mamba"],
+        "mamba_n_heads": 4,
+        "mamba_n_groups": 2,
+        "mamba_d_state": 16,
+        "mamba_d_conv": 4,
+        "mamba_expand": 2,
+        "mamba_chunk_size": 16,
+        "num_local_experts": 4,
+        "num_experts_per_tok": 2,
+        "shared_intermediate_size": 64,
+        "position_embedding_type": None,
+        "embedding_multiplier": 2.0,
+        "residual_multiplier": 0.5,
+        "attention_multiplier": 0.125,
+        "logits_scaling": 2.0,
+        "tie_word_embeddings": False,
+    },
+    # Nemotron-H: 7 blocks M - M * - M - (mamba, MLP, mamba, attention, MLP, mamba, MLP) = our 4 layers,
+    # the second without a feed-forward half; squared-ReLU MLPs, attention without RoPE
+    "nemotron_h": {
+        "model_type": "nemotron_h",
+        **{k: v for k, v in _COMMON.items() if k != "num_hidden_layers"},
+        "hybrid_override_pattern": "M-M*-M-",
+        "mamba_num_heads": 4,
+        "mamba_head_dim": 32,
+        "n_groups": 2,
+        "ssm_state_size": 16,
+        "conv_kernel": 4,
+        "chunk_size": 16,
+        "layer_norm_epsilon": 1e-5,
+        "tie_word_embeddings": False,
+    },
+    # MiniMax: Lightning layers around one RoPE attention layer, 4 routed experts, the post-norm
+    # residual factors set away from 1 (16-token blocks in transformers' chunked Lightning)
+    "minimax": {
+        "model_type": "minimax",
+        **_COMMON,
+        "intermediate_size": 32,
+        "layer_types": ["linear_attention", "linear_attention", "full_attention", "linear_attention"],
+        "num_local_experts": 4,
+        "num_experts_per_tok": 2,
+        "block_size": 16,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+        "linear_attn_alpha_factor": 0.8,
+        "linear_attn_beta_factor": 1.2,
+        "full_attn_alpha_factor": 0.9,
+        "full_attn_beta_factor": 1.1,
+        "mlp_alpha_factor": 0.95,
+        "mlp_beta_factor": 1.05,
+        "tie_word_embeddings": False,
+    },
+    # Kimi Linear: KDA layers (4 heads x 16, per-channel decay) around one MLA layer (NoPE, keys 24 =
+    # 16 + 8 shared, values 16), a dense first layer then sigmoid-routed MoE with a shared expert
+    "kimi_linear": {
+        "model_type": "kimi_linear",
+        **{k: v for k, v in _COMMON.items() if k not in ("head_dim", "num_key_value_heads")},
+        "num_attention_heads": 4,
+        "num_key_value_heads": 4,
+        "intermediate_size": 128,
+        "moe_intermediate_size": 32,
+        "num_local_experts": 4,
+        "num_experts_per_tok": 2,
+        "n_shared_experts": 1,
+        "routed_scaling_factor": 2.0,
+        "first_k_dense_replace": 1,
+        "kv_lora_rank": 32,
+        "q_lora_rank": None,
+        "qk_nope_head_dim": 16,
+        "qk_rope_head_dim": 8,
+        "v_head_dim": 16,
+        "linear_attn_config": {
+            "num_heads": 4,
+            "head_dim": 16,
+            "short_conv_kernel_size": 4,
+            "kda_layers": [1, 2, 4],
+            "full_attn_layers": [3],
+        },
+        "tie_word_embeddings": False,
     },
 }
 
@@ -149,18 +250,22 @@ def random_state_dict(
         torch.manual_seed(seed)
         model = build_hf_model(hf_config)
     gen = torch.Generator().manual_seed(seed + 1)
-    zero_centered = hf_config.get("model_type") != "llama"
+    zero_centered = str(hf_config.get("model_type")).startswith("qwen")
     out: dict[str, torch.Tensor] = {}
     for name, t in model.state_dict().items():
         t = t.detach().clone().float()
-        if name.endswith("linear_attn.A_log"):
+        if name.endswith(("linear_attn.A_log", "mamba.A_log", "mixer.A_log", "forget_gate.A_log")):
             t = torch.empty(t.shape).uniform_(0.05, 1.0, generator=gen).log()
-        elif name.endswith("linear_attn.dt_bias"):
+        elif name.endswith(
+            ("_attn.dt_bias", "mamba.dt_bias", "mixer.dt_bias", "gate.dt_bias", "mamba.D", "mixer.D", "conv1d.bias")
+        ):
             t = torch.randn(t.shape, generator=gen) * 0.5
-        elif name.endswith("linear_attn.conv1d.weight"):
+        elif name.endswith(("conv1d.weight", "conv.conv.weight")):
             t = torch.randn(t.shape, generator=gen) / t.shape[-1] ** 0.5
-        elif name.endswith("linear_attn.norm.weight"):  # gated RMSNorm: y * w
-            t = 1.0 + 0.1 * torch.randn(t.shape, generator=gen)
+        elif name.endswith(("linear_attn.norm.weight", "mamba.norm.weight", "mixer.norm.weight", "o_norm.weight")):
+            t = 1.0 + 0.1 * torch.randn(t.shape, generator=gen)  # gated norms: y * w
+        elif name.endswith("e_score_correction_bias"):
+            t = 0.1 * torch.randn(t.shape, generator=gen)
         elif name.endswith("norm.weight"):
             t = 0.1 * torch.randn(t.shape, generator=gen) + (0.0 if zero_centered else 1.0)
         out[name] = t.to(dtype).contiguous()

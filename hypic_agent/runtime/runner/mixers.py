@@ -2,12 +2,13 @@
 
 Each mixer kind has two paths over a ``ForwardPlan``:
 
-* decode (every sequence one token): the linear layer's conv and delta-rule step update the
-  request's slot in place; attention writes the token's K/V into its page and attends over the
+* decode (every sequence one token): the linear layer's conv and recurrence step update the
+  request's slot in place (``LinearMixer.decode_slots``: GDN's Triton kernel on CUDA, the other
+  kinds' torch steps); attention writes the token's K/V into its page and attends over the
   pages through the block table. Static shapes throughout, so a decode step can be replayed
   from a CUDA graph (``decode_graphs.py``);
-* extend (prefill chunks, or decode rows mixed with them): the varlen conv and chunked delta rule
-  start from the slots' states and write the final states back; attention writes the chunk's K/V
+* extend (prefill chunks, or decode rows mixed with them): the varlen conv and the chunked
+  recurrence start from the slots' states and write the final states back; attention writes the chunk's K/V
   into its pages and attends over each sequence's rows gathered from the pool.
 """
 
@@ -15,32 +16,27 @@ from __future__ import annotations
 
 import torch
 
-from hypic_agent.kernels.conv_decode import conv_decode_slots
-from hypic_agent.kernels.gdn_decode import gdn_decode_slots
 from hypic_agent.runtime.models.attention import FullAttention
-from hypic_agent.runtime.models.gated_deltanet import GatedDeltaNet
+from hypic_agent.runtime.models.linear_mixer import LinearMixer
 from hypic_agent.runtime.runner.plan import ForwardPlan
 from hypic_agent.runtime.runner.pool import StatePool
 
 
 def linear_mix(
-    mixer: GatedDeltaNet, pool: StatePool, li: int, inputs: tuple[torch.Tensor, ...], plan: ForwardPlan
+    mixer: LinearMixer, pool: StatePool, li: int, inputs: tuple[torch.Tensor, ...], plan: ForwardPlan
 ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
-    """``GatedDeltaNet.inputs`` of the plan's rows -> (o ``[T, HV, V]``, ``(z,)`` for the output stage);
-    the slots' recurrent and conv states advance in place."""
-    mixed, z, g, beta = inputs
+    """The linear mixer's ``inputs`` of the plan's rows -> (o, ``inputs[1:2]`` for the output stage:
+    GDN o ``[T, HV, V]`` and ``(z,)``); the slots' recurrent and conv states advance in place."""
     j = pool.index[li]
     conv_pool, rec_pool = pool.conv[j], pool.recurrent[j]
+    extra = tuple(inputs[1:2])
     if plan.decode_only:
-        qkv = conv_decode_slots(mixed, conv_pool, plan.slots, mixer.conv_weight(), None, backend=mixer.backend)
-        q, k, v = mixer.split(qkv)
-        o = gdn_decode_slots(q, k, v, g, beta, rec_pool, plan.slots, backend=mixer.backend)
-        return o, (z,)
-    ops, conv_final = mixer.convolve(mixed, z, g, beta, plan.cu_seqlens, conv_pool.index_select(0, plan.slots))
+        return mixer.decode_slots(inputs, conv_pool, rec_pool, plan.slots), extra
+    ops, conv_final = mixer.convolve(*inputs, plan.cu_seqlens, conv_pool.index_select(0, plan.slots))
     o, final = mixer.mix(ops, plan.cu_seqlens, rec_pool.index_select(0, plan.slots))
     conv_pool.index_copy_(0, plan.slots, conv_final.to(conv_pool.dtype))
     rec_pool.index_copy_(0, plan.slots, final)
-    return o, (z,)
+    return o, extra
 
 
 def attention_mix(

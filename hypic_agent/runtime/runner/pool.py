@@ -75,9 +75,9 @@ class StatePool:
         # the longest sequence (prompt + max_tokens, bounded by the context window): block-table width
         self.max_seq_pages = min(self.n_pages, -(-(max_seq_tokens or kv_tokens) // page_size))
         n_lin, n_att = len(self.linear_layers), len(self.attention_layers)
-        hv, dk, dv = cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim
         c, w = cfg.linear_conv_dim, cfg.linear_conv_kernel_dim
-        self.recurrent = torch.zeros(n_lin, slots + 1, hv, dk, dv, device=device, dtype=torch.float32)
+        # [HV, K, V] per slot for every linear kind ([0, 0, 0] for short conv: the conv is the state)
+        self.recurrent = torch.zeros(n_lin, slots + 1, *cfg.linear_state_shape, device=device, dtype=torch.float32)
         self.conv = torch.zeros(n_lin, slots + 1, c, max(w - 1, 0), device=device, dtype=dtype)
         kv_shape = (n_att, self.n_pages + 1, page_size, cfg.num_key_value_heads, cfg.head_dim)
         self.k = torch.zeros(kv_shape, device=device, dtype=dtype)

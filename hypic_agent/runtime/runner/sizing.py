@@ -11,7 +11,8 @@ from hypic_agent.runtime.models.config import HybridConfig
 def bytes_per_slot(cfg: HybridConfig, dtype: torch.dtype) -> int:
     """Linear-layer state of one request: fp32 recurrent ``[HV, K, V]`` and conv ``[C, W-1]`` per layer."""
     n_lin = sum(1 for k in cfg.layer_types if k == "linear")
-    rec = cfg.linear_num_value_heads * cfg.linear_key_head_dim * cfg.linear_value_head_dim * 4
+    hv, k, v = cfg.linear_state_shape
+    rec = hv * k * v * 4
     conv = cfg.linear_conv_dim * max(cfg.linear_conv_kernel_dim - 1, 0) * dtype.itemsize
     return n_lin * (rec + conv)
 

@@ -1,0 +1,65 @@
+"""GPU (H200, never in CI; not yet run): LFM2, Granite 4, Nemotron-H, MiniMax and Kimi Linear on CUDA (Triton conv
+kernels, the decay-only torch scan on the device) vs the CPU torch reference: prefill, runner decode
+and HYPIC combine."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hypic_agent.runtime.forward import prefill
+from hypic_agent.runtime.hypic.build import build_entries
+from hypic_agent.runtime.hypic.combine import combine
+from hypic_agent.runtime.hypic.layout import plan_layout
+from hypic_agent.runtime.hypic.modes import mode_spec
+from hypic_agent.runtime.runner.pool import StatePool
+from hypic_agent.runtime.runner.runner import ModelRunner
+
+from .conftest import make_model, rand_tokens
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+ARCHS = ["lfm2", "granitemoehybrid", "nemotron_h", "minimax", "kimi_linear"]
+
+
+def _pair(arch: str):
+    cpu, _, _ = make_model(arch)
+    gpu, _, _ = make_model(arch)
+    gpu = gpu.to("cuda")
+    gpu.set_backend("fla")
+    cpu.set_backend("torch")
+    return cpu, gpu
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_prefill_and_combine_match_cpu(arch):
+    cpu, gpu = _pair(arch)
+    segs = [tuple(rand_tokens(n, i)) for i, n in enumerate((40, 70, 33))]
+    suffix = rand_tokens(7, 9)
+    ref = prefill(cpu, [[t for s in segs for t in s] + suffix], all_logits=True)[0]
+    got = prefill(gpu, [[t for s in segs for t in s] + suffix], all_logits=True)[0]
+    assert (ref.all_logits - got.all_logits.cpu()).abs().max().item() < 2e-2
+    spec, seams = mode_spec("hypic"), [8, 8, 8]
+    outs = []
+    for model in (cpu, gpu):
+        dev = next(model.parameters()).device
+        entries = build_entries(model, segs, seams)
+        outs.append(combine(model, plan_layout(segs, entries, seams, suffix, dev), entries, spec))
+    assert (outs[0].last_logits - outs[1].last_logits.cpu()).abs().max().item() < 2e-2
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_runner_decode_matches_cpu(arch):
+    """Prefill then 4 decode steps of 3 sequences through the runner (Triton conv decode against the
+    pool's slots; Mamba2's step on the gathered slot states) on both devices."""
+    logits = []
+    for model in _pair(arch):
+        dev = next(model.parameters()).device
+        pool = StatePool(model.config, slots=4, kv_tokens=512, page_size=16, device=dev, dtype=torch.float32)
+        runner = ModelRunner(model, pool, decode_graphs=dev.type == "cuda")
+        seqs = [pool.alloc(128) for _ in range(3)]
+        prompts = [rand_tokens(n, 20 + n) for n in (9, 30, 17)]
+        steps = [runner.forward(runner.plan(seqs, prompts)).cpu()]
+        for i in range(4):
+            steps.append(runner.forward(runner.plan(seqs, [[5 + i]] * 3)).cpu())
+        logits.append(torch.stack(steps))
+    assert (logits[0] - logits[1]).abs().max().item() < 2e-2
