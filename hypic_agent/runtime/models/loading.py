@@ -27,6 +27,7 @@ from hypic_agent.runtime.models.config import HybridConfig
 from hypic_agent.runtime.models.keymap import expert_name, to_contract
 
 if TYPE_CHECKING:
+    from hypic_agent.config import Settings
     from hypic_agent.runtime.models.catalog import ModelSource
 
 log = logging.getLogger(__name__)
@@ -233,21 +234,31 @@ def _fuse_experts(pre: str, parts: dict[str, dict[int, torch.Tensor]], num_exper
 
 
 def load_checkpoint(
-    folder: str | Path, *, dtype: torch.dtype | None = None, device: str | torch.device = "cpu"
+    folder: str | Path,
+    *,
+    dtype: torch.dtype | None = None,
+    device: str | torch.device = "cpu",
+    settings: Settings | None = None,
 ) -> tuple[HybridConfig, dict[str, Any], dict[str, torch.Tensor]]:
     """Load a local HF folder: ``(HybridConfig, raw config.json dict, tensors by contract name)``.
 
     Shards are opened lazily with ``safe_open``; tensors we do not run (vision tower, MTP head)
     are never read. ``dtype`` casts floating tensors; ``device`` is where they are materialized.
+    A folder with ``SHA256SUMS`` (the package's shipped weights) is checked against it first;
+    ``settings`` says where a delta folder's base weights are (``Settings()`` when None).
     """
     from safetensors import SafetensorError, safe_open
 
     folder = Path(folder).expanduser()
     raw_cfg = read_hf_config(folder)
+    from hypic_agent.runtime.models.checksums import CHECKSUMS, verify_checksums
+
+    if (folder / CHECKSUMS).is_file():
+        verify_checksums(folder)
     if "hypic_delta" in raw_cfg:  # a distilled model: base weights + stored tensors (training/delta.py)
         from hypic_agent.training.delta import load_delta
 
-        return load_delta(folder, raw_cfg, dtype=dtype, device=device)
+        return load_delta(folder, raw_cfg, dtype=dtype, device=device, settings=settings)
     cfg = HybridConfig.from_hf(raw_cfg)
     raw: dict[str, torch.Tensor] = {}
     for f in weight_files(folder):
@@ -291,6 +302,7 @@ def load_weights(
     device: str | torch.device = "cpu",
     seed: int = 0,
     fingerprint_cache: Path | None = None,
+    settings: Settings | None = None,
 ) -> LoadedWeights:
     """Config + tensors (naming contract) + fingerprint of a resolved source."""
     from hypic_agent.runtime.models.fingerprint import model_fingerprint
@@ -311,7 +323,7 @@ def load_weights(
         cfg, raw, tensors = load_gguf(source.path, dtype=dtype, device=device)
         files = [source.path]
     else:
-        cfg, raw, tensors = load_checkpoint(source.path, dtype=dtype, device=device)
+        cfg, raw, tensors = load_checkpoint(source.path, dtype=dtype, device=device, settings=settings)
         files = weight_files(source.path)
     dt = dtype or tensors["model.embed_tokens.weight"].dtype
     fp = model_fingerprint(cfg, files, dtype=dt, cache_dir=fingerprint_cache)
