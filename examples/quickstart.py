@@ -5,7 +5,7 @@ in yet another order with a new question (streamed): each document is a cache hi
 sits, so TTFT drops and ``cached_tokens`` covers the documents. ``ttft_ms`` is the server's time
 to first token; ``first_chunk_ms`` (streamed call) and ``wall_ms`` are measured by the client.
 
-    hypic-agent serve                      # other terminal: SmolLM2-135M-Instruct on :8000
+    hypic-agent serve                      # other terminal: the default model (smollm2-135m-hybrid) on :8000
     python examples/quickstart.py
 """
 
