@@ -26,6 +26,7 @@ BUILDERS: dict[str, Builder] = {
     "nemotron_h": HybridForCausalLM,
     "minimax": HybridForCausalLM,
     "kimi_linear": HybridForCausalLM,
+    "bailing_moe_linear": HybridForCausalLM,
 }
 
 
