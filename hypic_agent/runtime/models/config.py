@@ -34,6 +34,7 @@ FAMILIES: dict[str, str] = {
     "minimax": "minimax",
     "kimi_linear": "kimi_linear",
     "bailing_moe_linear": "bailing_moe_linear",
+    "bailing_hybrid": "bailing_hybrid",
 }
 
 
@@ -46,6 +47,7 @@ class MLAShape:
     qk_nope_head_dim: int
     qk_rope_head_dim: int
     v_head_dim: int
+    head_gate: bool = False  # Ling 3 (``bailing_hybrid``): ``o * sigmoid(g_proj(x))`` per head before ``o_proj``
 
 
 @dataclass(frozen=True)
@@ -91,6 +93,11 @@ class HybridConfig:
     linear_silu: bool = False
     linear_qk_norm: bool = False
     linear_group_norm: int = 1
+    # KDA: "kimi" (low-rank forget gate ``f_a``/``f_b`` with softplus, low-rank output gate) or "ling"
+    # (Ling 3 / ``bailing_hybrid``: full-rank ``f_proj`` and ``g_proj``; the forget gate bounded as
+    # ``kda_lower_bound * sigmoid(exp(A_log) * f)``, or softplus when the bound is None)
+    kda_variant: str = "kimi"
+    kda_lower_bound: float | None = None
     # MLP / MoE. ``ffn_act``: "swiglu" (``down(silu(gate x) * up x)``) or "relu2" (Nemotron-H:
     # ``down(relu(up x)^2)``); ``ffn_layers``: per layer whether it has a feed-forward half (empty: all)
     ffn_act: str = "swiglu"
@@ -195,7 +202,15 @@ class HybridConfig:
             )
         family = FAMILIES[model_type]
         try:
-            if family in ("lfm2", "granitemoehybrid", "nemotron_h", "minimax", "kimi_linear", "bailing_moe_linear"):
+            if family in (
+                "lfm2",
+                "granitemoehybrid",
+                "nemotron_h",
+                "minimax",
+                "kimi_linear",
+                "bailing_moe_linear",
+                "bailing_hybrid",
+            ):
                 from hypic_agent.runtime.models.config_families import NORMALIZERS
 
                 return NORMALIZERS[family](raw, model_type)

@@ -174,7 +174,7 @@ def to_contract(cfg: HybridConfig, tensors: dict[str, torch.Tensor]) -> dict[str
     """transformers' tensor names of ``cfg.family`` -> ours (see module doc)."""
     if cfg.family == "bailing_moe_linear":
         return _ring(cfg, tensors)
-    if cfg.family == "kimi_linear":
+    if cfg.family in ("kimi_linear", "bailing_hybrid"):  # Ling 3 keeps Kimi Linear's layout of names
         return _kimi(cfg, tensors)
     if cfg.family == "minimax":
         return _minimax(cfg, tensors)

@@ -27,6 +27,7 @@ BUILDERS: dict[str, Builder] = {
     "minimax": HybridForCausalLM,
     "kimi_linear": HybridForCausalLM,
     "bailing_moe_linear": HybridForCausalLM,
+    "bailing_hybrid": HybridForCausalLM,
 }
 
 
