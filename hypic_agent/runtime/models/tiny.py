@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from hypic_agent.errors import ModelConfigError
-from hypic_agent.runtime.models.tiny_ring import RING_TINY, own_state_dict
+from hypic_agent.runtime.models.tiny_bailing import LING_TINY, RING_TINY, own_state_dict
 
 # vocab of ``tokenizer.tiny_tokenizer()``: 256 byte tokens + <|endoftext|>, <|im_start|>, <|im_end|>
 TINY_VOCAB_SIZE = 259
@@ -190,40 +190,15 @@ _CONFIGS: dict[str, dict[str, Any]] = {
         },
         "tie_word_embeddings": False,
     },
-    # Ling 3 (transformers' ``bailing_hybrid``): Kimi Linear's KDA with full-rank gates (bounded forget
-    # gate), MLA with interleaved RoPE on 8 of 24 key dims and a per-head output gate, every third layer
     "bailing_hybrid": {
         "model_type": "bailing_hybrid",
         **{k: v for k, v in _COMMON.items() if k not in ("head_dim", "num_key_value_heads")},
-        "num_attention_heads": 4,
-        "num_key_value_heads": 4,
-        "head_dim": 16,
-        "intermediate_size": 128,
-        "moe_intermediate_size": 32,
-        "num_local_experts": 4,
-        "num_experts_per_tok": 2,
-        "n_shared_experts": 1,
-        "n_group": 2,
-        "topk_group": 1,
-        "routed_scaling_factor": 2.0,
-        "first_k_dense_replace": 1,
-        "kv_lora_rank": 32,
-        "q_lora_rank": None,
-        "qk_nope_head_dim": 16,
-        "qk_rope_head_dim": 8,
-        "v_head_dim": 16,
-        "layer_group_size": 3,
-        "short_conv_kernel_size": 4,
-        "kda_safe_gate": True,
-        "kda_lower_bound": -5.0,
-        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
-        "num_mtp_layers": 0,
-        "tie_word_embeddings": False,
+        **LING_TINY,
     },
 }
 
 
-# families transformers lacks: seeded weights on our own module, no oracle (``tiny_ring``)
+# families transformers lacks: seeded weights on our own module, no oracle (``tiny_bailing``)
 _CONFIGS["bailing_moe_linear"] = {
     **RING_TINY,
     "vocab_size": TINY_VOCAB_SIZE,

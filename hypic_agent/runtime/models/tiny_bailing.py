@@ -1,6 +1,7 @@
-"""``tiny:bailing_moe_linear``: a tiny Ring-linear config and seeded weights drawn on our own module.
+"""Tiny configs of the Bailing families: Ring-linear (``tiny:bailing_moe_linear``: config and seeded
+weights drawn on our own module) and Ling 3 (``tiny:bailing_hybrid``: a transformers config).
 
-transformers has no Ring-linear model (its ``bailing_hybrid`` is Ling 3: KDA + MLA, a different
+Ring-linear: transformers has no such model (its ``bailing_hybrid`` is Ling 3: KDA + MLA, a different
 architecture), so there is no ``build_hf_model`` oracle for this family: the weights are drawn on our
 module tree (``registry.build_model``) in our naming, the way ``tiny.random_state_dict`` re-draws
 transformers' init: linear weights ``N(0, initializer_range)``, norms ``1 + N(0, 0.1)``, the expert bias
@@ -47,6 +48,37 @@ RING_TINY: dict[str, Any] = {
     "rms_norm_eps": 1e-6,
     "max_position_embeddings": 4096,
     "initializer_range": 0.05,
+    "tie_word_embeddings": False,
+}
+
+
+# Ling 3 (transformers' ``bailing_hybrid``; merged over ``tiny._COMMON`` there): Kimi Linear's KDA with
+# full-rank gates (bounded forget gate), MLA with interleaved RoPE on 8 of 24 key dims and a per-head
+# output gate, every third layer attention, a dense first layer then a grouped sigmoid-routed MoE
+LING_TINY: dict[str, Any] = {
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "head_dim": 16,
+    "intermediate_size": 128,
+    "moe_intermediate_size": 32,
+    "num_local_experts": 4,
+    "num_experts_per_tok": 2,
+    "n_shared_experts": 1,
+    "n_group": 2,
+    "topk_group": 1,
+    "routed_scaling_factor": 2.0,
+    "first_k_dense_replace": 1,
+    "kv_lora_rank": 32,
+    "q_lora_rank": None,
+    "qk_nope_head_dim": 16,
+    "qk_rope_head_dim": 8,
+    "v_head_dim": 16,
+    "layer_group_size": 3,
+    "short_conv_kernel_size": 4,
+    "kda_safe_gate": True,
+    "kda_lower_bound": -5.0,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+    "num_mtp_layers": 0,
     "tie_word_embeddings": False,
 }
 
