@@ -137,7 +137,7 @@ def bailing_hybrid(raw: dict[str, Any], model_type: str) -> HybridConfig:
     return replace(
         cfg,
         family="bailing_hybrid",
-        max_position_embeddings=int(raw.get("max_position_embeddings", 262144)),
+        max_position_embeddings=int(raw.get("max_position_embeddings", raw.get("model_max_length", 262144))),
         rotary_dim=cfg.mla.qk_rope_head_dim,
         rope_theta=theta,
         mla=replace(cfg.mla, head_gate=True),

@@ -112,7 +112,7 @@ def expert_name(cfg: HybridConfig, name: str) -> str:
     return name if m is None else f"{m[1]}mlp.experts.{m[2]}.{_W[m[3]]}_proj.weight"
 
 
-_KIMI_GATE = re.compile(r"\.linear_attn\.(f_a_proj\.|f_b_proj\.|dt_bias$|A_log$)")
+_KIMI_GATE = re.compile(r"\.linear_attn\.(f_a_proj\.|f_b_proj\.|f_proj\.|dt_bias$|A_log$)")
 _KIMI_CONV = re.compile(r"^(model\.layers\.\d+\.linear_attn\.)([qkv])_conv1d\.weight$")
 
 
@@ -170,11 +170,30 @@ def _ring(cfg: HybridConfig, tensors: dict[str, torch.Tensor]) -> dict[str, torc
     return out
 
 
+def _ling(cfg: HybridConfig, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Ling 3 (``bailing_hybrid``): the hub layout (what transformers' ``save_pretrained`` writes:
+    ``word_embeddings``, ``attention.*`` with ``dense`` for every layer, ``expert_bias``) -> transformers'
+    module names, then Kimi Linear's renames (``_kimi``: gate tensors under ``forget_gate``, the q/k/v
+    convs stacked)."""
+    renamed: dict[str, torch.Tensor] = {}
+    for k, v in tensors.items():
+        k = k.replace("model.word_embeddings.", "model.embed_tokens.")
+        k = k.replace(".mlp.gate.expert_bias", ".mlp.gate.e_score_correction_bias")
+        m = _RING_LAYER.match(k)
+        if m is not None:
+            leaf = "o_proj." + m[2][len("dense.") :] if m[2].startswith("dense.") else m[2]
+            k = f"model.layers.{m[1]}.self_attn.{leaf}"
+        renamed[k] = v
+    return _kimi(cfg, renamed)
+
+
 def to_contract(cfg: HybridConfig, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """transformers' tensor names of ``cfg.family`` -> ours (see module doc)."""
     if cfg.family == "bailing_moe_linear":
         return _ring(cfg, tensors)
-    if cfg.family in ("kimi_linear", "bailing_hybrid"):  # Ling 3 keeps Kimi Linear's layout of names
+    if cfg.family == "bailing_hybrid":
+        return _ling(cfg, tensors)
+    if cfg.family == "kimi_linear":
         return _kimi(cfg, tensors)
     if cfg.family == "minimax":
         return _minimax(cfg, tensors)
