@@ -14,6 +14,7 @@ import torch
 
 from hypic_agent.runtime.graphs import feed_forward, mixer_in, mixer_out
 from hypic_agent.runtime.models.hybrid import HybridForCausalLM
+from hypic_agent.runtime.models.linear_mixer import at
 from hypic_agent.runtime.state import AttentionLayerState, LayerState, LinearLayerState, RequestState
 
 
@@ -79,7 +80,7 @@ def prefill(
         if layer.linear_attn is not None:
             init = torch.stack([st.layers[i].recurrent for st in prior])  # type: ignore[union-attr]
             conv = torch.stack([st.layers[i].conv for st in prior])  # type: ignore[union-attr]
-            ops, conv_final = layer.linear_attn.convolve(*inputs, cu, conv)
+            ops, conv_final = layer.linear_attn.convolve(*inputs, cu, conv, **at(layer.linear_attn, pos))
             o, final = layer.linear_attn.mix(ops, cu, init)
             extra: tuple[torch.Tensor, ...] = tuple(inputs[1:2])
             for j in range(len(seqs)):
@@ -130,8 +131,9 @@ def decode_step(model: HybridForCausalLM, states: Sequence[RequestState], tokens
         if layer.linear_attn is not None:
             lin = [cast(LinearLayerState, st.layers[i]) for st in states]
             y, new, conv = layer.linear_attn.step(
-                x, torch.stack([s.recurrent for s in lin]), torch.stack([s.conv for s in lin])
-            )
+                x, torch.stack([s.recurrent for s in lin]), torch.stack([s.conv for s in lin]),
+                **at(layer.linear_attn, pos),
+            )  # fmt: skip
             for j, st in enumerate(states):
                 st.layers[i] = LinearLayerState(new[j], conv[j])
         else:

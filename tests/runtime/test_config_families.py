@@ -82,3 +82,21 @@ def test_kimi_linear_hub_config_names():
     assert cfg.max_position_embeddings == 8192 and cfg.num_experts == 8 and cfg.num_experts_per_tok == 2
     assert cfg.shared_expert_intermediate_size == 32 and cfg.router_groups == (2, 1) and not cfg.norm_topk_prob
     assert cfg.moe_layers == (False, False, True, True) and cfg.head_dim == 24 and cfg.rotary_dim == 0
+
+
+def test_bailing_hybrid_hub_config_names_and_defaults():
+    """Ling 3's hub config.json (transformers' attribute_map names; ``head_dim`` is the KDA head width,
+    which transformers' class overwrites with ``qk_rope_head_dim``, so ``linear_head_dim`` wins when saved)."""
+    base = {"model_type": "bailing_hybrid", "vocab_size": 100, "hidden_size": 64, "num_hidden_layers": 6,
+            "num_attention_heads": 4, "model_max_length": 8192, "num_experts": 8, "num_experts_per_token": 2,
+            "num_shared_experts": 1, "moe_intermediate_size": 16, "num_expert_group": 2, "topk_group": 1,
+            "kv_lora_rank": 32, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 16,
+            "head_dim": 32}  # fmt: skip
+    cfg = HybridConfig.from_hf(base)
+    assert cfg.layer_types == ("linear",) * 5 + ("attention",)  # layer_group_size 6
+    assert cfg.moe_layers == (False, False, True, True, True, True)  # first_k_dense_replace 2
+    assert cfg.linear_state_shape == (4, 32, 32) and cfg.kda_variant == "ling" and cfg.kda_lower_bound == -5.0
+    assert cfg.rotary_dim == 8 and cfg.rope_theta == 6_000_000.0 and cfg.max_position_embeddings == 8192
+    assert cfg.num_experts == 8 and cfg.router == "sigmoid" and cfg.router_groups == (2, 1)
+    saved = HybridConfig.from_hf({**base, "head_dim": 8, "linear_head_dim": 32, "kda_safe_gate": False})
+    assert saved.linear_state_shape == (4, 32, 32) and saved.kda_lower_bound is None

@@ -1,4 +1,4 @@
-"""LFM2, Granite 4, Nemotron-H, MiniMax and Kimi Linear served as a user runs them: ``tiny:<arch>``
+"""LFM2, Granite 4, Nemotron-H, MiniMax, Kimi Linear, Ring-linear and Ling 3 served as a user runs them: ``tiny:<arch>``
 through the loader, the engine (scheduler + runner over the state pool) and the HTTP API, in every mode."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from hypic_agent.runtime.sampling import SamplingParams
 
 from .conftest import rand_tokens
 
-ARCHS = ["lfm2", "granitemoehybrid", "nemotron_h", "minimax", "kimi_linear"]
+ARCHS = ["lfm2", "granitemoehybrid", "nemotron_h", "minimax", "kimi_linear", "bailing_moe_linear", "bailing_hybrid"]
 
 
 @dataclass
@@ -54,9 +54,13 @@ def greedy(engine: Engine, plan: Plan, mode: str, seam: float | None = None) -> 
 
 def test_tiny_family_loads_with_its_mixers(engine):
     kinds = {layer.mixer_kind for layer in engine.model.layers}
-    linear = {"lfm2": "short_conv", "minimax": "lightning", "kimi_linear": "kda"}.get(
-        engine.model.config.family, "mamba2"
-    )
+    linear = {
+        "lfm2": "short_conv",
+        "minimax": "lightning",
+        "kimi_linear": "kda",
+        "bailing_moe_linear": "lightning_rope",
+        "bailing_hybrid": "kda",
+    }.get(engine.model.config.family, "mamba2")
     assert kinds == {"attention", linear}
     assert engine.name.startswith("tiny:")
 

@@ -1,6 +1,7 @@
-"""GPU (H200, never in CI; not yet run): LFM2, Granite 4, Nemotron-H, MiniMax and Kimi Linear on CUDA (Triton conv
-kernels, the decay-only torch scan on the device) vs the CPU torch reference: prefill, runner decode
-and HYPIC combine."""
+"""GPU (H200, never in CI): LFM2, Granite 4, Nemotron-H, MiniMax, Kimi Linear, Ring-linear and Ling 3 on
+CUDA (Triton conv kernels, the decay-only torch scan on the device) vs the CPU torch reference: prefill,
+runner decode (decode graphs: the positions of a RoPE'd linear layer come from the captured plan) and
+HYPIC combine."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from hypic_agent.runtime.runner.runner import ModelRunner
 from .conftest import make_model, rand_tokens
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
-ARCHS = ["lfm2", "granitemoehybrid", "nemotron_h", "minimax", "kimi_linear"]
+ARCHS = ["lfm2", "granitemoehybrid", "nemotron_h", "minimax", "kimi_linear", "bailing_moe_linear", "bailing_hybrid"]
 
 
 def _pair(arch: str):

@@ -31,6 +31,7 @@ HF_CLASS = {
     "nemotron_h": "NemotronHForCausalLM",
     "minimax": "MiniMaxForCausalLM",
     "kimi_linear": "KimiLinearForCausalLM",
+    "bailing_hybrid": "BailingHybridForCausalLM",
 }
 
 
@@ -43,7 +44,7 @@ def test_tiny_config_is_valid_transformers_config(arch: str) -> None:
     assert cfg.vocab_size == TINY_VOCAB_SIZE == len(tiny_tokenizer())
     assert cfg.eos_token_ids == (TINY_EOS_ID,)
     assert cfg.num_layers == 4 and 64 <= cfg.hidden_size <= 128
-    if arch != "kimi_linear":  # MLA: one key / value head per query head
+    if arch not in ("kimi_linear", "bailing_hybrid"):  # MLA: one key / value head per query head
         assert cfg.head_dim == 32 and cfg.num_attention_heads > cfg.num_key_value_heads  # GQA
     if arch == "llama":
         assert cfg.attention_layers == [0, 1, 2, 3] and cfg.rotary_dim == 32
@@ -72,6 +73,10 @@ def test_tiny_config_is_valid_transformers_config(arch: str) -> None:
         assert cfg.head_dim == 24 and cfg.num_key_value_heads == 4 and cfg.mla is not None
         assert cfg.linear_state_shape == (4, 16, 16) and cfg.linear_pair_shapes[0] == (4, 16, 16)
         assert cfg.moe_layers == (False, True, True, True) and cfg.router == "sigmoid"
+    elif arch == "bailing_hybrid":  # Ling 3: KDA with full-rank gates; MLA with RoPE on the 8 shared key dims
+        assert cfg.attention_layers == [2] and cfg.linear_kind == "kda" and cfg.kda_variant == "ling"
+        assert cfg.rotary_dim == 8 and cfg.rope_theta == 10000.0 and cfg.mla is not None and cfg.mla.head_gate
+        assert cfg.kda_lower_bound == -5.0 and cfg.router_groups == (2, 1) and cfg.linear_state_shape == (4, 16, 16)
     else:
         assert cfg.attention_layers == [3] and cfg.linear_layers == [0, 1, 2]
         assert (cfg.linear_num_key_heads, cfg.linear_num_value_heads) == (2, 4)
@@ -109,7 +114,9 @@ def test_random_state_dict_matches_transformers_names(arch: str) -> None:
             assert tuple(sd[k].shape) == tuple(v.shape), k
     cfg = HybridConfig.from_hf(d)
     ours = to_contract(cfg, sd)  # renamed for lfm2 / granitemoehybrid, as it is elsewhere
-    assert (ours is sd) == (cfg.family not in ("lfm2", "granitemoehybrid", "nemotron_h", "minimax", "kimi_linear"))
+    assert (ours is sd) == (
+        cfg.family not in ("lfm2", "granitemoehybrid", "nemotron_h", "minimax", "kimi_linear", "bailing_hybrid")
+    )
     assert {k: tuple(v.shape) for k, v in ours.items()} == expected_shapes(cfg)
     assert validate_state_dict(cfg, ours) == []
 

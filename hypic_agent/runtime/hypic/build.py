@@ -30,6 +30,7 @@ from hypic_agent.runtime.graphs import mixer_in, mixer_out
 from hypic_agent.runtime.hypic.cold_graphs import ColdGraphs, new_serial
 from hypic_agent.runtime.hypic.entry import AttentionEntry, LinearEntry, SegmentEntry
 from hypic_agent.runtime.models.hybrid import DecoderLayer, HybridForCausalLM
+from hypic_agent.runtime.models.linear_mixer import at
 
 
 def _carve(
@@ -202,7 +203,7 @@ class ColdBatch:
             mixer = layer.linear_attn
 
             def core(sink: PairSink, *xs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-                ops, conv_final = mixer.convolve(*xs, self.cu, None)
+                ops, conv_final = mixer.convolve(*xs, self.cu, None, **at(mixer, self.pos))
                 return mixer.mix_into_pairs(ops, self.cu, self.split, sink), conv_final
 
             graphs = self.model.cold_graphs

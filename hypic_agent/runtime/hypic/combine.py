@@ -14,7 +14,9 @@ conv state is preloaded with the tail of the body before it. Two ways to run it,
 
 Attention layers: active tokens attend over spliced KV (cached bodies rotated to their global
 positions, or left at their local positions without ``rerotate``) and write fresh KV for the
-active rows. Feed-forward blocks replay from CUDA graphs where enabled (``runtime.graphs``).
+active rows. A linear mixer with RoPE inside (Ring-linear's ``lightning_rope``) gets the same
+treatment of its cached states: ``place(S, P)`` = ``R(P) S`` for a body whose segment starts at P.
+Feed-forward blocks replay from CUDA graphs where enabled (``runtime.graphs``).
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from hypic_agent.runtime.hypic.splice import SpliceTables
 from hypic_agent.runtime.models.attention import FullAttention
 from hypic_agent.runtime.models.gated_deltanet import GatedDeltaNet
 from hypic_agent.runtime.models.hybrid import HybridForCausalLM
-from hypic_agent.runtime.models.linear_mixer import LinearMixer
+from hypic_agent.runtime.models.linear_mixer import LinearMixer, at
 from hypic_agent.runtime.state import AttentionLayerState, LayerState, LinearLayerState, RequestState
 
 
@@ -59,6 +61,15 @@ def _conv_init(
     return torch.stack(stacked).to(like.dtype)
 
 
+def _segment_starts(lay: CombineLayout) -> list[int]:
+    """Global position of every segment's first token (host), from ``lay.shape_key``."""
+    starts, at_pos = [], 0
+    for n in lay.shape_key[:-1:2]:
+        starts.append(at_pos)
+        at_pos += n
+    return starts
+
+
 def _linear(
     mixer: LinearMixer,
     inputs: tuple[torch.Tensor, ...],
@@ -77,7 +88,7 @@ def _linear(
     scan's kernel choices -> (o before the output projection (GDN ``[T, HV, V]``), state)."""
     dev = inputs[0].device
     init = _conv_init(mixer, lay, entries, li, inputs[0], tails)
-    ops, conv_final = mixer.convolve(*inputs, lay.cu_pieces, init)
+    ops, conv_final = mixer.convolve(*inputs, lay.cu_pieces, init, **at(mixer, lay.active_pos))
     if scan is not None:
         assert isinstance(mixer, GatedDeltaNet)
         o, final = mixer.mix_scan(
@@ -89,6 +100,9 @@ def _linear(
     if lay.cu_pieces.numel() == 2 and lay.chain[0].kind == "piece":  # nothing cached before the only piece
         o, finals = mixer.mix(ops, lay.cu_pieces, h0.unsqueeze(0))
         return o, LinearLayerState(finals[-1], conv_final[-1])
+
+    place = getattr(mixer, "place", None) if spec.rerotate else None  # RoPE inside: S at its segment's offset
+    starts = _segment_starts(lay) if place is not None else []
 
     def enter(Tp: torch.Tensor, Sp: torch.Tensor) -> torch.Tensor:
         """Pieces' own pairs (GDN ``[P, HV, K, K]``, Mamba2 ``[P, HV]``; and ``[P, HV, K, V]``) -> states
@@ -105,7 +119,7 @@ def _linear(
             else:
                 le: LinearEntry = entries[item.index].layers[li]  # type: ignore[union-attr,assignment]
                 Ts.append(le.T.float() if spec.transition else eye)
-                Ss.append(le.S.float())
+                Ss.append(le.S.float() if place is None else place(le.S.float(), starts[item.index]))
         states = mixer.compose(h0, torch.stack(Ts), torch.stack(Ss))  # [n+1, HV, K, V]
         return states[torch.tensor(piece_slot, device=dev)]
 

@@ -16,8 +16,9 @@ LayerKind = Literal["linear", "attention"]
 # the token mixer of a model's linear (fixed-state) layers: Gated DeltaNet, LFM2's gated short
 # convolution (no recurrent state: the conv tail is the whole state), Mamba2's decay-only SSM,
 # MiniMax's Lightning attention (decay-only with a fixed decay per head, no conv), Kimi Delta
-# Attention (a delta rule with a per-key-channel decay: dense pairs like GDN)
-LinearKind = Literal["gdn", "short_conv", "mamba2", "lightning", "kda"]
+# Attention (a delta rule with a per-key-channel decay: dense pairs like GDN), Ring-linear's Lightning
+# with RoPE inside (decay-only; the cached state is re-rotated to its segment's offset)
+LinearKind = Literal["gdn", "short_conv", "mamba2", "lightning", "kda", "lightning_rope"]
 
 # model_type strings accepted, mapped to the family whose module code runs them
 FAMILIES: dict[str, str] = {
@@ -32,6 +33,8 @@ FAMILIES: dict[str, str] = {
     "nemotron_h": "nemotron_h",
     "minimax": "minimax",
     "kimi_linear": "kimi_linear",
+    "bailing_moe_linear": "bailing_moe_linear",
+    "bailing_hybrid": "bailing_hybrid",
 }
 
 
@@ -44,6 +47,7 @@ class MLAShape:
     qk_nope_head_dim: int
     qk_rope_head_dim: int
     v_head_dim: int
+    head_gate: bool = False  # Ling 3 (``bailing_hybrid``): ``o * sigmoid(g_proj(x))`` per head before ``o_proj``
 
 
 @dataclass(frozen=True)
@@ -85,6 +89,15 @@ class HybridConfig:
     linear_proj_bias: bool = False  # Mamba2 / LFM2 in_proj
     linear_out_bias: bool = False  # Mamba2 / LFM2 out_proj
     linear_dt_limit: tuple[float, float] = (0.0, float("inf"))  # Mamba2 clamp of dt after softplus
+    # Ring-linear (``lightning_rope``): SiLU on q/k/v, per-head q/k RMSNorm, groups of the output RMSNorm
+    linear_silu: bool = False
+    linear_qk_norm: bool = False
+    linear_group_norm: int = 1
+    # KDA: "kimi" (low-rank forget gate ``f_a``/``f_b`` with softplus, low-rank output gate) or "ling"
+    # (Ling 3 / ``bailing_hybrid``: full-rank ``f_proj`` and ``g_proj``; the forget gate bounded as
+    # ``kda_lower_bound * sigmoid(exp(A_log) * f)``, or softplus when the bound is None)
+    kda_variant: str = "kimi"
+    kda_lower_bound: float | None = None
     # MLP / MoE. ``ffn_act``: "swiglu" (``down(silu(gate x) * up x)``) or "relu2" (Nemotron-H:
     # ``down(relu(up x)^2)``); ``ffn_layers``: per layer whether it has a feed-forward half (empty: all)
     ffn_act: str = "swiglu"
@@ -146,7 +159,7 @@ class HybridConfig:
         (Mamba2: the same count), the gated input ``B * x`` (short conv: the hidden size)."""
         if self.linear_kind == "short_conv":
             return self.hidden_size
-        if self.linear_kind == "lightning":
+        if self.linear_kind in ("lightning", "lightning_rope"):
             return 0
         return 2 * self.linear_key_dim + self.linear_value_dim
 
@@ -189,7 +202,15 @@ class HybridConfig:
             )
         family = FAMILIES[model_type]
         try:
-            if family in ("lfm2", "granitemoehybrid", "nemotron_h", "minimax", "kimi_linear"):
+            if family in (
+                "lfm2",
+                "granitemoehybrid",
+                "nemotron_h",
+                "minimax",
+                "kimi_linear",
+                "bailing_moe_linear",
+                "bailing_hybrid",
+            ):
                 from hypic_agent.runtime.models.config_families import NORMALIZERS
 
                 return NORMALIZERS[family](raw, model_type)

@@ -21,7 +21,8 @@ from typing import Any
 
 from hypic_agent.errors import ModelConfigError
 from hypic_agent.runtime.models.config import HybridConfig, LayerKind, eos_of, rope_of
-from hypic_agent.runtime.models.config_kimi import kimi_linear
+from hypic_agent.runtime.models.config_kimi import bailing_hybrid, kimi_linear
+from hypic_agent.runtime.models.config_ring import bailing_moe_linear
 
 
 def _kinds(types: list[str], linear: tuple[str, ...], attention: tuple[str, ...]) -> tuple[LayerKind, ...]:
@@ -297,4 +298,6 @@ NORMALIZERS: dict[str, Callable[[dict[str, Any], str], HybridConfig]] = {
     "nemotron_h": nemotron_h,
     "minimax": minimax,
     "kimi_linear": kimi_linear,
+    "bailing_moe_linear": bailing_moe_linear,
+    "bailing_hybrid": bailing_hybrid,
 }

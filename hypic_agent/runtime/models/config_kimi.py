@@ -8,6 +8,7 @@ first ``first_k_dense_replace`` layers.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from hypic_agent.errors import ModelConfigError
@@ -102,4 +103,45 @@ def kimi_linear(raw: dict[str, Any], model_type: str) -> HybridConfig:
         moe_layers=tuple(t == "sparse" for t in mlp_types),
         bos_token_id=raw.get("bos_token_id"),
         eos_token_ids=eos_of(raw),
+    )
+
+
+def bailing_hybrid(raw: dict[str, Any], model_type: str) -> HybridConfig:
+    """Ling 3 (transformers' ``bailing_hybrid``): Kimi Linear's layout with full-rank KDA gates (the forget
+    gate bounded by ``kda_lower_bound`` when ``kda_safe_gate``), MLA *with* interleaved RoPE on the
+    ``qk_rope_head_dim`` part and a per-head sigmoid output gate; every ``layer_group_size``-th layer
+    is attention. Not Ring-linear (``bailing_moe_linear``: Lightning with RoPE inside)."""
+    n = int(raw["num_hidden_layers"])
+    group = int(raw.get("layer_group_size", 6))
+    heads = int(raw.get("num_attention_heads", 32))
+    types = raw.get("layer_types") or [
+        "full_attention" if (i + 1) % group == 0 else "linear_attention" for i in range(n)
+    ]
+    kimi = {
+        "first_k_dense_replace": 2,
+        **raw,
+        "layer_types": types,
+        "linear_attn_config": {
+            "num_heads": heads,
+            "head_dim": int(raw.get("linear_head_dim") or raw.get("head_dim") or 128),
+            "short_conv_kernel_size": int(raw.get("short_conv_kernel_size", 4)),
+        },
+    }
+    cfg = kimi_linear(kimi, model_type)
+    assert cfg.mla is not None
+    theta = float((raw.get("rope_parameters") or {}).get("rope_theta", raw.get("rope_theta", 6_000_000.0)))
+    rope_type = (raw.get("rope_parameters") or {}).get("rope_type", "default")
+    if rope_type not in ("default", None):
+        raise ModelConfigError(f"rope_type {rope_type!r} is not supported yet (only 'default')")
+    safe = bool(raw.get("kda_safe_gate", True))
+    return replace(
+        cfg,
+        family="bailing_hybrid",
+        max_position_embeddings=int(raw.get("max_position_embeddings", raw.get("model_max_length", 262144))),
+        rotary_dim=cfg.mla.qk_rope_head_dim,
+        rope_theta=theta,
+        mla=replace(cfg.mla, head_gate=True),
+        kda_variant="ling",
+        kda_lower_bound=float(raw.get("kda_lower_bound", -5.0)) if safe else None,
+        rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
     )

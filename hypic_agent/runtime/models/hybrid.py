@@ -23,6 +23,7 @@ from hypic_agent.runtime.models.mamba2 import Mamba2Mixer
 from hypic_agent.runtime.models.mla import MLAttention
 from hypic_agent.runtime.models.mlp import Experts, build_mlp
 from hypic_agent.runtime.models.norms import GatedRMSNorm, RMSNorm
+from hypic_agent.runtime.models.ring_linear import RingLinearAttention
 from hypic_agent.runtime.models.short_conv import ShortConv
 
 # the module of each linear-layer kind (``HybridConfig.linear_kind``), built from (config, layer index)
@@ -32,6 +33,7 @@ LINEAR_MIXERS: dict[str, Callable[[HybridConfig, int], nn.Module]] = {
     "short_conv": lambda cfg, _: ShortConv(cfg),
     "lightning": LightningAttention,
     "kda": lambda cfg, _: KimiDeltaAttention(cfg),
+    "lightning_rope": RingLinearAttention,
 }
 
 
@@ -44,7 +46,7 @@ def _mix(base: torch.Tensor, y: torch.Tensor, alpha: float, beta: float) -> torc
 
 class DecoderLayer(nn.Module):
     """norm -> mixer -> residual -> norm -> MLP / MoE -> residual. ``mixer_kind``: ``attention`` or the
-    linear kind (``gdn`` | ``kda`` | ``mamba2`` | ``lightning`` | ``short_conv``); a linear layer's
+    linear kind (``gdn`` | ``kda`` | ``mamba2`` | ``lightning`` | ``lightning_rope`` | ``short_conv``); a linear layer's
     mixer is ``linear_attn`` (any ``LinearMixer``), an attention layer's ``self_attn``."""
 
     def __init__(self, cfg: HybridConfig, idx: int) -> None:

@@ -5,6 +5,9 @@ SiLU); a per-key-channel log-decay ``g = -exp(A_log_h) * softplus(f_b(f_a(x)) + 
 ``[H, K]``, ``beta = sigmoid(b_proj(x))``; the KDA recurrence (``kernels.kda``) over a
 ``[H, K, V]`` state; RMSNorm per head times ``sigmoid(g_b(g_a(x)))`` -> ``o_proj``.
 
+Ling 3 (``bailing_hybrid``, ``kda_variant = "ling"``) has the same layer with full-rank gates:
+``f_proj`` (forget gate ``lower_bound * sigmoid(exp(A_log) * (f + dt_bias))``) and ``g_proj``.
+
 Its transition mixes key channels (a delta rule), so its pairs are dense ``T [H, K, K]`` like GDN's
 and compose with ``kernels.chain``. The stages follow ``linear_mixer.LinearMixer``.
 """
@@ -51,6 +54,25 @@ class ForgetGate(nn.Module):
         return -self.A_log.float().exp().view(1, self.heads, 1) * sp
 
 
+class LingForgetGate(nn.Module):
+    """Ling 3's gate: ``f = f_proj(x) + dt_bias``; ``lower_bound * sigmoid(exp(A_log) * f)`` (bounded) or
+    ``-exp(A_log) * softplus(f)`` (``lower_bound`` None) -> ``[T, H, K]`` fp32 (transformers' names)."""
+
+    def __init__(self, d: int, heads: int, head_dim: int, lower_bound: float | None) -> None:
+        super().__init__()
+        self.heads, self.head_dim, self.lower_bound = heads, head_dim, lower_bound
+        self.f_proj = nn.Linear(d, heads * head_dim, bias=False)
+        self.dt_bias = nn.Parameter(torch.zeros(heads * head_dim))
+        self.A_log = nn.Parameter(torch.zeros(heads))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        f = (self.f_proj(x).float() + self.dt_bias.float()).view(-1, self.heads, self.head_dim)
+        rate = self.A_log.float().exp().view(1, self.heads, 1)
+        if self.lower_bound is not None:
+            return self.lower_bound * torch.sigmoid(rate * f)
+        return -rate * torch.where(f > 20.0, f, torch.log1p(torch.exp(f)))
+
+
 class HeadNorm(nn.Module):
     """The output norm's weight ``[V]`` (``o_norm``; applied in ``KimiDeltaAttention.output``)."""
 
@@ -78,10 +100,16 @@ class KimiDeltaAttention(nn.Module):
         self.conv1d = nn.Conv1d(
             self.conv_dim, self.conv_dim, self.kernel, groups=self.conv_dim, bias=False, padding=self.kernel - 1
         )
-        self.forget_gate = ForgetGate(d, self.hv, self.dv)
         self.b_proj = nn.Linear(d, self.hv, bias=False)
-        self.g_a_proj = nn.Linear(d, self.dv, bias=False)
-        self.g_b_proj = nn.Linear(self.dv, self.inner, bias=False)
+        self.ling = cfg.kda_variant == "ling"  # Ling 3: full-rank forget and output gates
+        self.forget_gate: nn.Module
+        if self.ling:
+            self.forget_gate = LingForgetGate(d, self.hv, self.dv, cfg.kda_lower_bound)
+            self.g_proj = nn.Linear(d, self.inner, bias=False)
+        else:
+            self.forget_gate = ForgetGate(d, self.hv, self.dv)
+            self.g_a_proj = nn.Linear(d, self.dv, bias=False)
+            self.g_b_proj = nn.Linear(self.dv, self.inner, bias=False)
         self.o_norm = HeadNorm(self.dv)
         self.o_proj = nn.Linear(self.inner, d, bias=False)
 
@@ -92,7 +120,7 @@ class KimiDeltaAttention(nn.Module):
         """x ``[T, D]`` -> (q|k|v ``[T, 3 H K]`` before the conv, output gate ``[T, H, V]``, g ``[T, H, K]``
         fp32, beta ``[T, H]``)."""
         mixed = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)
-        gate = self.g_b_proj(self.g_a_proj(x)).view(x.shape[0], self.hv, self.dv)
+        gate = (self.g_proj(x) if self.ling else self.g_b_proj(self.g_a_proj(x))).view(x.shape[0], self.hv, self.dv)
         return mixed, gate, self.forget_gate(x), torch.sigmoid(self.b_proj(x))
 
     def _split(self, qkv: torch.Tensor, g: torch.Tensor, beta: torch.Tensor) -> KDAOperands:

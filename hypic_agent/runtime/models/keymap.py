@@ -5,8 +5,9 @@ mixer, ``self_attn.{q,k,v,o}_proj`` / ``q_norm`` / ``k_norm``, ``input_layernorm
 ``post_attention_layernorm``, ``mlp.{gate,up,down}_proj`` or ``mlp.{gate,experts,shared_expert}``,
 ``model.norm``). ``to_contract`` renames (and where a tensor is fused, splits) transformers' names
 of ``lfm2``, ``granitemoehybrid``, ``nemotron_h`` (whose blocks are regrouped into layers,
-``HybridConfig.hf_blocks``), ``minimax`` and ``kimi_linear`` into it; names already in our naming pass through, so it is
-safe to apply twice. Other families are returned as they are.
+``HybridConfig.hf_blocks``), ``minimax``, ``kimi_linear`` and Ring-linear's ``bailing_moe_linear`` (hub
+names) into it; names already in our naming pass through, so it is safe to apply twice. Other families are
+returned as they are.
 """
 
 from __future__ import annotations
@@ -111,7 +112,7 @@ def expert_name(cfg: HybridConfig, name: str) -> str:
     return name if m is None else f"{m[1]}mlp.experts.{m[2]}.{_W[m[3]]}_proj.weight"
 
 
-_KIMI_GATE = re.compile(r"\.linear_attn\.(f_a_proj\.|f_b_proj\.|dt_bias$|A_log$)")
+_KIMI_GATE = re.compile(r"\.linear_attn\.(f_a_proj\.|f_b_proj\.|f_proj\.|dt_bias$|A_log$)")
 _KIMI_CONV = re.compile(r"^(model\.layers\.\d+\.linear_attn\.)([qkv])_conv1d\.weight$")
 
 
@@ -135,8 +136,63 @@ def _kimi(cfg: HybridConfig, tensors: dict[str, torch.Tensor]) -> dict[str, torc
     return out
 
 
+_RING_LAYER = re.compile(r"^model\.layers\.(\d+)\.attention\.(.+)$")
+_RING_ATTN = {"query_layernorm": "q_norm", "key_layernorm": "k_norm", "dense": "o_proj"}
+
+
+def _ring(cfg: HybridConfig, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Ring-linear (hub ``bailing_moe_linear``): ``word_embeddings`` -> ``embed_tokens``; a linear
+    layer's ``attention.*`` -> ``linear_attn.*`` (same leaf names); an attention layer's fused
+    ``query_key_value`` split into ``self_attn.{q,k,v}_proj``, its ``query/key_layernorm`` / ``dense`` ->
+    ``q_norm`` / ``k_norm`` / ``o_proj``; ``mlp.gate.expert_bias`` -> ``e_score_correction_bias``,
+    ``mlp.shared_experts`` -> ``mlp.shared_expert``."""
+    out: dict[str, torch.Tensor] = {}
+    q_rows = cfg.num_attention_heads * cfg.head_dim
+    kv_rows = cfg.num_key_value_heads * cfg.head_dim
+    for k, v in tensors.items():
+        k = k.replace("model.word_embeddings.", "model.embed_tokens.")
+        k = k.replace(".mlp.gate.expert_bias", ".mlp.gate.e_score_correction_bias")
+        k = k.replace(".mlp.shared_experts.", ".mlp.shared_expert.")
+        m = _RING_LAYER.match(k)
+        if m is None:
+            out[k] = v
+            continue
+        pre, leaf = f"model.layers.{m[1]}.", m[2]
+        if cfg.layer_types[int(m[1])] == "linear":
+            out[pre + "linear_attn." + leaf] = v
+        elif leaf.startswith("query_key_value."):
+            q, kk, vv = v.split([q_rows, kv_rows, kv_rows])
+            for name, part in (("q_proj", q), ("k_proj", kk), ("v_proj", vv)):
+                out[pre + f"self_attn.{name}." + leaf.split(".", 1)[1]] = part
+        else:
+            head, rest = leaf.split(".", 1)
+            out[pre + f"self_attn.{_RING_ATTN.get(head, head)}.{rest}"] = v
+    return out
+
+
+def _ling(cfg: HybridConfig, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Ling 3 (``bailing_hybrid``): the hub layout (what transformers' ``save_pretrained`` writes:
+    ``word_embeddings``, ``attention.*`` with ``dense`` for every layer, ``expert_bias``) -> transformers'
+    module names, then Kimi Linear's renames (``_kimi``: gate tensors under ``forget_gate``, the q/k/v
+    convs stacked)."""
+    renamed: dict[str, torch.Tensor] = {}
+    for k, v in tensors.items():
+        k = k.replace("model.word_embeddings.", "model.embed_tokens.")
+        k = k.replace(".mlp.gate.expert_bias", ".mlp.gate.e_score_correction_bias")
+        m = _RING_LAYER.match(k)
+        if m is not None:
+            leaf = "o_proj." + m[2][len("dense.") :] if m[2].startswith("dense.") else m[2]
+            k = f"model.layers.{m[1]}.self_attn.{leaf}"
+        renamed[k] = v
+    return _kimi(cfg, renamed)
+
+
 def to_contract(cfg: HybridConfig, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """transformers' tensor names of ``cfg.family`` -> ours (see module doc)."""
+    if cfg.family == "bailing_moe_linear":
+        return _ring(cfg, tensors)
+    if cfg.family == "bailing_hybrid":
+        return _ling(cfg, tensors)
     if cfg.family == "kimi_linear":
         return _kimi(cfg, tensors)
     if cfg.family == "minimax":

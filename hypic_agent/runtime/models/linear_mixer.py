@@ -1,6 +1,6 @@
 """``LinearMixer``: what the runtime's layer loops ask of a fixed-state (linear) layer's mixer.
 
-Three kinds implement it: ``GatedDeltaNet`` (``gdn``: dense ``T [HV, K, K]`` pairs), ``Mamba2Mixer``
+Kinds implementing it: ``GatedDeltaNet`` (``gdn``: dense ``T [HV, K, K]`` pairs), ``Mamba2Mixer``
 (``mamba2``: decay-only, ``T [HV]``) and ``ShortConv`` (``short_conv``: the conv tail is the whole
 state, no pair). Every kind has a causal conv (``conv_dim`` channels, kernel ``kernel``) and a
 recurrent state ``[HV, K, V]`` per sequence (``[0, 0, 0]`` for ``short_conv``), so the state pool,
@@ -56,3 +56,9 @@ class LinearMixer(Protocol):
     def decode_slots(
         self, inputs: tuple[torch.Tensor, ...], conv_pool: torch.Tensor, rec_pool: torch.Tensor, slots: torch.Tensor
     ) -> torch.Tensor: ...
+
+
+def at(mixer: Any, positions: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Keyword arguments for ``convolve`` / ``step`` / ``decode_slots``: the rows' positions ``[T]`` for a
+    mixer that rotates inside (``positional``: Ring-linear's ``lightning_rope``), nothing for the others."""
+    return {"positions": positions} if getattr(mixer, "positional", False) else {}

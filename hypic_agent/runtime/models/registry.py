@@ -26,6 +26,8 @@ BUILDERS: dict[str, Builder] = {
     "nemotron_h": HybridForCausalLM,
     "minimax": HybridForCausalLM,
     "kimi_linear": HybridForCausalLM,
+    "bailing_moe_linear": HybridForCausalLM,
+    "bailing_hybrid": HybridForCausalLM,
 }
 
 

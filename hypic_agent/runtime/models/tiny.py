@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from hypic_agent.errors import ModelConfigError
+from hypic_agent.runtime.models.tiny_bailing import LING_TINY, RING_TINY, own_state_dict
 
 # vocab of ``tokenizer.tiny_tokenizer()``: 256 byte tokens + <|endoftext|>, <|im_start|>, <|im_end|>
 TINY_VOCAB_SIZE = 259
@@ -28,7 +29,7 @@ TINY_PAD_ID, TINY_BOS_ID, TINY_EOS_ID = 256, 257, 258
 
 TINY_ARCHS: tuple[str, ...] = (
     "qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "llama", "lfm2", "granitemoehybrid", "nemotron_h", "minimax",
-    "kimi_linear",
+    "kimi_linear", "bailing_hybrid",
 )  # fmt: skip
 ALIASES: dict[str, str] = {"qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text"}
 
@@ -189,7 +190,23 @@ _CONFIGS: dict[str, dict[str, Any]] = {
         },
         "tie_word_embeddings": False,
     },
+    "bailing_hybrid": {
+        "model_type": "bailing_hybrid",
+        **{k: v for k, v in _COMMON.items() if k not in ("head_dim", "num_key_value_heads")},
+        **LING_TINY,
+    },
 }
+
+
+# families transformers lacks: seeded weights on our own module, no oracle (``tiny_bailing``)
+_CONFIGS["bailing_moe_linear"] = {
+    **RING_TINY,
+    "vocab_size": TINY_VOCAB_SIZE,
+    "bos_token_id": None,
+    "eos_token_id": TINY_EOS_ID,
+    "pad_token_id": TINY_PAD_ID,
+}
+OWN_INIT: tuple[str, ...] = ("bailing_moe_linear",)
 
 
 def canonical_arch(arch: str) -> str:
@@ -197,7 +214,7 @@ def canonical_arch(arch: str) -> str:
     arch = ALIASES.get(arch, arch)
     if arch not in _CONFIGS:
         raise ModelConfigError(
-            f"no tiny config for {arch!r}; use one of {list(TINY_ARCHS)} (e.g. 'tiny:qwen3_5_text')",
+            f"no tiny config for {arch!r}; use one of {[*TINY_ARCHS, *OWN_INIT]} (e.g. 'tiny:qwen3_5_text')",
             param="model",
         )
     return arch
@@ -246,6 +263,8 @@ def random_state_dict(
 
     Deterministic in ``(hf_config, seed)``; the caller's global RNG state is left untouched.
     """
+    if hf_config.get("model_type") in OWN_INIT:
+        return own_state_dict(hf_config, seed, dtype)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = build_hf_model(hf_config)

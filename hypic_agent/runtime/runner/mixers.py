@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from hypic_agent.runtime.models.attention import FullAttention
-from hypic_agent.runtime.models.linear_mixer import LinearMixer
+from hypic_agent.runtime.models.linear_mixer import LinearMixer, at
 from hypic_agent.runtime.runner.plan import ForwardPlan
 from hypic_agent.runtime.runner.pool import StatePool
 
@@ -31,8 +31,9 @@ def linear_mix(
     conv_pool, rec_pool = pool.conv[j], pool.recurrent[j]
     extra = tuple(inputs[1:2])
     if plan.decode_only:
-        return mixer.decode_slots(inputs, conv_pool, rec_pool, plan.slots), extra
-    ops, conv_final = mixer.convolve(*inputs, plan.cu_seqlens, conv_pool.index_select(0, plan.slots))
+        return mixer.decode_slots(inputs, conv_pool, rec_pool, plan.slots, **at(mixer, plan.positions)), extra
+    conv = conv_pool.index_select(0, plan.slots)
+    ops, conv_final = mixer.convolve(*inputs, plan.cu_seqlens, conv, **at(mixer, plan.positions))
     o, final = mixer.mix(ops, plan.cu_seqlens, rec_pool.index_select(0, plan.slots))
     conv_pool.index_copy_(0, plan.slots, conv_final.to(conv_pool.dtype))
     rec_pool.index_copy_(0, plan.slots, final)
