@@ -41,6 +41,7 @@ def engine(arch: str, budget: float) -> Engine:
 
 def test_ladder_ends_at_the_whole_segment():
     assert ladder_steps(10) == [0, 2, 4, 8, 10]
+    assert ladder_steps(10, floor=3) == [0, 4, 8, 10]
     assert ladder_steps(300) == [0, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 256, 300]
 
 
@@ -85,8 +86,9 @@ def test_auto_is_deterministic_and_inside_the_budget():
     p = eng.pieces(plan, mode="hypic", seam="auto")
     seams, keys = eng.seams_and_keys(p, "default")
     assert seams[0] == 0  # nothing before the first segment: its cached rows are exact
+    assert all(w == 0 or w >= 3 for w in seams)  # a hybrid's seams cover the conv window (kernel 4)
     assert sum(seams) <= int(0.1 * sum(len(s) for s in p.segs))
-    assert sum(seams) > 0 and len(set(seams[1:])) >= 1
+    assert sum(seams) > 0
     assert eng.seams_and_keys(p, "default") == (seams, keys)
     a = eng.prepare(plan, mode="hypic", seam="auto")
     b = eng.prepare(plan, mode="hypic", seam="auto")  # now from the cache

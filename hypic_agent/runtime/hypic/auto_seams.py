@@ -48,10 +48,10 @@ PROXY_TEXT = (
 LADDER = (0, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 
 
-def ladder_steps(n: int) -> list[int]:
+def ladder_steps(n: int, floor: int = 0) -> list[int]:
     """Seam widths a segment of ``n`` tokens may take, ascending, ending at ``n`` (whole segment):
-    ``LADDER`` then doubling."""
-    out = [w for w in LADDER if w < n]
+    ``LADDER`` then doubling; no width in ``(0, floor)`` (a hybrid's seam covers the conv window)."""
+    out = [w for w in LADDER if w < n and (w == 0 or w >= floor)]
     w = LADDER[-1] * 2
     while w < n:
         out.append(w)
@@ -89,14 +89,17 @@ def measure_profile(model: HybridForCausalLM, tokens: Sequence[int], context: Se
     return SeamProfile(tuple(d), sum(q) / len(q))
 
 
-def allocate(lengths: Sequence[int], profiles: Sequence[SeamProfile | None], budget_tokens: int) -> list[int]:
+def allocate(
+    lengths: Sequence[int], profiles: Sequence[SeamProfile | None], budget_tokens: int, floor: int = 0
+) -> list[int]:
     """Seam width per segment (``lengths``), at most ``budget_tokens`` in total; ``profiles[i]``
-    None: the segment takes no budget (not cacheable: it is recomputed whole anyway) and gets 0.
-    Deterministic (ties: the earlier segment)."""
+    None: the segment takes no budget (not cacheable: it is recomputed whole anyway) and gets 0;
+    ``floor``: the smallest non-zero width (``ladder_steps``). Deterministic (ties: the earlier
+    segment)."""
     widths = [0] * len(lengths)
     # a segment with nothing to gain is only ever recomputed whole (budget to spare)
     steps = [
-        [0] if p is None else ladder_steps(n) if p.gain(0, n) > 0 else [0, n]
+        [0] if p is None else ladder_steps(n, floor) if p.gain(0, n) > 0 else [0, n]
         for n, p in zip(lengths, profiles, strict=True)
     ]
     pos = [0] * len(lengths)  # index into steps[i] of the current width
@@ -184,4 +187,6 @@ def plan_seams(
                 table.put(k, p)
             profiles.append(p)
     total = sum(len(s) for s, k in zip(segs, keys, strict=True) if k is not None)
-    return allocate([len(s) for s in segs], profiles, int(budget * total + 1e-9))
+    cfg = model.config
+    floor = cfg.linear_conv_kernel_dim - 1 if "linear" in cfg.layer_types else 0  # conv window of the pieces
+    return allocate([len(s) for s in segs], profiles, int(budget * total + 1e-9), floor)
