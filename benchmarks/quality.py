@@ -8,7 +8,13 @@ Each prompt is ``[system][doc 1]..[doc n][question]`` with documents shuffled pe
 Against ``full_recompute`` on the same tokens: first-token KL(full || mode), top-1 agreement
 of the first token, the task score (F1 / EM / ROUGE-L x 100) of a greedy answer, and the mean
 NLL of the reference answer teacher-forced after the prompt (``gold_nll``, nats/token): the
-low-noise answer signal where a small model's task scores sit at the floor.
+low-noise answer signal where a small model's task scores sit at the floor. Every config also
+reports its recompute fraction (``recompute``): the share of the prompt's segment tokens (the
+suffix left out) computed in context rather than served from an entry (1 for ``full_recompute``;
+seams and segments too short to cache for the composed modes), so budgets compare fairly.
+
+    python benchmarks/quality.py --datasets hotpotqa nq --limit 100 --gen-tokens 0 --modes hypic --seams \
+        --auto-budgets 0.03 --data ../shared/data       # hypic w=8 vs seam="auto" at a 3% budget
 """
 
 from __future__ import annotations
@@ -38,15 +44,35 @@ MODE_CONFIGS = [("prefix_cache", 8.0), ("addition", 0.0), ("transition", 0.0), (
 SEAM_ABLATION = [0.0, 4.0, 16.0, 32.0]
 
 
-def configs(seams: list[float], modes: list[str] | None = None) -> list[tuple[str, str, float]]:
+def configs(
+    seams: list[float], modes: list[str] | None = None, budgets: list[float] | None = None
+) -> list[tuple[str, str, float | str]]:
     """(label, mode, seam) per compared config; ``modes`` restricts the mode ladder (seam ablation
-    rows are hypic runs and come with ``hypic``)."""
+    rows are hypic runs and come with ``hypic``); ``budgets``: ``seam="auto"`` rows (label
+    ``hypic auto b=<budget>``), whatever the modes."""
     keep = [(m, w) for m, w in MODE_CONFIGS if modes is None or m in modes]
-    out = [(m if m != "hypic" else f"hypic w={w:g}", m, w) for m, w in keep]
-    if modes is not None and "hypic" not in modes:
-        return out
-    out += [(f"hypic w={w:g}", "hypic", w) for w in seams if w != 8.0]
-    return out
+    out: list[tuple[str, str, float | str]] = [(m if m != "hypic" else f"hypic w={w:g}", m, w) for m, w in keep]
+    if modes is None or "hypic" in modes:
+        out += [(f"hypic w={w:g}", "hypic", w) for w in seams if w != 8.0]
+    return out + [(f"hypic auto b={b:g}", "hypic", "auto") for b in budgets or []]
+
+
+def recompute_fraction(engine: Engine, plan: PromptPlan, mode: str, seam: float | str) -> float:
+    """Share of the prompt's segment tokens computed in context (see module doc); nan for prefix_cache."""
+    if mode == "full_recompute":
+        return 1.0
+    if mode == "prefix_cache":
+        return float("nan")
+    p = engine.pieces(plan, mode=mode, seam=seam)
+    seams, keys = engine.seams_and_keys(p, "default")
+    total = sum(len(s) for s in p.segs)
+    done = sum(len(s) if k is None else w for s, w, k in zip(p.segs, seams, keys, strict=True))
+    return done / max(1, total)
+
+
+def budget_of(label: str) -> float | None:
+    """The seam budget of an ``auto`` config label (None for the others)."""
+    return float(label.split("b=")[1]) if " auto b=" in label else None
 
 
 def make_plan(engine: Engine, ex: Example) -> PromptPlan:
@@ -88,13 +114,14 @@ def run_dataset(
     engine: Engine,
     name: str,
     examples: list[Example],
-    cfgs: list[tuple[str, str, float]],
+    cfgs: list[tuple[str, str, float | str]],
     gen_tokens: int,
     on_progress: Any = None,
 ) -> list[dict[str, Any]]:
     """Every config on every example; ``on_progress(rows)`` gets the rows so far every 10 examples."""
     acc: dict[str, dict[str, list[float]]] = {
-        lab: {"kl": [], "top1": [], "score": [], "nll": []} for lab in ["full_recompute", *(c[0] for c in cfgs)]
+        lab: {"kl": [], "top1": [], "score": [], "nll": [], "recompute": []}
+        for lab in ["full_recompute", *(c[0] for c in cfgs)]
     }
     for i, ex in enumerate(examples):
         plan = make_plan(engine, ex)
@@ -102,9 +129,13 @@ def run_dataset(
         assert full.state.last_logits is not None
         ref = full.state.last_logits.clone()
         acc["full_recompute"]["nll"].append(gold_nll(engine, full, ex))
+        acc["full_recompute"]["recompute"].append(1.0)
         if gen_tokens:
             acc["full_recompute"]["score"].append(score(ex, answer(engine, full, gen_tokens)))
         for label, mode, w in cfgs:
+            if (b := budget_of(label)) is not None:
+                engine.settings.seam_budget = b
+            acc[label]["recompute"].append(recompute_fraction(engine, plan, mode, w))
             prep = engine.prepare(plan, mode=mode, seam=w)
             assert prep.state.last_logits is not None
             kl, top1 = kl_top1(ref, prep.state.last_logits)
@@ -138,8 +169,10 @@ def summarize(name: str, acc: dict[str, dict[str, list[float]]], n: int, gen_tok
                 "top1_agreement": 1.0 if label == "full_recompute" else mean["top1"],
                 "gold_nll": mean["nll"],
                 "gold_nll_delta": mean["nll"] - base_nll,
+                "recompute": mean["recompute"],
                 "delta_ci95": paired_ci(full["score"], vals["score"]),
                 "gold_nll_delta_ci95": paired_ci(full["nll"], vals["nll"]),
+                "kl_ci95": mean_ci(vals["kl"]) if label != "full_recompute" else None,
                 "per_example": {k: list(v) for k, v in vals.items()},
             }
         )
@@ -155,6 +188,11 @@ def paired_ci(base: list[float], other: list[float], iters: int = 2000, seed: in
     g = torch.Generator().manual_seed(seed)
     means = d[torch.randint(0, len(d), (iters, len(d)), generator=g)].mean(1)
     return [float(means.quantile(0.025)), float(means.quantile(0.975))]
+
+
+def mean_ci(vals: list[float], iters: int = 2000, seed: int = 0) -> list[float] | None:
+    """95% bootstrap interval of ``mean(vals)`` (None without data)."""
+    return paired_ci([0.0] * len(vals), vals, iters, seed)
 
 
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
@@ -200,6 +238,10 @@ def main() -> None:
         "--modes", nargs="+", default=None, choices=[m for m, _ in MODE_CONFIGS],
         help="compare only these modes with full_recompute (default: all); large-n runs use --modes hypic --seams",
     )  # fmt: skip
+    ap.add_argument(
+        "--auto-budgets", type=float, nargs="*", default=[],
+        help='seam="auto" rows at these recompute budgets (Settings.seam_budget)',
+    )  # fmt: skip
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--skip", type=int, default=0, help="leave out the first N examples (shard a long run)")
     ap.add_argument("--smoke", action="store_true", help="2 examples, 4 tokens: plumbing only")
@@ -213,7 +255,7 @@ def main() -> None:
     engine = load_engine(
         Settings(device="cpu" if not torch.cuda.is_available() else "auto", min_cached_tokens=16), model=args.model
     )
-    cfgs = configs(args.seams, args.modes)
+    cfgs = configs(args.seams, args.modes, args.auto_budgets)
     rows: list[dict[str, Any]] = []
     t0 = time.perf_counter()
 
@@ -229,7 +271,7 @@ def main() -> None:
         rows += run_dataset(engine, ds, examples, cfgs, args.gen_tokens, partial)
         partial([])
     cols = ["dataset", "config", "n", "score", "delta_vs_full", "kl_first_token", "top1_agreement"]
-    print_table(rows, [*cols, "gold_nll", "gold_nll_delta"])
+    print_table(rows, [*cols, "gold_nll", "gold_nll_delta", "recompute"])
     write_json(
         args.out,
         {

@@ -46,7 +46,9 @@ def generate(
         help="kind of the --segment files, once for all or once per file: document | system | skill | memory | text",
     ),
     mode: str | None = typer.Option(None, help=f"{' | '.join(MODES)} (default: the server's, hypic)"),
-    seam: float | None = typer.Option(None, help="recomputed tokens per segment: 0, a fraction (0, 1] or a count (8)"),
+    seam: str | None = typer.Option(
+        None, help="recomputed tokens per segment: 0, a fraction (0, 1], a count (8), or auto (HYPIC_SEAM_BUDGET)"
+    ),
     url: str | None = typer.Option(None, help="send the request to a running server (no model load here)"),
     api_key: str | None = typer.Option(None, "--api-key", help="bearer key for --url"),
     model: str | None = typer.Option(None, help="local run: model name/path (default: as for the server)"),

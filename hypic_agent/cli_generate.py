@@ -38,7 +38,7 @@ class GenerateRequest:
     prompt: str
     segments: tuple[dict[str, Any], ...] = ()
     mode: str | None = None
-    seam: float | None = None
+    seam: float | str | None = None  # a width, or "auto"
     max_tokens: int = 64
     temperature: float = 0.0
     top_p: float = 1.0
@@ -86,7 +86,7 @@ def check_request(
     files: list[Path],
     kinds: list[str],
     mode: str | None,
-    seam: float | None,
+    seam: float | str | None,
     url: str | None,
     raw: bool,
     local_only: dict[str, Any],
@@ -97,7 +97,12 @@ def check_request(
         raise BadArgument("--prompt is empty")
     if mode is not None and mode not in MODES:
         raise BadArgument(f"--mode {mode!r} is not a mode; use one of {', '.join(MODES)}")
-    if seam is not None and (not math.isfinite(seam) or seam < 0 or (seam > 1 and seam != int(seam))):
+    if isinstance(seam, str) and seam != "auto":
+        try:
+            seam = float(seam)
+        except ValueError:
+            raise BadArgument(f"--seam {seam!r}: use 0 (none), a fraction in (0, 1], a token count, or auto") from None
+    if isinstance(seam, float | int) and (not math.isfinite(seam) or seam < 0 or (seam > 1 and seam != int(seam))):
         raise BadArgument(f"--seam {seam}: use 0 (none), a fraction in (0, 1], or a whole number of tokens > 1")
     if url is not None:
         if not url.startswith(("http://", "https://")):

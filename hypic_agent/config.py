@@ -149,6 +149,13 @@ class Settings(BaseSettings):
     # --- HYPIC -----------------------------------------------------------------------
     default_mode: ModeName = "hypic"
     default_seam: float = Field(default=8, ge=0)
+    seam_budget: float = Field(
+        default=0.03,
+        ge=0,
+        le=1,
+        description='seam="auto": the share of the cached segments\' tokens recomputed in context, spread over a '
+        "request's segments by their measured deviation (1 = full_recompute)",
+    )
     pair_dtype: Literal["float32", "bfloat16"] = "float32"
     min_cached_tokens: int = Field(default=16, ge=0, description="shorter segments are recomputed, never cached")
     scatter_workers: int = Field(

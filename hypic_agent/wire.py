@@ -15,7 +15,7 @@ Violations raise ``PydanticCustomError`` of type ``INVALID_VALUE``; the API answ
 from __future__ import annotations
 
 import math
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field
 from pydantic_core import PydanticCustomError
@@ -102,7 +102,10 @@ def check_top_p(value: float) -> float:
     return value
 
 
-def check_seam(value: float) -> float:
+def check_seam(value: float | str) -> float | str:
+    if value == "auto":  # widths chosen per segment under the server's seam_budget
+        return value
+    assert not isinstance(value, str)
     check_finite(value)
     if value < 0:
         raise invalid("must be >= 0 (0 = none, (0,1] = fraction, > 1 = tokens), not {value}", value=value)
@@ -143,9 +146,9 @@ Seed = Annotated[
 ]
 _TOKEN_SEAM = {"type": "integer", "minimum": 1, "maximum": INT32_MAX}
 Seam = Annotated[
-    float,
+    float | Literal["auto"],
     AfterValidator(check_seam),
-    Field(json_schema_extra={"anyOf": [{"minimum": 0, "maximum": 1}, _TOKEN_SEAM]}),
+    Field(json_schema_extra={"anyOf": [{"minimum": 0, "maximum": 1}, _TOKEN_SEAM, {"const": "auto"}]}),
 ]
 MaxTokens = Annotated[
     int,

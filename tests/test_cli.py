@@ -53,6 +53,7 @@ BAD = [
     (["--mode", "bogus"], "--mode 'bogus' is not a mode; use one of full_recompute"),
     (["--seam", "-1"], "--seam -1.0: use 0"),
     (["--seam", "2.5"], "--seam 2.5: use 0"),
+    (["--seam", "wide"], "--seam 'wide': use 0 (none), a fraction in (0, 1], a token count, or auto"),
     (["--segment", "/no/such/file.txt"], "--segment /no/such/file.txt: no such file"),
     (["--segment", "{paris}", "--kind", "turn"], "--kind 'turn' is not a segment kind for a file"),
     (["--segment", "{paris}", "--kind", "document", "--kind", "skill", "--kind", "memory"], "3 --kind values for 1"),
@@ -193,3 +194,11 @@ def test_serve_rejects_bad_scatter_devices_at_start_up(tmp_path: Path, monkeypat
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 2
     assert "scatter workers:" in res.output and "rank 0's kind (cpu)" in res.output
+
+
+def test_seam_auto_and_numbers_parse():
+    from hypic_agent.cli_generate import check_request
+
+    common: dict[str, Any] = dict(prompt="q", files=[], kinds=[], mode="hypic", url=None, raw=False, local_only={})
+    assert check_request(seam="auto", **common).seam == "auto"
+    assert check_request(seam="8", **common).seam == 8.0

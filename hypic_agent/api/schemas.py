@@ -38,7 +38,10 @@ class SamplingIn(BaseModel):
         description="full_recompute | prefix_cache | ... | hypic",
         json_schema_extra={"enum": [*MODES, None]},
     )
-    seam: Seam | None = Field(default=None, description="seam width: 0 none, (0,1] fraction, > 1 tokens")
+    seam: Seam | None = Field(
+        default=None,
+        description='seam width: 0 none, (0,1] fraction, > 1 tokens, or "auto" (per segment, under seam_budget)',
+    )
 
     @field_validator("stop")
     @classmethod

@@ -101,6 +101,10 @@ def canonical_segments(
 
 def put_segments(st: ServerState, req: PutSegmentsRequest, tenant: str) -> dict[str, Any]:
     mode, seam, key_seam = resolve_mode(st, req.mode, req.seam)
+    if seam == "auto":
+        raise InvalidRequestError(
+            'seam "auto" picks widths per request; pre-warm with a fixed seam (auto shares its entries)', param="seam"
+        )
     if not mode_spec(mode).composed:
         raise InvalidRequestError(
             f"mode {mode!r} keeps no segment entries; pre-warm for a composed mode such as 'hypic'", param="mode"

@@ -41,16 +41,18 @@ class GenerateJob:
     plan: PromptPlan
     sampling: SamplingParams
     mode: str
-    seam: float
+    seam: float | str
     key_seam: float  # the seam that goes into entry keys for this mode (0 where seams are off)
     t0: float
 
 
-def resolve_mode(st: ServerState, mode: str | None, seam: float | None) -> tuple[str, float, float]:
-    """``(mode name, seam, key seam)``; raises ``UnknownModeError`` / ``InvalidRequestError``."""
+def resolve_mode(st: ServerState, mode: str | None, seam: float | str | None) -> tuple[str, float | str, float]:
+    """``(mode name, seam, key seam)``; raises ``UnknownModeError`` / ``InvalidRequestError``. With
+    ``seam="auto"`` the key seam is 0 (segment ids by content; the engine keys each entry by the
+    width it chose)."""
     spec = mode_spec(mode or st.settings.default_mode)
     w = validate_seam(st.settings.default_seam if seam is None else seam)
-    return spec.name, w, (w if spec.composed and spec.seams else 0.0)
+    return spec.name, w, (float(w) if spec.composed and spec.seams and w != "auto" else 0.0)
 
 
 def sampling_of(st: ServerState, req: SamplingIn) -> SamplingParams:

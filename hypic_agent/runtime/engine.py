@@ -27,6 +27,7 @@ from hypic_agent.errors import ContextLengthError, InvalidRequestError
 from hypic_agent.runtime.forward import prefill
 from hypic_agent.runtime.graphs import bucket_sizes, enable_cuda_graphs
 from hypic_agent.runtime.headroom import AllocatorHeadroom
+from hypic_agent.runtime.hypic.auto_seams import AUTO, ProfileTable, plan_seams
 from hypic_agent.runtime.hypic.build import ColdBatch
 from hypic_agent.runtime.hypic.cache import EntryCache, MemoryEntryCache
 from hypic_agent.runtime.hypic.cold_graphs import enable_cold_graphs
@@ -80,7 +81,7 @@ class PromptPieces:
     kinds: list[str]
     suffix: list[int]
     spec: ModeSpec
-    w: float
+    w: float | str  # a fixed seam, or "auto" (``auto_seams``)
     total: int  # prompt tokens
 
 
@@ -109,6 +110,7 @@ class Engine:
             model.fuse_projections()
         self.cache: EntryCache = cache if cache is not None else MemoryEntryCache(self.settings.cpu_budget_bytes)
         self.prefix_cache = PrefixCache(model.config.layer_types, self.settings.cpu_budget_bytes)
+        self.seam_profiles = ProfileTable()  # seam="auto": per-segment deviation profiles
         self.name = name
         self.device = next(model.parameters()).device
         self.lock = threading.RLock()
@@ -164,7 +166,7 @@ class Engine:
 
     # ------------------------------------------------------------------ prepare
     def pieces(
-        self, plan: PlanLike, *, mode: str | None = None, seam: float | None = None, max_new_tokens: int = 0
+        self, plan: PlanLike, *, mode: str | None = None, seam: float | str | None = None, max_new_tokens: int = 0
     ) -> PromptPieces:
         """Validate ``plan`` for ``mode`` and split it into cacheable segments and the suffix (no
         model work): raises ``InvalidRequestError`` / ``ContextLengthError`` / ``UnknownModeError``."""
@@ -195,7 +197,7 @@ class Engine:
         plan: PlanLike,
         *,
         mode: str | None = None,
-        seam: float | None = None,
+        seam: float | str | None = None,
         tenant: str = "default",
         max_new_tokens: int = 0,
     ) -> Prepared:
@@ -214,14 +216,28 @@ class Engine:
             return out
 
     def seams_and_keys(self, p: PromptPieces, tenant: str) -> tuple[list[int], list[str | None]]:
-        """A composed prompt's seam width per segment and its entry key (None: not cacheable)."""
-        eff = p.w if p.spec.seams else 0.0
+        """A composed prompt's seam width per segment and its entry key (None: not cacheable); with
+        ``seam="auto"`` the widths come from ``auto_seams`` (keys carry each segment's width)."""
+        auto = p.w == AUTO and p.spec.seams
+        eff = 0.0 if not p.spec.seams or auto else float(p.w)
         seams = [seam_tokens(eff, len(s)) for s in p.segs]
+        if auto:
+            base = [
+                self.entry_key(s, tenant, 0) if k != "bos" and len(s) >= self.settings.min_cached_tokens else None
+                for s, k in zip(p.segs, p.kinds, strict=True)
+            ]
+            with self.lock:  # profiles not seen yet run on the model
+                seams = plan_seams(
+                    self.model, self.seam_profiles, self.tokenizer, p.segs, base, self.settings.seam_budget
+                )
         cacheable = [
             k != "bos" and len(s) >= self.settings.min_cached_tokens and seams[i] < len(s)
             for i, (s, k) in enumerate(zip(p.segs, p.kinds, strict=True))
         ]
-        keys = [self.entry_key(s, tenant, eff) if c else None for s, c in zip(p.segs, cacheable, strict=True)]
+        keys = [
+            self.entry_key(s, tenant, seams[i] if auto else eff) if c else None
+            for i, (s, c) in enumerate(zip(p.segs, cacheable, strict=True))
+        ]
         return seams, keys
 
     def cold_segments(self, p: PromptPieces, tenant: str) -> list[int]:
@@ -255,7 +271,7 @@ class Engine:
         return prefix_prepared(keys, segs, kinds, depth, reused, state.length, state, {"prefill_ms": _ms(t0)})
 
     def _composed(
-        self, segs: list[tuple[int, ...]], kinds: list[str], suffix: list[int], spec: Any, w: float, tenant: str
+        self, segs: list[tuple[int, ...]], kinds: list[str], suffix: list[int], spec: Any, w: float | str, tenant: str
     ) -> Prepared:
         t0 = time.perf_counter()
         seams, keys = self.seams_and_keys(PromptPieces(segs, kinds, suffix, spec, w, 0), tenant)
@@ -361,7 +377,7 @@ class Engine:
         sampling: SamplingParams,
         *,
         mode: str | None = None,
-        seam: float | None = None,
+        seam: float | str | None = None,
         tenant: str = "default",
     ) -> Iterator[TokenEvent | FinishEvent]:
         """Submit to the scheduler and stream its events: ``TokenEvent``s then one ``FinishEvent``
@@ -385,14 +401,23 @@ class Engine:
         *,
         tenant: str = "default",
         mode: str | None = None,
-        seam: float | None = None,
+        seam: float | str | None = None,
     ) -> list[SegmentUsage]:
-        """Make sure every segment has an entry (PUT /v1/segments); returns their keys and hit flags."""
+        """Make sure every segment has an entry (PUT /v1/segments); returns their keys and hit flags
+        (``seam="auto"``: the widths ``auto_seams`` gives these segments as one prompt)."""
         spec = mode_spec(mode or self.settings.default_mode)
         w = validate_seam(self.settings.default_seam if seam is None else seam)
-        eff = w if spec.seams else 0.0
-        seams = [seam_tokens(eff, len(s)) for s in segments]
-        keys = [self.entry_key(s, tenant, eff) for s in segments]
+        if w == AUTO and spec.seams:
+            pieces = PromptPieces([tuple(s) for s in segments], list(kinds), [], spec, w, 0)
+            seams, maybe = self.seams_and_keys(pieces, tenant)
+            keys = [
+                k if k is not None else self.entry_key(s, tenant, seams[i])
+                for i, (s, k) in enumerate(zip(segments, maybe, strict=True))
+            ]
+        else:
+            eff = float(w) if spec.seams and w != AUTO else 0.0
+            seams = [seam_tokens(eff, len(s)) for s in segments]
+            keys = [self.entry_key(s, tenant, eff) for s in segments]
         with self.lock:
             r = route(keys, self.cache)
             self._fill_cold(r, segments, kinds, seams, tenant)

@@ -22,7 +22,7 @@ class GenerationRequest:
     plan: Any  # a segments.plan.PromptPlan (engine.PlanLike)
     sampling: SamplingParams
     mode: str | None = None
-    seam: float | None = None
+    seam: float | str | None = None
     tenant: str = "default"
     priority: int = 0  # lower runs first; FCFS among equals
     t0: float = field(default_factory=time.perf_counter)  # arrival, for TTFT

@@ -76,7 +76,7 @@ def generate_body(
     *,
     stream: bool,
     mode: str | None,
-    seam: float | None,
+    seam: float | str | None,
     max_tokens: int | None,
     temperature: float | None,
     top_p: float | None,

@@ -132,7 +132,7 @@ class Hypic:
         *,
         stream: Literal[False] = ...,
         mode: str | None = ...,
-        seam: float | None = ...,
+        seam: float | str | None = ...,
         max_tokens: int | None = ...,
         temperature: float | None = ...,
         top_p: float | None = ...,
@@ -151,7 +151,7 @@ class Hypic:
         *,
         stream: Literal[True],
         mode: str | None = ...,
-        seam: float | None = ...,
+        seam: float | str | None = ...,
         max_tokens: int | None = ...,
         temperature: float | None = ...,
         top_p: float | None = ...,
@@ -169,7 +169,7 @@ class Hypic:
         *,
         stream: bool = False,
         mode: str | None = None,
-        seam: float | None = None,
+        seam: float | str | None = None,
         max_tokens: int | None = None,
         temperature: float | None = None,
         top_p: float | None = None,
@@ -182,8 +182,9 @@ class Hypic:
         """``POST /v1/generate``: complete ``query`` after the (cached) ``segments``.
 
         ``mode`` picks the reuse method (``hypic`` default on the server; ``full_recompute``,
-        ``prefix_cache``, ...), ``seam`` the recomputed window per segment. With ``stream=True``
-        returns a :class:`GenerateStream` of :class:`GenerateChunk` (the last carries usage).
+        ``prefix_cache``, ...), ``seam`` the recomputed window per segment (``"auto"``: chosen per
+        segment under the server's budget). With ``stream=True`` returns a :class:`GenerateStream`
+        of :class:`GenerateChunk` (the last carries usage).
         """
         body = generate_body(
             segments,

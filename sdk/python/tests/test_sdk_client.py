@@ -121,3 +121,8 @@ def test_repr_and_exports():
     assert "hypic.test" in repr(hc.Hypic("http://hypic.test"))
     assert set(hc.__all__) <= set(dir(hc))
     assert all(not name.startswith("_") or name == "__version__" for name in hc.__all__)
+
+
+def test_generate_passes_seam_auto(client: hc.Hypic, fake_server: FakeServer):
+    client.generate([hc.doc("d")], "q", seam="auto")
+    assert fake_server.last("/v1/generate").body["seam"] == "auto"

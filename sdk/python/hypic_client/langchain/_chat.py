@@ -53,7 +53,7 @@ class ChatHypic(BaseChatModel):
     model_name: str | None = Field(default=None, alias="model")
     """Informational (the server serves one model); shows up in traces."""
     mode: str | None = None
-    seam: float | None = None
+    seam: float | str | None = None
     max_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None

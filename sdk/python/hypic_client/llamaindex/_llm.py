@@ -52,7 +52,7 @@ class HypicLLM(CustomLLM, FunctionCallingLLM):
     model_name: str = "hypic"
     context_window: int = 32768
     mode: str | None = None
-    seam: float | None = None
+    seam: float | str | None = None
     max_tokens: int | None = 256
     temperature: float | None = None
     top_p: float | None = None

@@ -1,0 +1,63 @@
+"""``probe``: the combine forward, keeping every active row of every layer (for measurements).
+
+``combine`` keeps only the last token's logits. Measuring where cached prefill deviates needs
+the per-token hidden states: this runs the same per-layer code (``combine._linear`` /
+``combine._attention`` on the chunked path, no CUDA graphs, no cold batch) and returns the
+residual stream of every active token entering every layer plus after the last one, and the
+active tokens' logits. Three layouts cover what a deviation measurement compares:
+
+* no entries (``plan_layout(segs, [None] * n, ...)``): every token active, the one-pass forward
+  (``full_recompute``);
+* one segment alone with no entry and no suffix: its isolated prefill, i.e. what an entry caches
+  for its body tokens;
+* entries + seams: the ``hypic`` forward (active rows = seams and suffix).
+
+Not on any serving path (it keeps ``[n_layers + 1, T, D]`` hidden states).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from hypic_agent.runtime.hypic.combine import _attention, _linear
+from hypic_agent.runtime.hypic.combine_inputs import combine_inputs
+from hypic_agent.runtime.hypic.entry import SegmentEntry
+from hypic_agent.runtime.hypic.layout import CombineLayout
+from hypic_agent.runtime.hypic.modes import ModeSpec
+from hypic_agent.runtime.models.hybrid import HybridForCausalLM
+
+
+@dataclass
+class Probe:
+    hidden: torch.Tensor  # [n_layers + 1, Ta, D] residual entering layer l (l = n_layers: after the last)
+    logits: torch.Tensor | None  # [Ta, vocab] fp32 (None when not asked for)
+    positions: torch.Tensor  # [Ta] global positions of the rows
+
+
+@torch.no_grad()
+def probe(
+    model: HybridForCausalLM,
+    lay: CombineLayout,
+    entries: list[SegmentEntry | None],
+    spec: ModeSpec,
+    *,
+    logits: bool = True,
+) -> Probe:
+    """Run the combine forward of ``lay`` and keep all active rows (see module doc)."""
+    inputs = combine_inputs(model, lay, entries, spec.transition, fused_scan=False)
+    h = model.embed(lay.active_ids)
+    hidden = [h]
+    for li, layer in enumerate(model.layers):
+        xs = layer.mixer_in(h)
+        if layer.linear_attn is not None:
+            o, _ = _linear(layer.linear_attn, xs, lay, entries, li, spec, None, None, None, inputs.kernels)
+            extra: tuple[torch.Tensor, ...] = xs[1:2]
+        else:
+            q, k, v = xs[:3]
+            o, _ = _attention(layer.self_attn, q, k, v, lay, entries, li, spec, None)  # type: ignore[arg-type]
+            extra = xs[3:]
+        h = layer.mixer_out(h, o, *extra)
+        hidden.append(h)
+    return Probe(torch.stack(hidden), model.logits(h) if logits else None, lay.active_pos)

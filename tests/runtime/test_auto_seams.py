@@ -1,0 +1,105 @@
+"""``seam="auto"``: deterministic per-segment widths, inside the budget, and full_recompute at budget 1."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+import torch
+
+from hypic_agent.config import Settings
+from hypic_agent.errors import InvalidRequestError
+from hypic_agent.runtime.engine import Engine
+from hypic_agent.runtime.hypic.auto_seams import SeamProfile, allocate, ladder_steps, measure_profile
+from hypic_agent.runtime.hypic.modes import validate_seam
+from hypic_agent.runtime.models.tokenizer import tiny_tokenizer
+
+from .conftest import make_model, rand_tokens
+
+
+@dataclass
+class Seg:
+    token_ids: tuple[int, ...]
+    kind: str = "document"
+
+
+@dataclass
+class Plan:
+    segments: list[Seg]
+    suffix_ids: list[int] = field(default_factory=lambda: rand_tokens(5, 77))
+    bos_id: int | None = None
+
+
+def docs(lengths=(30, 40, 24, 50), seed=600) -> list[Seg]:
+    return [Seg(tuple(rand_tokens(n, seed + i))) for i, n in enumerate(lengths)]
+
+
+def engine(arch: str, budget: float) -> Engine:
+    model, _, _ = make_model(arch)
+    return Engine(model, tiny_tokenizer(), "tiny-test", Settings(min_cached_tokens=4, seam_budget=budget))
+
+
+def test_ladder_ends_at_the_whole_segment():
+    assert ladder_steps(10) == [0, 2, 4, 8, 10]
+    assert ladder_steps(10, floor=3) == [0, 4, 8, 10]
+    assert ladder_steps(300) == [0, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 256, 300]
+
+
+def test_allocate_follows_gain_per_token_and_respects_the_budget():
+    flat = SeamProfile((1.0,) * 8, 1.0)
+    steep = SeamProfile((9.0, 9.0, 5.0, 5.0, 0.1, 0.1, 0.1, 0.1), 0.1)
+    zero = SeamProfile((), 0.0)
+    # 10 tokens: steep 0->2 (9/token), 2->4 (5), then flat 0->2 (1), 2->4 (1); steep's 4->8 (0.1) fits no more
+    assert allocate([40, 40, 40], [zero, flat, steep], 10) == [0, 4, 4]
+    # uncacheable segments (None) take nothing; the zero-gain one only once the others are whole
+    assert allocate([40, 5, 40], [zero, None, flat], 40) == [0, 0, 40]
+    assert allocate([40, 5, 40], [zero, None, flat], 80) == [40, 0, 40]
+    for budget in range(0, 130, 7):
+        got = allocate([40, 33, 60], [flat, steep, flat], budget)
+        assert sum(got) <= budget
+        assert got == allocate([40, 33, 60], [flat, steep, flat], budget)  # deterministic
+
+
+def test_profile_is_zero_without_context_change_and_deterministic():
+    model, _, _ = make_model("qwen3_5_text")
+    seg = rand_tokens(40, 5)
+    ctx = rand_tokens(12, 6)
+    p = measure_profile(model, seg, ctx)
+    assert len(p.dev) == 40 and all(d > 0 for d in p.dev)
+    assert p == measure_profile(model, seg, ctx)
+    assert measure_profile(model, seg, []).dev == pytest.approx([0.0] * 40, abs=1e-5)
+
+
+@pytest.mark.parametrize("arch", ["qwen3_5_text", "llama"])
+def test_budget_covering_whole_segments_equals_full_recompute(arch):
+    eng = engine(arch, 1.0)
+    plan = Plan(docs())
+    full = eng.prepare(plan, mode="full_recompute")
+    auto = eng.prepare(plan, mode="hypic", seam="auto")
+    assert auto.cached_tokens == 0 and all(u.id is None for u in auto.segments)
+    assert (auto.state.last_logits - full.state.last_logits).abs().max().item() < 1e-5
+
+
+def test_auto_is_deterministic_and_inside_the_budget():
+    eng = engine("qwen3_5_text", 0.1)
+    plan = Plan(docs())
+    p = eng.pieces(plan, mode="hypic", seam="auto")
+    seams, keys = eng.seams_and_keys(p, "default")
+    assert seams[0] == 0  # nothing before the first segment: its cached rows are exact
+    assert all(w == 0 or w >= 3 for w in seams)  # a hybrid's seams cover the conv window (kernel 4)
+    assert sum(seams) <= int(0.1 * sum(len(s) for s in p.segs))
+    assert sum(seams) > 0
+    assert eng.seams_and_keys(p, "default") == (seams, keys)
+    a = eng.prepare(plan, mode="hypic", seam="auto")
+    b = eng.prepare(plan, mode="hypic", seam="auto")  # now from the cache
+    assert torch.equal(a.state.last_logits, b.state.last_logits)
+    assert b.cached_tokens == sum(len(s) - w for s, w in zip(p.segs, seams, strict=True))
+    # an auto width equal to a fixed seam shares its entry: keys carry absolute widths
+    fixed = eng.pieces(plan, mode="hypic", seam=float(seams[1]) if seams[1] > 1 else 0.0)
+    assert eng.seams_and_keys(fixed, "default")[1][1] == keys[1]
+
+
+def test_validate_seam_accepts_auto_only_as_a_word():
+    assert validate_seam("auto") == "auto"
+    with pytest.raises(InvalidRequestError):
+        validate_seam("wide")  # type: ignore[arg-type]
