@@ -70,7 +70,9 @@ def test_profile_is_zero_without_context_change_and_deterministic():
     assert measure_profile(model, seg, []).dev == pytest.approx([0.0] * 40, abs=1e-5)
 
 
-@pytest.mark.parametrize("arch", ["qwen3_5_text", "llama"])
+@pytest.mark.parametrize(
+    "arch", ["qwen3_5_text", "llama", "lfm2", "granitemoehybrid", "minimax", "kimi_linear", "bailing_moe_linear"]
+)
 def test_budget_covering_whole_segments_equals_full_recompute(arch):
     eng = engine(arch, 1.0)
     plan = Plan(docs())
