@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
@@ -43,3 +44,20 @@ def model_and_oracle(arch: str) -> tuple[HybridForCausalLM, Any]:
 def rand_tokens(n: int, seed: int, vocab: int = 256) -> list[int]:
     g = torch.Generator().manual_seed(seed)
     return torch.randint(0, vocab, (n,), generator=g).tolist()
+
+
+@dataclass
+class Seg:
+    """A tokenized segment as the engine's plans carry it (``engine.PlanLike``)."""
+
+    token_ids: tuple[int, ...]
+    kind: str = "document"
+
+
+@dataclass
+class Plan:
+    """A prompt plan of token-level segments and a suffix (``engine.PlanLike``)."""
+
+    segments: list[Seg]
+    suffix_ids: list[int] = field(default_factory=lambda: rand_tokens(5, 77))
+    bos_id: int | None = None

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import pytest
 import torch
 
@@ -14,20 +12,7 @@ from hypic_agent.runtime.hypic.auto_seams import SeamProfile, allocate, ladder_s
 from hypic_agent.runtime.hypic.modes import validate_seam
 from hypic_agent.runtime.models.tokenizer import tiny_tokenizer
 
-from .conftest import make_model, rand_tokens
-
-
-@dataclass
-class Seg:
-    token_ids: tuple[int, ...]
-    kind: str = "document"
-
-
-@dataclass
-class Plan:
-    segments: list[Seg]
-    suffix_ids: list[int] = field(default_factory=lambda: rand_tokens(5, 77))
-    bos_id: int | None = None
+from .conftest import Plan, Seg, make_model, rand_tokens
 
 
 def docs(lengths=(30, 40, 24, 50), seed=600) -> list[Seg]:

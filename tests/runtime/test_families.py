@@ -3,7 +3,6 @@ through the loader, the engine (scheduler + runner over the state pool) and the 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -15,22 +14,9 @@ from hypic_agent.runtime.engine import Engine
 from hypic_agent.runtime.results import TokenEvent
 from hypic_agent.runtime.sampling import SamplingParams
 
-from .conftest import rand_tokens
+from .conftest import Plan, Seg, rand_tokens
 
 ARCHS = ["lfm2", "granitemoehybrid", "nemotron_h", "minimax", "kimi_linear", "bailing_moe_linear", "bailing_hybrid"]
-
-
-@dataclass
-class Seg:
-    token_ids: tuple[int, ...]
-    kind: str = "document"
-
-
-@dataclass
-class Plan:
-    segments: list[Seg]
-    suffix_ids: list[int] = field(default_factory=lambda: rand_tokens(5, 77))
-    bos_id: int | None = None
 
 
 @pytest.fixture(scope="module", params=ARCHS)

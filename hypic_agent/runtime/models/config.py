@@ -37,6 +37,12 @@ FAMILIES: dict[str, str] = {
     "bailing_hybrid": "bailing_hybrid",
 }
 
+MIXER_KIND_FAMILIES: frozenset[str] = frozenset(
+    ("lfm2", "granitemoehybrid", "nemotron_h", "minimax", "kimi_linear", "bailing_moe_linear", "bailing_hybrid")
+)
+"""Families normalized in ``config_families`` whose tensor names come from ``keymap`` (shapes read off
+the model built on the meta device)."""
+
 
 @dataclass(frozen=True)
 class MLAShape:
@@ -202,15 +208,7 @@ class HybridConfig:
             )
         family = FAMILIES[model_type]
         try:
-            if family in (
-                "lfm2",
-                "granitemoehybrid",
-                "nemotron_h",
-                "minimax",
-                "kimi_linear",
-                "bailing_moe_linear",
-                "bailing_hybrid",
-            ):
+            if family in MIXER_KIND_FAMILIES:
                 from hypic_agent.runtime.models.config_families import NORMALIZERS
 
                 return NORMALIZERS[family](raw, model_type)

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from hypic_agent.errors import ModelConfigError, WeightsError
-from hypic_agent.runtime.models.config import HybridConfig
+from hypic_agent.runtime.models.config import MIXER_KIND_FAMILIES, HybridConfig
 from hypic_agent.runtime.models.keymap import expert_name, to_contract
 
 if TYPE_CHECKING:
@@ -41,15 +41,7 @@ _EXPERT = re.compile(r"^(?P<pre>model\.layers\.\d+\.mlp\.experts)\.(?P<e>\d+)\.(
 def expected_shapes(cfg: HybridConfig) -> dict[str, Shape]:
     """Every tensor name of the naming contract for ``cfg`` with its shape (the families named in
     ``keymap``: read off the model built on the meta device)."""
-    if cfg.family in (
-        "lfm2",
-        "granitemoehybrid",
-        "nemotron_h",
-        "minimax",
-        "kimi_linear",
-        "bailing_moe_linear",
-        "bailing_hybrid",
-    ):
+    if cfg.family in MIXER_KIND_FAMILIES:
         from hypic_agent.runtime.models.registry import build_model
 
         shapes = {k: tuple(t.shape) for k, t in build_model(cfg, device="meta").state_dict().items()}
