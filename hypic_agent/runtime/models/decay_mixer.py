@@ -19,6 +19,19 @@ from hypic_agent.kernels.gdn_pairs import PairSink, SeamSplit
 
 class DecayMixer(nn.Module):
     hv: int
+    slopes: list[float]  # per-head decay slopes (the slope kinds: Lightning, Ring-linear)
+    _slope: dict[torch.device, torch.Tensor]
+
+    def slope_log_decays(self, like: torch.Tensor) -> torch.Tensor:
+        """``[T, HV]`` fp32 log-decays ``-s_h`` of a slope kind (T = ``like``'s rows), cached per device
+        (not a buffer: no dtype cast)."""
+        cache = getattr(self, "_slope", None)
+        if cache is None:
+            cache = self._slope = {}
+        s = cache.get(like.device)
+        if s is None:
+            s = cache[like.device] = -torch.tensor(self.slopes, dtype=torch.float32, device=like.device)
+        return s.expand(like.shape[0], self.hv)
 
     def decay_operands(self, ops: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """-> q ``[T, G, K]``, k ``[T, G, K]``, v ``[T, HV, V]``, g ``[T, HV]`` (log-decay, fp32)."""

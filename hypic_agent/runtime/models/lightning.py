@@ -45,14 +45,6 @@ class LightningAttention(DecayMixer):
         self.output_gate = nn.Linear(d, inner, bias=False)
         self.norm = RMSNorm(inner, 1e-6, zero_centered=False)  # transformers' default eps here
         self.slopes = lightning_slopes(self.hv, layer, cfg.num_layers)
-        self._slope: dict[torch.device, torch.Tensor] = {}  # fp32 per device (not a buffer: no dtype cast)
-
-    def _g(self, like: torch.Tensor) -> torch.Tensor:
-        """``[T, H]`` fp32 log-decays ``-s_h``."""
-        s = self._slope.get(like.device)
-        if s is None:
-            s = self._slope[like.device] = -torch.tensor(self.slopes, dtype=torch.float32, device=like.device)
-        return s.expand(like.shape[0], self.hv)
 
     def inputs(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x ``[T, D]`` -> (qkv ``[T, H, 3D]`` after SiLU, output gate logits ``[T, H*D]``)."""
@@ -68,7 +60,7 @@ class LightningAttention(DecayMixer):
 
     def decay_operands(self, ops: LightningOperands) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         q, k, v = ops
-        return q, k, v, self._g(q)
+        return q, k, v, self.slope_log_decays(q)
 
     def finish(self, o: torch.Tensor, ops: LightningOperands) -> torch.Tensor:
         return o.to(ops[2].dtype)

@@ -75,14 +75,6 @@ class RingLinearAttention(DecayMixer):
             self.query_layernorm = RMSNorm(self.dk, cfg.rms_norm_eps, zero_centered=False)
             self.key_layernorm = RMSNorm(self.dk, cfg.rms_norm_eps, zero_centered=False)
         self.slopes = ring_slopes(self.hv, layer, cfg.num_layers)
-        self._slope: dict[torch.device, torch.Tensor] = {}  # fp32 per device (not a buffer: no dtype cast)
-
-    def _g(self, like: torch.Tensor) -> torch.Tensor:
-        """``[T, H]`` fp32 log-decays ``-s_h``."""
-        s = self._slope.get(like.device)
-        if s is None:
-            s = self._slope[like.device] = -torch.tensor(self.slopes, dtype=torch.float32, device=like.device)
-        return s.expand(like.shape[0], self.hv)
 
     def place(self, S: torch.Tensor, offset: int) -> torch.Tensor:
         """A state ``[HV, K, V]`` built at local positions 0.. -> the same tokens' state at ``offset`` + local:
@@ -120,7 +112,7 @@ class RingLinearAttention(DecayMixer):
 
     def decay_operands(self, ops: RingOperands) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         q, k, v = ops
-        return q, k, v, self._g(q)
+        return q, k, v, self.slope_log_decays(q)
 
     def output(self, o: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
         """o ``[T, H, D]`` fp32, gate ``[T, H*D]`` -> ``[T, D_model]``: per-group RMSNorm, sigmoid gate, dense."""
