@@ -36,9 +36,9 @@ def merge(payloads: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 expected[ds] = skip + int(row["n"])
                 counts[ds] = counts.get(ds, 0) + int(row["n"])
                 seen.add(ds)
-            per = acc.setdefault(ds, {}).setdefault(row["config"], {"kl": [], "top1": [], "score": [], "nll": []})
-            for k, v in row["per_example"].items():
-                per[k].extend(v)
+            per = acc.setdefault(ds, {}).setdefault(row["config"], {})
+            for k, v in row["per_example"].items():  # the keys quality.py records per example
+                per.setdefault(k, []).extend(v)
             gen[ds] = bool(p["args"].get("gen_tokens", 0))
     rows: list[dict[str, Any]] = []
     for ds, by_cfg in acc.items():
@@ -60,7 +60,7 @@ def main() -> None:
         raise SystemExit(f"parts come from different models: {sorted(models)}")
     rows = merge(payloads)
     cols = ["dataset", "config", "n", "score", "delta_vs_full", "kl_first_token", "top1_agreement"]
-    print_table(rows, [*cols, "gold_nll", "gold_nll_delta"])
+    print_table(rows, [*cols, "gold_nll", "gold_nll_delta", "recompute"])
     write_json(args.out, {"model": models.pop(), "parts": [str(p) for p in args.parts], "rows": rows})
 
 
