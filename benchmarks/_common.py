@@ -183,6 +183,19 @@ def print_table(rows: list[dict[str, Any]], cols: list[str]) -> None:
         print(" | ".join(fmt(r.get(c, "")).ljust(w) for c, w in zip(cols, widths, strict=True)))
 
 
+def pyplot() -> Any:
+    """``matplotlib.pyplot`` on the Agg backend, or None (with a note) where matplotlib is absent."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib not installed: no plot")
+        return None
+    return plt
+
+
 def save_figure(fig: Any, path: str | Path) -> None:
     """Lay out a matplotlib figure and write it as PNG (folders created)."""
     p = Path(path)

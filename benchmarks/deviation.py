@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from _common import print_table, save_figure, write_json
+from _common import print_table, pyplot, save_figure, write_json
 from quality import make_plan
 from quality_data import DATA, DATASETS
 
@@ -136,13 +136,8 @@ def measure(engine: Engine, plan: Any, seams_w: list[float], acc_off: Acc, acc_s
 
 
 def plot(off: list[dict[str, Any]], seg: list[dict[str, Any]], n_layers: int, path: Path) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib not installed: no plot")
+    plt = pyplot()
+    if plt is None:
         return
     fig, axes = plt.subplots(1, 3, figsize=(17, 4.5))
     order = [bucket(e) for e in EDGES]

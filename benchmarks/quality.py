@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from _common import print_table, save_figure, write_json
+from _common import print_table, pyplot, save_figure, write_json
 from quality_data import DATA, DATASETS, Example, score
 
 from hypic_agent.config import Settings
@@ -196,13 +196,8 @@ def mean_ci(vals: list[float], iters: int = 2000, seed: int = 0) -> list[float] 
 
 
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib not installed: no plot")
+    plt = pyplot()
+    if plt is None:
         return
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
     for ds in sorted({r["dataset"] for r in rows}):
