@@ -7,31 +7,25 @@ request never changes what is stored. Blocking: call from a worker thread.
 
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from fastapi import Request
-from starlette.concurrency import run_in_threadpool
-
 from hypic_agent.api.errors import TooManySegmentsError
 from hypic_agent.api.schemas import SamplingIn, SegmentUsageOut, TimingsOut, UsageOut
 from hypic_agent.api.state import ServerState
-from hypic_agent.errors import ClientClosedError, InvalidRequestError
+from hypic_agent.errors import InvalidRequestError
 from hypic_agent.runtime.hypic.modes import mode_spec, validate_seam
 from hypic_agent.runtime.hypic.store_cache import EntryHint
 from hypic_agent.runtime.results import FinishEvent, Prepared, TokenEvent
 from hypic_agent.runtime.sampling import SamplingParams
-from hypic_agent.runtime.scheduler.request import GenerationRequest, RequestHandle
+from hypic_agent.runtime.scheduler.request import EventSink, GenerationRequest, RequestHandle
 from hypic_agent.segments.keys import KeyContext
 from hypic_agent.segments.kinds import Segment
 from hypic_agent.segments.plan import PromptPlan, build_plan
 from hypic_agent.segments.resolve import stored_resolver
-
-DISCONNECT_POLL_S = 0.1  # how often a non-streaming request checks that its client is still there
 
 
 @dataclass
@@ -121,16 +115,18 @@ class Timed:
     queue_ms: float
 
 
-def submit_job(st: ServerState, job: GenerateJob) -> RequestHandle:
-    """Queue ``job`` on the engine's scheduler (raises 4xx / 429 before anything runs)."""
+def submit_job(st: ServerState, job: GenerateJob, sink: EventSink | None = None) -> RequestHandle:
+    """Queue ``job`` on the engine's scheduler (raises 4xx / 429 before anything runs); with ``sink``
+    its events go there (``api.job_stream``) instead of ``handle.events()``."""
     req = GenerationRequest(job.plan, job.sampling, job.mode, job.seam, job.tenant, t0=job.t0)
-    return st.engine.scheduler.submit(req)
+    return st.engine.scheduler.submit(req, sink)
 
 
-def run_job(st: ServerState, job: GenerateJob, handle: RequestHandle | None = None) -> Iterator[Timed]:
-    """Engine events of ``job`` as the scheduler streams them; closing the iterator cancels it."""
+def run_job(st: ServerState, job: GenerateJob) -> Iterator[Timed]:
+    """Engine events of ``job`` as the scheduler streams them, on the caller's thread (blocking; the
+    routes use ``api.job_stream`` instead); closing the iterator cancels it."""
     with st.cache.described(hints_of(job)):
-        handle = handle if handle is not None else submit_job(st, job)
+        handle = submit_job(st, job)
         events = handle.events()  # a generator: closing it cancels the request
         try:
             for ev in events:
@@ -197,33 +193,6 @@ def logprobs_of(st: ServerState, fin: FinishEvent) -> list[dict[str, Any]]:
     ]
 
 
-def drain(st: ServerState, job: GenerateJob, handle: RequestHandle | None = None) -> tuple[Timed, float]:
-    """Run to the end (blocking): the finish event with the worker's clock and the ms to the first
-    event. A request cancelled on the way (client gone) raises ``ClientClosedError``."""
-    ttft: float | None = None
-    fin: Timed | None = None
-    for t in run_job(st, job, handle):
-        ttft = t.since_start_ms if ttft is None else ttft
-        fin = t if isinstance(t.event, FinishEvent) else fin
-    if fin is None:
-        raise ClientClosedError("the request was cancelled before it finished")
-    return fin, ttft if ttft is not None else fin.since_start_ms
-
-
-async def finish_job(st: ServerState, job: GenerateJob, request: Request) -> tuple[Timed, float]:
-    """``drain`` for a non-streaming route, watching the connection: a client that disconnects has its
-    request cancelled (the scheduler frees its state at the next step) instead of decoding on to
-    ``max_tokens`` for nobody."""
-    handle = await run_in_threadpool(submit_job, st, job)  # 4xx / 429 before anything runs
-    task = asyncio.ensure_future(run_in_threadpool(drain, st, job, handle))
-    while True:
-        done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
-        if done:
-            return task.result()
-        if await request.is_disconnected():
-            handle.cancel()
-
-
 def body_of(st: ServerState, job: GenerateJob, fin: Timed, ttft: float) -> dict[str, Any]:
     """The non-streaming ``/v1/generate`` body (and its metrics)."""
     ev = fin.event
@@ -242,8 +211,3 @@ def body_of(st: ServerState, job: GenerateJob, fin: Timed, ttft: float) -> dict[
     if job.sampling.logprobs:
         body["logprobs"] = logprobs_of(st, ev)
     return body
-
-
-def collect(st: ServerState, job: GenerateJob) -> dict[str, Any]:
-    """Run to the end (blocking); the non-streaming ``/v1/generate`` body."""
-    return body_of(st, job, *drain(st, job))

@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from hypic_agent.api import service
 from hypic_agent.api.schemas import GenerateRequest
-from hypic_agent.api.streaming import EventPump
+from hypic_agent.api.job_stream import JobStream
 from tests.api.conftest import BERLIN, PARIS, doc, state, store_snapshot
 
 N = 6
@@ -47,19 +47,18 @@ def test_cancelled_stream_releases_engine_and_store_stays_consistent(client):
     job = service.prepare_job(st, req, [s.to_segment() for s in req.segments], req.query, "default")
     job.sampling = dataclasses.replace(job.sampling, ignore_eos=True)  # would run all 400 tokens
 
-    async def run() -> tuple[EventPump, int]:
-        pump = EventPump(lambda: service.run_job(st, job))
-        first = await pump.next()
-        assert first is not None
-        pump.cancel()  # the client went away after the first token
+    async def run() -> int:
+        stream = JobStream.open(st, job)
+        await stream.first()
+        stream.cancel()  # the client went away after the first token
         n = 0
-        while await pump.next() is not None:
+        while await stream.next() is not None:
             n += 1
-        return pump, n
+        return n
 
-    pump, after_cancel = asyncio.run(run())
-    pump.join(timeout=10)
+    after_cancel = asyncio.run(run())
     assert after_cancel < 100  # stopped early, not after 400 tokens
+    assert st.cache.pending_hints() == 0  # the request's registry hints were let go
     got = st.engine.lock.acquire(timeout=5)
     assert got
     st.engine.lock.release()

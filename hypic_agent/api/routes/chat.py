@@ -20,12 +20,13 @@ from hypic_agent.api.chat import ChatRequest, message_texts
 from hypic_agent.api.chat_job import ChatJob, prepare_chat
 from hypic_agent.api.chat_output import ChatOutput, logprob_entry, logprobs_content
 from hypic_agent.api.deps import tenant
+from hypic_agent.api.job_stream import JobStream, finish_job
 from hypic_agent.api.limits import RequestLimits
 from hypic_agent.api.responses import BODY, COMMON, error_responses
 from hypic_agent.api.routes.generate import SSE_HEADERS
 from hypic_agent.api.schemas import UsageOut
 from hypic_agent.api.state import ServerState, get_state
-from hypic_agent.api.streaming import EventPump, sse_body
+from hypic_agent.api.streaming import sse_body
 from hypic_agent.runtime.results import FinishEvent
 
 router = APIRouter(tags=["openai"])
@@ -62,7 +63,7 @@ async def chat_completions(req: ChatRequest, request: Request, tenant_name: str 
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         return await _stream(st, cj, cid, created, include_usage)
     job = cj.job
-    fin, ttft = await service.finish_job(st, job, request)
+    fin, ttft = await finish_job(st, job, request)
     ev = fin.event
     assert isinstance(ev, FinishEvent)
     usage = service.usage_of(job, ev.prepared, ev.completion_tokens)
@@ -91,9 +92,8 @@ async def chat_completions(req: ChatRequest, request: Request, tenant_name: str 
 
 async def _stream(st: ServerState, cj: ChatJob, cid: str, created: int, include_usage: bool) -> StreamingResponse:
     job = cj.job
-    pump: EventPump[service.Timed] = EventPump(lambda: service.run_job(st, job))
-    first = await pump.next()
-    assert first is not None
+    stream = JobStream.open(st, job)
+    first = await stream.first()
     ttft = first.since_start_ms
     base = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": st.engine.name}
     out = ChatOutput(cj)
@@ -126,4 +126,4 @@ async def _stream(st: ServerState, cj: ChatJob, cid: str, created: int, include_
             res.append({**base, "choices": [], "usage": chat_usage(usage)})
         return res
 
-    return StreamingResponse(sse_body(first, pump, render), media_type="text/event-stream", headers=SSE_HEADERS)
+    return StreamingResponse(sse_body(first, stream, render), media_type="text/event-stream", headers=SSE_HEADERS)

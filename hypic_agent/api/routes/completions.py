@@ -23,6 +23,7 @@ from hypic_agent.api import service
 from hypic_agent.api.chat import StreamOptions
 from hypic_agent.api.chat_job import check_top_logprobs, with_output_controls
 from hypic_agent.api.deps import tenant
+from hypic_agent.api.job_stream import JobStream
 from hypic_agent.api.limits import RequestLimits
 from hypic_agent.api.responses import BODY, COMMON, error_responses
 from hypic_agent.api.routes.chat import chat_usage
@@ -30,7 +31,7 @@ from hypic_agent.api.routes.generate import SSE_HEADERS
 from hypic_agent.api.schemas import SamplingIn
 from hypic_agent.api.served import check_model
 from hypic_agent.api.state import ServerState, get_state
-from hypic_agent.api.streaming import EventPump, sse_body
+from hypic_agent.api.streaming import sse_body
 from hypic_agent.errors import InvalidRequestError
 from hypic_agent.runtime.results import FinishEvent
 from hypic_agent.segments.kinds import Segment, SegmentIn
@@ -131,9 +132,8 @@ async def completions(req: CompletionRequest, request: Request, tenant_name: str
     RequestLimits(st.settings, st.engine.max_context).check_prompt(req.segments or [], prompts)
     job = await run_in_threadpool(prepare, st, req, tenant_name)
     base = {"id": f"cmpl-{job.id}", "object": "text_completion", "created": int(time.time()), "model": st.engine.name}
-    pump: EventPump[service.Timed] = EventPump(lambda: service.run_job(st, job))
-    first = await pump.next()
-    assert first is not None
+    stream = JobStream.open(st, job)
+    first = await stream.first()
     ttft = first.since_start_ms
     tok = st.engine.tokenizer
 
@@ -146,8 +146,11 @@ async def completions(req: CompletionRequest, request: Request, tenant_name: str
 
     if not req.stream:
         t: service.Timed | None = first
-        while t is not None and not isinstance(t.event, FinishEvent):
-            t = await pump.next()
+        try:
+            while t is not None and not isinstance(t.event, FinishEvent):
+                t = await stream.next()
+        finally:
+            stream.cancel()
         assert t is not None
         ev, usage = finish(t)
         lp = legacy_logprobs(tok, ev.token_ids, ev.logprobs, ev.top_logprobs) if job.sampling.logprobs else None
@@ -167,4 +170,4 @@ async def completions(req: CompletionRequest, request: Request, tenant_name: str
             out.append({**base, "choices": [], "usage": chat_usage(usage)})
         return out
 
-    return StreamingResponse(sse_body(first, pump, render), media_type="text/event-stream", headers=SSE_HEADERS)
+    return StreamingResponse(sse_body(first, stream, render), media_type="text/event-stream", headers=SSE_HEADERS)

@@ -10,12 +10,13 @@ from starlette.concurrency import run_in_threadpool
 
 from hypic_agent.api import service
 from hypic_agent.api.deps import tenant
+from hypic_agent.api.job_stream import JobStream, finish_job
 from hypic_agent.api.limits import RequestLimits
 from hypic_agent.api.responses import BODY, COMMON, error_responses
 from hypic_agent.api.schemas import GenerateRequest, GenerateResponse
 from hypic_agent.api.served import check_model
 from hypic_agent.api.state import ServerState, get_state
-from hypic_agent.api.streaming import EventPump, sse_body
+from hypic_agent.api.streaming import sse_body
 from hypic_agent.runtime.results import FinishEvent
 
 router = APIRouter(tags=["generate"])
@@ -38,15 +39,14 @@ async def generate(req: GenerateRequest, request: Request, tenant_name: str = De
     segments = [s.to_segment() for s in req.segments]
     job = await run_in_threadpool(service.prepare_job, st, req, segments, req.query, tenant_name)
     if not req.stream:
-        fin, ttft = await service.finish_job(st, job, request)
+        fin, ttft = await finish_job(st, job, request)
         return JSONResponse(service.body_of(st, job, fin, ttft))
     return await stream_generate(st, job)
 
 
 async def stream_generate(st: ServerState, job: service.GenerateJob) -> StreamingResponse:
-    pump: EventPump[service.Timed] = EventPump(lambda: service.run_job(st, job))
-    first = await pump.next()  # errors before the first event still get a proper status
-    assert first is not None
+    stream = JobStream.open(st, job)
+    first = await stream.first()  # errors before the first event still get a proper status
     ttft = first.since_start_ms
 
     def render(t: service.Timed) -> list[dict[str, Any]]:
@@ -65,4 +65,4 @@ async def stream_generate(st: ServerState, job: service.GenerateJob) -> Streamin
             ]
         return [{"id": job.id, "text": ev.text, "token_id": ev.token_id, "logprob": ev.logprob}]
 
-    return StreamingResponse(sse_body(first, pump, render), media_type="text/event-stream", headers=SSE_HEADERS)
+    return StreamingResponse(sse_body(first, stream, render), media_type="text/event-stream", headers=SSE_HEADERS)

@@ -7,7 +7,7 @@ import itertools
 import queue
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,18 +28,24 @@ class GenerationRequest:
     t0: float = field(default_factory=time.perf_counter)  # arrival, for TTFT
 
 
-_END = object()
+END = object()  # the last item a sink receives
+EventSink = Callable[[Any], None]  # called on the engine thread with each event, an exception, then END
 
 
 class RequestHandle:
     """The stream of one submitted request: ``TokenEvent``s then one ``FinishEvent`` (or the error
     that ended it). ``cancel()`` (or closing the ``events()`` iterator early) frees its state at the
-    scheduler's next step."""
+    scheduler's next step.
 
-    def __init__(self, request: GenerationRequest) -> None:
+    Events go to a blocking queue that ``events()`` reads, or, with a ``sink``, straight to that
+    callable on the engine thread (the API's event loop uses it: no thread between the engine and
+    the loop). A sink must not block and must not raise."""
+
+    def __init__(self, request: GenerationRequest, sink: EventSink | None = None) -> None:
         self.id = next(_IDS)
         self.request = request
         self._events: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._sink = sink
         self._cancel = threading.Event()
         self.admitted_at: float | None = None  # perf_counter when the scheduler took it in
 
@@ -57,24 +63,32 @@ class RequestHandle:
         return self._cancel.is_set()
 
     # -- scheduler side
+    def _push(self, item: Any) -> None:
+        if self._sink is None:
+            self._events.put(item)
+        else:
+            self._sink(item)
+
     def put(self, ev: TokenEvent | FinishEvent) -> None:
-        self._events.put(ev)
+        self._push(ev)
 
     def fail(self, exc: BaseException) -> None:
-        self._events.put(exc)
-        self._events.put(_END)
+        self._push(exc)
+        self._push(END)
 
     def end(self) -> None:
-        self._events.put(_END)
+        self._push(END)
 
     # -- consumer side
     def events(self, timeout: float | None = None) -> Iterator[TokenEvent | FinishEvent]:
         """Blocking iterator over the events; re-raises the error that ended the request. Closing it
         before the end cancels the request."""
+        if self._sink is not None:
+            raise RuntimeError("this request's events go to its sink, not to events()")
         try:
             while True:
                 item = self._events.get(timeout=timeout)
-                if item is _END:
+                if item is END:
                     return
                 if isinstance(item, BaseException):
                     raise item

@@ -32,7 +32,7 @@ from hypic_agent.runtime.engine import Engine, PromptPieces
 from hypic_agent.runtime.output import OutputStream
 from hypic_agent.runtime.runner.runner import ModelRunner
 from hypic_agent.runtime.sampling import make_generator
-from hypic_agent.runtime.scheduler.request import GenerationRequest, RequestHandle
+from hypic_agent.runtime.scheduler.request import EventSink, GenerationRequest, RequestHandle
 from hypic_agent.runtime.scheduler.sampler import sample_rows
 from hypic_agent.runtime.scheduler.stats import SchedulerStats
 from hypic_agent.runtime.scheduler.work import LiveRequest
@@ -61,9 +61,11 @@ class Scheduler:
         self._start_lock = threading.Lock()
 
     # ------------------------------------------------------------------ caller side
-    def submit(self, req: GenerationRequest) -> RequestHandle:
+    def submit(self, req: GenerationRequest, sink: EventSink | None = None) -> RequestHandle:
         """Validate and queue ``req``; returns its handle. Raises a 4xx error for a request that can
-        never run and ``QueueFullError`` when the waiting queue is full."""
+        never run and ``QueueFullError`` when the waiting queue is full. With ``sink`` the events go to
+        it on the engine thread instead of ``handle.events()``. Cheap (no model work, no I/O): callable
+        from an event loop."""
         sampling = req.sampling.validate()
         pieces = self.engine.pieces(req.plan, mode=req.mode, seam=req.seam, max_new_tokens=sampling.max_tokens)
         need = pieces.total + sampling.max_tokens
@@ -79,7 +81,7 @@ class Scheduler:
                 f"{self._n_waiting} requests are waiting (HYPIC_MAX_WAITING={self.max_waiting}); retry shortly",
                 retry_after=1.0,
             )
-        handle = RequestHandle(req)
+        handle = RequestHandle(req, sink)
         self._n_waiting += 1
         self._inbox.put((req.priority, next(self._order), handle, pieces))
         self.start()
