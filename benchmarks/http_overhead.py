@@ -99,12 +99,22 @@ def main() -> None:
         "--client", choices=["process", "thread"], default="process",
         help="HTTP client in its own process (as real clients are: no share of the server's GIL) or in threads here",
     )  # fmt: skip
+    ap.add_argument(
+        "--switch-interval-ms", type=float, default=None,
+        help="HYPIC_SWITCH_INTERVAL_MS for the server (the whole process: both paths); default Python's 5 ms",
+    )  # fmt: skip
     ap.add_argument("--out", default="bench_out/http_overhead.json")
     args = ap.parse_args()
     model = random_model(load_shape(args.shape, args.layers), args.device, getattr(torch, args.dtype))
     home = Path(tempfile.mkdtemp(prefix="hypic-http-"))
     ctx = args.segments * (args.seg_len + 16) + args.query_len + args.max_tokens + 64
-    settings = Settings(home=home, device=args.device, max_context=ctx, gpu_budget_bytes=40 << 30)
+    settings = Settings(
+        home=home,
+        device=args.device,
+        max_context=ctx,
+        gpu_budget_bytes=40 << 30,
+        switch_interval_ms=args.switch_interval_ms,
+    )
     engine = Engine(model, tiny_tokenizer(), "http-bench", settings, name="bench")
     app = create_app(settings, engine=engine)
     with socket.socket() as s:

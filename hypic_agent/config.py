@@ -216,6 +216,12 @@ class Settings(BaseSettings):
     # --- API -------------------------------------------------------------------------
     host: str = "127.0.0.1"
     port: int = 8000
+    switch_interval_ms: float | None = Field(
+        default=None,
+        gt=0,
+        description="the interpreter's thread switch interval while the server runs: the API's event loop waits up "
+        "to this long for the GIL behind the busy engine thread; None keeps Python's (5 ms)",
+    )
     api_keys: dict[str, str] = Field(default_factory=dict, description="api key -> tenant; empty = no auth")
     auth_failures_per_minute: int = Field(
         default=20,

@@ -9,6 +9,7 @@ cache onto the store (``StoreEntryCache``). A store the app built is closed on s
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -76,9 +77,13 @@ def create_app(
             store_dir=str(settings.resolved_store_dir()),
             auth="open" if state.auth.open else f"{len(settings.api_keys)} keys",
         )
+        switch = sys.getswitchinterval()
+        if settings.switch_interval_ms is not None:
+            sys.setswitchinterval(settings.switch_interval_ms / 1e3)
         try:
             yield
         finally:
+            sys.setswitchinterval(switch)
             app.state.hypic = None
             holder.pop("state", None)
             state.close()

@@ -9,8 +9,8 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 from hypic_agent.api import service
-from hypic_agent.api.schemas import GenerateRequest
 from hypic_agent.api.job_stream import JobStream
+from hypic_agent.api.schemas import GenerateRequest
 from tests.api.conftest import BERLIN, PARIS, doc, state, store_snapshot
 
 N = 6

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import socket
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -128,3 +129,12 @@ def test_disconnected_non_streaming_client_stops_the_decode(engine, tmp_path, mo
     finally:
         server.should_exit = True
         th.join(10)
+
+
+def test_switch_interval_setting_holds_while_serving(engine, tmp_path):
+    before = sys.getswitchinterval()
+    settings = Settings(home=tmp_path / "srv", device="cpu", model=TINY, switch_interval_ms=0.5)
+    with TestClient(create_app(settings, engine=engine)) as client:
+        assert client.get("/v1/models").status_code == 200
+        assert sys.getswitchinterval() == pytest.approx(0.0005)  # the event loop gets the GIL sooner
+    assert sys.getswitchinterval() == pytest.approx(before)  # restored at shutdown
