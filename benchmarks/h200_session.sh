@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # H200 calls that check the GPU kernels and re-measure every GPU table of docs/benchmarks.md.
-# Usage (repo root, device machine): bash benchmarks/h200_session.sh [tests] [serving] [decode] [decode_ab] [qps] [http] [ttft] [prefill] [overhead] [profile] [next]
+# Usage (repo root, device machine): bash benchmarks/h200_session.sh [tests] [serving] [decode] [decode_ab] [qps] [http] [http_si] [ttft] [prefill] [overhead] [profile] [next]
 # Run from the repo root on the device machine, fla-core etc. on PYTHONPATH; results land in $OUT.
 # Each step has its own time limit (TESTS_S, TTFT_S, PROFILE_S override three of them) so that a slow
 # step cannot take the others' results with it.
@@ -24,14 +24,16 @@ pack_cache() { (cd "$OUT" && ls *.log *.json >/dev/null 2>&1 && tar -czf results
   (cd "$TRITON_CACHE_DIR" && tar -cf - . | xz -T0 -6) | split -b 15m -d - "$OUT/triton-cache.txz."; ls -la "$OUT"; }
 trap pack_cache EXIT
 step() { local t=$1 name=$2; shift 2; echo "== $name (limit ${t}s)"; local s=$SECONDS
-  timeout "$t" "$@" > "$OUT/$name.log" 2>&1; echo "rc=$? in $((SECONDS - s))s"; tail -n 25 "$OUT/$name.log"; }
+  timeout "$t" "$@" > "$OUT/$name.log" 2>&1; echo "rc=$? in $((SECONDS - s))s"; tail -n ${TAIL_N:-25} "$OUT/$name.log"; }
 nvidia-smi -L
 # Steps to run: arguments (default: all, in this order). A cold machine needs ~2 calls for all of them;
 # the GPU tests alone took >320 s with a partly cold Triton cache on 2026-11-29 (session 7).
 STEPS=${*:-"tests ttft prefill overhead profile next"}
 cd benchmarks
 for st in $STEPS; do case $st in
-  tests) (cd .. && step ${TESTS_S:-450} gputests python3 -m pytest -q -p no:cacheprovider -m gpu tests/) ;;
+  tests) (cd .. && for f in ${GPU_FILES:-$(grep -rlE "pytest.mark.gpu|mark\.gpu" tests --include="test_*.py" | sort)}; do
+           step ${TEST_FILE_S:-150} "gputests_$(basename "$f" .py)" python3 -m pytest -q -rfE -p no:cacheprovider -m gpu \
+             ${GPU_K:+-k "$GPU_K"} "$f"; done) ;;  # one time limit per file: a hang names its file
   serving) (cd .. && step ${SERVING_S:-300} gputests_serving python3 -m pytest -q -p no:cacheprovider -m gpu \
            tests/kernels/test_gpu_paged_attention.py tests/kernels/test_decode_slots.py tests/kernels/test_moe_route.py tests/kernels/test_gdn_gates.py \
            tests/runtime/test_gpu_runner.py) ;;
@@ -42,8 +44,8 @@ for st in $STEPS; do case $st in
                --batches 1 8 --contexts 2048 --kernels fuse_projections=false --out $OUT/decode_unfused.json" ;;
   qps) step ${QPS_S:-420} qps python3 qps.py --shape qwen3_5_35b_a3b --modes prefix_cache hypic --loads 1 2 4 8 16 \
          --out "$OUT/qps.json" ;;
-  http) step ${HTTP_S:-240} http_overhead python3 http_overhead.py --shape qwen3_5_35b_a3b --segments 20 \
-          --seg-len 1024 --rate 2 --out "$OUT/http_overhead.json" ;;
+  http|http_si) step ${HTTP_S:-240} $st python3 http_overhead.py --shape qwen3_5_35b_a3b --segments 20 --seg-len 1024 \
+          --rate 2 $([ $st = http_si ] && echo "--switch-interval-ms ${SWITCH_MS:-0.5}") --out "$OUT/$st.json" ;;
   ttft) step ${TTFT_S:-300} ttft python3 ttft.py --shape qwen3_5_35b_a3b --pool 120 --segments 20 --seg-len 1024 \
           --requests 5 --warmup 1 --hit-rates 1.0 0.8 --out "$OUT/ttft.json" ;;
   prefill) step 150 prefill python3 prefill.py --shape qwen3_5_35b_a3b --lengths 4096 16384 32768 --reps 2 \
@@ -54,5 +56,5 @@ for st in $STEPS; do case $st in
              --combine-only --scatter --out "$OUT/combine_profile.json" ;;
   next) step 100 prefill_next python3 prefill.py --shape qwen3_next_80b_a3b --layers 12 --lengths 32768 \
           --reps 2 --out "$OUT/prefill_next.json" ;;
-  *) echo "unknown step $st (tests serving decode decode_ab qps http ttft prefill overhead profile next)"; exit 2 ;;
+  *) echo "unknown step $st (tests serving decode decode_ab qps http http_si ttft prefill overhead profile next)"; exit 2 ;;
 esac; done

@@ -105,7 +105,7 @@ def test_carved_entry_tensors_are_aligned_disjoint_views():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_carved_cold_entries_round_trip_every_store_tier(tmp_path):
-    """Cold entries built on CUDA hold views of one allocation per dtype: the store moves them down to
+    """Cold entries built on CUDA hold views of two allocations (pairs, the rest): the store moves them down to
     pinned host memory and to disk (safetensors) and back unchanged."""
     pytest.importorskip("sqlalchemy")  # the store's registry (not on every GPU image)
     from tests.segments.helpers import make_store, meta
@@ -119,7 +119,12 @@ def test_carved_cold_entries_round_trip_every_store_tier(tmp_path):
         list(batch.entries), mode_spec("hypic"), cold=batch,
     )  # fmt: skip
     payloads = [e.to_tensors() for e in batch.entries]
-    assert len({t.untyped_storage().data_ptr() for t in payloads[0].values() if t.dtype == torch.float32}) == 1
+
+    def blocks(names: tuple[str, ...]) -> set[int]:
+        return {t.untyped_storage().data_ptr() for n, t in payloads[0].items() if n.split(".")[-1] in names}
+
+    assert len(blocks(("T", "S"))) == 1 and len(blocks(("conv", "k", "v"))) == 1  # the pairs' block, the rest's
+    assert blocks(("T", "S")) != blocks(("conv", "k", "v"))
     nbytes = sum(t.nbytes for t in payloads[0].values())
     s = make_store(tmp_path, gpu_device="auto", gpu_budget_bytes=nbytes + 1024, cpu_budget_bytes=nbytes + 1024,
                    disk_budget_bytes=1 << 30)  # fmt: skip

@@ -225,6 +225,13 @@ def tiny_config(arch: str) -> dict[str, Any]:
     return copy.deepcopy(_CONFIGS[canonical_arch(arch)])
 
 
+def transformers_has(model_type: str) -> bool:
+    """Whether the installed transformers knows ``model_type`` (newer families need a newer release)."""
+    from transformers import CONFIG_MAPPING
+
+    return model_type in CONFIG_MAPPING
+
+
 def hf_config_object(hf_config: dict[str, Any]) -> Any:
     """The transformers ``PreTrainedConfig`` for a config dict (wrapper configs included)."""
     from transformers import AutoConfig
@@ -263,8 +270,8 @@ def random_state_dict(
 
     Deterministic in ``(hf_config, seed)``; the caller's global RNG state is left untouched.
     """
-    if hf_config.get("model_type") in OWN_INIT:
-        return own_state_dict(hf_config, seed, dtype)
+    if hf_config.get("model_type") in OWN_INIT or not transformers_has(str(hf_config.get("model_type"))):
+        return own_state_dict(hf_config, seed, dtype)  # e.g. Ling 3 under transformers < 5.2x
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = build_hf_model(hf_config)
