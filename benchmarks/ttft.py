@@ -9,7 +9,7 @@ plus a ``--query-len``-token question. ``--hit-rate 1.0`` = warm (all documents 
 
 A mode may set knobs after an ``@`` for an A/B in one run: each mode's engine gets its own
 ``Settings`` (CUDA graphs are recaptured per mode), the knobs it names on top of the defaults.
-Kernel choices (``Settings.kernels``, ``HYPIC_KERNELS__<FIELD>``): ``hypic@scan=token``
+Kernel choices (``Settings.kernels``, ``HYPIC_KERNELS__<FIELD>``): ``hypic@precise_for_half=true``
 (``combine_scan``: the token-loop scan), ``hypic@moe_slots=4096,moe_bm=64``
 (``moe_triton_max_slots`` / ``moe_triton_block_m``), ``hypic@bucket_step=512``
 (``graph_bucket_step``: the layer graphs' token buckets above 2,048), or any other
@@ -95,13 +95,13 @@ def pct(xs: list[float], q: float) -> float:
 
 
 # knob -> KernelSettings field (every field also answers to its own name)
-KNOBS = {"scan": "combine_scan", "moe_slots": "moe_triton_max_slots", "moe_bm": "moe_triton_block_m",
+KNOBS = {"moe_slots": "moe_triton_max_slots", "moe_bm": "moe_triton_block_m",
          "bucket_step": "graph_bucket_step"}  # fmt: skip
 SETTING_KNOBS = {"graph_after": "combine_graph_after", "cold_after": "cold_graph_after"}  # Settings fields
 
 
 def set_knobs(spec: str, settings: Settings) -> Settings:
-    """``"scan=token,moe_bm=64,graph_after=0"`` -> a copy of ``settings`` with those knobs (the kernel
+    """``"precise_for_half=true,moe_bm=64,graph_after=0"`` -> a copy of ``settings`` with those knobs (the kernel
     choices validated as ``KernelSettings``; every other value as in ``settings``)."""
     given = dict(kv.split("=", 1) for kv in spec.split(",") if kv)
     kernel_knobs = {**KNOBS, **{f: f for f in KernelSettings.model_fields}}

@@ -13,7 +13,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from hypic_agent.kernels.config import DEFAULT_KERNELS, KernelConfig, ScanName
+from hypic_agent.kernels.config import DEFAULT_KERNELS, KernelConfig
 
 ModeName = Literal["full_recompute", "prefix_cache", "addition", "transition", "transition_rope", "hypic"]
 MODES: tuple[str, ...] = ("full_recompute", "prefix_cache", "addition", "transition", "transition_rope", "hypic")
@@ -27,16 +27,12 @@ _K = DEFAULT_KERNELS
 
 
 class KernelSettings(BaseModel):
-    """Kernel choices (``HYPIC_KERNELS__<FIELD>``, e.g. ``HYPIC_KERNELS__COMBINE_SCAN=token``): the
+    """Kernel choices (``HYPIC_KERNELS__<FIELD>``, e.g. ``HYPIC_KERNELS__PRECISE_FOR_HALF=true``): the
     A/B switches of the kernels and the paths around them. ``config()`` gives the frozen
     ``kernels.config.KernelConfig`` the engine hands down; the defaults are its defaults."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    combine_scan: ScanName = Field(
-        default=_K.combine_scan,
-        description="fused combine scan on CUDA: wy (chunked WY factors, then a chain of steps) | token (token loop)",
-    )
     precise_for_half: bool = Field(
         default=_K.precise_for_half,
         description="WY chain state dots in tf32x3 for bf16 / fp16 outputs with fp32 pairs (false: one tf32 pass)",

@@ -17,22 +17,16 @@ tested against; ``gdn_combine_scan`` dispatches.
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass, field
 
 import torch
 
 from . import gdn_torch
-from ._varlen import fla_chunk_tables
-from .backend import fla_available, on_device, resolve_triton, to_device_async
+from .backend import on_device, resolve_triton, to_device_async
 from .combine_scan_wy import WYSteps, plan_steps
-from .config import DEFAULT_KERNELS, ScanName
+from .config import DEFAULT_KERNELS
 
 MAX_TOKENS = 2048  # above this many active tokens the chunked (WY) path is faster
-# Above this many active tokens the scan takes its pieces in chunk form (``combine_scan_chunked_triton``):
-# on the H200 a 64-token chunk costs ~6 us of scan time against ~1.5 us per token in the token loop,
-# but fla's WY-factor ops add ~1.4 ms of host time per layer, which only long pieces repay.
-CHUNKED_FROM = 512
 
 
 @dataclass(frozen=True)
@@ -89,15 +83,13 @@ class ChainTables:
     """Launch tables of the Triton kernels for the chains of several layers that share one layout:
     meta ``[n, 3]`` int32 (kind 0 = piece / 1 = body, start, end) and pointers ``[L, n, 2]`` int64
     (data pointers of each body's T and S per layer; 0 for pieces). Built on the host, copied once.
-    ``meta_host`` / ``ptrs_host``: the host copies, for ``piece_tables`` (the chunked scan) and
-    ``wy_steps`` (the WY scan)."""
+    ``meta_host`` / ``ptrs_host``: the host copies, for ``wy_steps`` (the WY scan's step plan)."""
 
     meta: torch.Tensor
     ptrs: torch.Tensor
     pair_dtype: torch.dtype
     meta_host: list[tuple[int, int, int]] = field(default_factory=list)
     ptrs_host: torch.Tensor | None = None
-    _pieces: tuple[torch.Tensor, torch.Tensor] | None = field(default=None, repr=False)
     _steps: WYSteps | None = field(default=None, repr=False)
 
     def wy_steps(self) -> WYSteps:
@@ -107,21 +99,6 @@ class ChainTables:
             assert self.ptrs_host is not None
             self._steps = plan_steps(self.meta_host, self.ptrs_host, self.meta.device)
         return self._steps
-
-    def piece_tables(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The pieces as packed sequences ``cu_pieces [P+1]`` int64 and fla's chunk indices
-        ``piece_chunks [NC, 2]`` for them, on the tables' device; built on first use (only the
-        chunked scan reads them). A token outside every piece, if any, falls in a sequence of its own
-        that no link reads."""
-        if self._pieces is None:  # the pieces are cut at every piece boundary
-            b = sorted({0, *(x for kind, lo, hi in self.meta_host if kind == 0 for x in (lo, hi))})
-            chunks, _ = fla_chunk_tables([hi - lo for lo, hi in itertools.pairwise(b)])
-            dev = self.meta.device
-            self._pieces = (
-                to_device_async(torch.tensor(b, dtype=torch.int64), dev),
-                to_device_async(torch.tensor(chunks, dtype=torch.int64).reshape(-1, 2), dev),
-            )
-        return self._pieces
 
 
 def tables_from_host(
@@ -173,13 +150,12 @@ def gdn_combine_scan(
     transition: bool = True,
     backend: str = "auto",
     tables: tuple[ChainTables, int] | None = None,
-    scan: ScanName = DEFAULT_KERNELS.combine_scan,
     precise_for_half: bool = DEFAULT_KERNELS.precise_for_half,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One linear layer's combine (see module doc). Shapes as ``gdn_combine_scan_torch``.
 
-    ``backend``: ``"torch"`` (token loop), ``"fla"`` or ``"auto"`` (on CUDA the Triton scan that
-    ``scan`` names: ``"wy"`` or ``"token"``, ``KernelConfig.combine_scan``).
+    ``backend``: ``"torch"`` (the token-loop twin), ``"fla"`` or ``"auto"`` (on CUDA the Triton WY scan,
+    ``combine_scan_wy_triton``: chunk factors in parallel, then a chain of chunk and body steps).
     ``precise_for_half``: the WY chain's state dots at about fp32 for bf16 / fp16 outputs too
     (``KernelConfig.precise_for_half``; fp32 outputs always are).
     ``tables``: prebuilt ``(ChainTables, row)`` for this chain (saves a host->device copy per layer);
@@ -200,31 +176,15 @@ def gdn_combine_scan(
                 f"body pair must be T [HV, K, K], S [HV, K, V]; got {tuple(link.T.shape)}, {tuple(link.S.shape)}"
             )
     if resolve_triton(backend, q.device):
+        from .combine_scan_wy_triton import wy_chain_triton, wy_factors_triton
+
         tab, row = tables if tables is not None else (chain_tables([chain], q.device), 0)
-        if scan == "wy":
-            from .combine_scan_wy_triton import wy_chain_triton, wy_factors_triton
-
-            steps = tab.wy_steps()
-            factors = wy_factors_triton(q, k, v, g, beta, steps.chunks, steps.chunk_size, use_qk_l2norm=use_qk_l2norm,
-                                        scale=scale)  # fmt: skip
-            return wy_chain_triton(
-                factors, steps.meta, steps.ptrs[row], h0, v.dtype, steps.chunk_size, pair_dtype=tab.pair_dtype,
-                transition=transition, precise=precise_for_half or v.dtype not in (torch.bfloat16, torch.float16),
-            )  # fmt: skip
-        from .combine_scan_triton import gdn_combine_scan_triton
-
-        if T > CHUNKED_FROM and q.dtype in (torch.bfloat16, torch.float16) and fla_available():
-            from .combine_scan_chunked_triton import gdn_combine_scan_chunked
-
-            return gdn_combine_scan_chunked(
-                q, k, v, g, beta, tab.meta, tab.ptrs[row], h0, *tab.piece_tables(),
-                pair_dtype=tab.pair_dtype, use_qk_l2norm=use_qk_l2norm, scale=scale, transition=transition,
-            )  # fmt: skip
-        # token loop; q, k are normalised in the kernel: off the loop's critical path (they do not
-        # depend on the state), and no extra launches per layer
-        return gdn_combine_scan_triton(
-            q, k, v, g, beta, tab.meta, tab.ptrs[row], h0, pair_dtype=tab.pair_dtype, use_qk_l2norm=use_qk_l2norm,
-            scale=scale, transition=transition,
+        steps = tab.wy_steps()
+        factors = wy_factors_triton(q, k, v, g, beta, steps.chunks, steps.chunk_size, use_qk_l2norm=use_qk_l2norm,
+                                    scale=scale)  # fmt: skip
+        return wy_chain_triton(
+            factors, steps.meta, steps.ptrs[row], h0, v.dtype, steps.chunk_size, pair_dtype=tab.pair_dtype,
+            transition=transition, precise=precise_for_half or v.dtype not in (torch.bfloat16, torch.float16),
         )  # fmt: skip
     return gdn_combine_scan_torch(
         q, k, v, g, beta, chain, h0, use_qk_l2norm=use_qk_l2norm, scale=scale, transition=transition

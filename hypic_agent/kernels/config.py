@@ -13,20 +13,12 @@ No torch here: ``hypic_agent.config`` imports this module.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
-
-ScanName = Literal["wy", "token"]
-SCANS: tuple[str, ...] = ("wy", "token")
 
 
 @dataclass(frozen=True)
 class KernelConfig:
     """Every kernel choice, with the defaults the project runs with.
 
-    * ``combine_scan``: the fused combine scan on CUDA (``kernels.combine_scan``): ``"wy"``
-      (``combine_scan_wy``: every chunk's factors in parallel, then a pipelined chain of chunk + body
-      steps) or ``"token"`` (the token loop of ``combine_scan_triton``, and above ``CHUNKED_FROM``
-      tokens the fla-factor chunked scan), kept for A/B measurements.
     * ``precise_for_half``: whether the WY chain keeps its state's dots at about fp32 (tf32x3) for
       bf16 / fp16 outputs with fp32 pairs rather than one tf32 pass. One pass: 0.235 -> 0.132 ms per
       layer at the Qwen3.5 combine shape (24 steps, H200, 2026-12-01), state error ~1e-3 relative;
@@ -58,7 +50,6 @@ class KernelConfig:
       ``scatter_prefill``'s batches instead of its combine forward.
     """
 
-    combine_scan: ScanName = "wy"
     precise_for_half: bool = False
     moe_triton_max_slots: int = 2048
     moe_triton_block_m: int | None = None
@@ -70,8 +61,6 @@ class KernelConfig:
     max_fused_cold_tokens: int = 65536
 
     def __post_init__(self) -> None:
-        if self.combine_scan not in SCANS:
-            raise ValueError(f"combine_scan must be one of {SCANS}, got {self.combine_scan!r}")
         for name in ("moe_triton_max_slots", "norm_fla_min_rows", "max_fused_cold_tokens"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")

@@ -89,7 +89,7 @@ def test_quality_shards_merge_to_one_run(tmp_path):
 
 
 # a mode with A/B knobs: kernel choices (short and field names) and a Settings field, one engine each
-KNOBS = "hypic@scan=token,moe_slots=0,bucket_step=512,precompose_leading_bodies=false,graph_after=0"
+KNOBS = "hypic@precise_for_half=true,moe_slots=0,bucket_step=512,precompose_leading_bodies=false,graph_after=0"
 
 
 def test_ttft_and_overhead_smoke(tmp_path):

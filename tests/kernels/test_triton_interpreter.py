@@ -61,7 +61,7 @@ COMBINE_TABLES = """
 import functools
 from unittest import mock
 import torch
-from hypic_agent.kernels import combine_scan, combine_scan_triton, combine_scan_wy_triton, gather_spans
+from hypic_agent.kernels import combine_scan, combine_scan_wy_triton, gather_spans
 from hypic_agent.kernels.config import KernelConfig
 from hypic_agent.runtime.hypic import combine as comb
 from hypic_agent.runtime.hypic import splice
@@ -75,11 +75,9 @@ from tests.runtime.conftest import make_model, rand_tokens
 model, _, _ = make_model("qwen3_5_text")
 segs = [tuple(rand_tokens(n, 3 + n)) for n in (30, 17, 40)]
 suffix = rand_tokens(5, 2)
-fixed = functools.partial(combine_scan_triton.gdn_combine_scan_triton, bv=16, body_chunk=0, num_warps=2)
 fixed_wy = functools.partial(combine_scan_wy_triton.wy_chain_triton, bv=16, num_warps=2)
-cases = [(scan, mode, seams) for scan in ("wy", "token")
-         for mode, seams in (("hypic", [6, 6, 6]), ("transition", [0, 0, 0]), ("addition", [0, 0, 0]))]
-for scan, mode, seams in cases:
+cases = (("hypic", [6, 6, 6]), ("transition", [0, 0, 0]), ("addition", [0, 0, 0]))
+for mode, seams in cases:
     entries = build_entries(model, segs, seams)
     lay = plan_layout(list(segs), list(entries), seams, suffix, torch.device("cpu"))
     ref = comb.combine(model, lay, list(entries), mode_spec(mode), fused_scan=True)
@@ -87,19 +85,18 @@ for scan, mode, seams in cases:
             mock.patch.object(splice, "resolve_triton", lambda b, d: True), \
             mock.patch.object(gather_spans, "resolve_triton", lambda b, d: True), \
             mock.patch.object(combine_scan, "resolve_triton", lambda b, d: True), \
-            mock.patch.object(combine_scan_wy_triton, "wy_chain_triton", fixed_wy), \
-            mock.patch.object(combine_scan_triton, "gdn_combine_scan_triton", fixed):
-        kernels = KernelConfig(combine_scan=scan)
+            mock.patch.object(combine_scan_wy_triton, "wy_chain_triton", fixed_wy):
+        kernels = KernelConfig()
         inputs = combine_inputs(model, lay, list(entries), mode != "addition", True, kernels=kernels)
         assert all(p is not None and p.tables is not None for p in inputs.plan.values()), mode
         assert (inputs.lead is not None) == (seams[0] == 0), mode
         assert inputs.by_pointer() and inputs.kernels is kernels, mode  # conv tails, attention bodies by pointer
-        assert (inputs.tables()._steps is not None) == (scan == "wy"), mode  # the WY steps planned up front
+        assert inputs.tables()._steps is not None, mode  # the WY steps planned up front
         got = comb.combine(model, lay, list(entries), mode_spec(mode), fused_scan=True, kernels=kernels)
-    assert rel_err(got.last_logits, ref.last_logits) < 1e-4, (scan, mode, rel_err(got.last_logits, ref.last_logits))
+    assert rel_err(got.last_logits, ref.last_logits) < 1e-4, (mode, rel_err(got.last_logits, ref.last_logits))
     for a, b in zip(got.layers, ref.layers):
         if hasattr(a, "recurrent"):
-            assert rel_err(a.recurrent, b.recurrent) < 1e-4, (scan, mode)
+            assert rel_err(a.recurrent, b.recurrent) < 1e-4, mode
 """
 
 COMBINE_WY = """
@@ -148,71 +145,6 @@ with mock.patch.object(combine_scan, "resolve_triton", lambda b, d: True), \
     o, h = combine_scan.gdn_combine_scan(**x, chain=chain, h0=h0)
 ro, rh = gdn_combine_scan_torch(**x, chain=chain, h0=h0)
 assert rel_err(o, ro) < 1e-5 and rel_err(h, rh) < 1e-5, (rel_err(o, ro), rel_err(h, rh))
-"""
-
-COMBINE = """
-import torch
-from hypic_agent.kernels.combine_scan import Body, Piece, chain_tables, gdn_combine_scan_torch
-from hypic_agent.kernels.combine_scan_triton import gdn_combine_scan_triton
-from tests.kernels.helpers import gdn_inputs, rel_err
-HV, K, V = 4, 32, 48
-x = gdn_inputs(23, 2, HV, K, V, seed=5)
-g = torch.Generator().manual_seed(0)
-for dt in (torch.float32, torch.bfloat16):
-    def pair():
-        return (torch.eye(K) * 0.9 + 0.01 * torch.randn(HV, K, K, generator=g)).to(dt).contiguous()
-    chain = [Piece(0, 5), Body(pair(), torch.randn(HV, K, V, generator=g).to(dt)), Piece(5, 12),
-             Body(pair(), torch.randn(HV, K, V, generator=g).to(dt)), Piece(12, 12), Piece(12, 23)]
-    h0 = torch.randn(HV, K, V, generator=g)
-    tab = chain_tables([chain], torch.device("cpu"))
-    for tr in (True, False):
-        ro, rh = gdn_combine_scan_torch(**x, chain=chain, h0=h0, transition=tr)
-        for bc, bv, nw in ((0, 32, 4), (16, 16, 2)):  # whole-tile and column-block bodies
-            o, h = gdn_combine_scan_triton(**x, meta=tab.meta, ptrs=tab.ptrs[0], h0=h0, pair_dtype=tab.pair_dtype,
-                                           transition=tr, body_chunk=bc, bv=bv, num_warps=nw)
-            assert rel_err(o, ro) < 1e-5 and rel_err(h, rh) < 1e-5, (dt, tr, bc, rel_err(o, ro), rel_err(h, rh))
-# the dispatcher's Triton branch (q/k normalised up front), at a fixed launch shape (no autotuning here)
-import functools
-from unittest import mock
-from hypic_agent.kernels import combine_scan, combine_scan_triton
-fixed = functools.partial(gdn_combine_scan_triton, bv=16, body_chunk=16, num_warps=2)
-with mock.patch.object(combine_scan, "resolve_triton", lambda b, d: True), \
-        mock.patch.object(combine_scan_triton, "gdn_combine_scan_triton", fixed):
-    o, h = combine_scan.gdn_combine_scan(**x, chain=chain, h0=h0, scan="token")
-ro, rh = gdn_combine_scan_torch(**x, chain=chain, h0=h0)
-assert rel_err(o, ro) < 1e-5 and rel_err(h, rh) < 1e-5, (rel_err(o, ro), rel_err(h, rh))
-"""
-
-CHUNKED = """
-import torch
-from hypic_agent.kernels import gdn_torch
-from hypic_agent.kernels.combine_scan import Body, Piece, chain_tables, gdn_combine_scan_torch
-from hypic_agent.kernels.combine_scan_chunked_triton import gdn_combine_scan_chunked
-from tests.kernels.helpers import gdn_inputs, rel_err
-H, HV, K, V = 2, 4, 32, 48
-
-def factors(q, k, v, g, beta, cu, chunks, l2norm):  # torch twin of piece_factors_fla (64-token chunks)
-    qn, kn = gdn_torch.l2norm(q.float()), gdn_torch.l2norm(k.float())
-    return (qn, kn, *gdn_torch.wy_factors(kn, v, g, beta, cu.tolist()))
-
-x = gdn_inputs(150, H, HV, K, V, seed=6)
-g = torch.Generator().manual_seed(1)
-for dt in (torch.float32, torch.bfloat16):
-    def pair():
-        return (torch.eye(K) * 0.9 + 0.01 * torch.randn(HV, K, K, generator=g)).to(dt).contiguous()
-    # windows, an empty piece, a 130-token piece (three chunks) at the end
-    chain = [Piece(0, 5), Body(pair(), torch.randn(HV, K, V, generator=g).to(dt)), Piece(5, 20),
-             Body(pair(), torch.randn(HV, K, V, generator=g).to(dt)), Piece(20, 20), Piece(20, 150)]
-    h0 = torch.randn(HV, K, V, generator=g)
-    tab = chain_tables([chain], torch.device("cpu"))
-    cu_pieces, piece_chunks = tab.piece_tables()
-    assert cu_pieces.tolist() == [0, 5, 20, 150], cu_pieces
-    for tr in (True, False):
-        ro, rh = gdn_combine_scan_torch(**x, chain=chain, h0=h0, transition=tr)
-        o, h = gdn_combine_scan_chunked(**x, meta=tab.meta, ptrs=tab.ptrs[0], h0=h0, cu_pieces=cu_pieces,
-                                        piece_chunks=piece_chunks, pair_dtype=tab.pair_dtype, transition=tr,
-                                        bv=16, num_warps=2, factors=factors)
-        assert rel_err(o, ro) < 1e-5 and rel_err(h, rh) < 1e-5, (dt, tr, rel_err(o, ro), rel_err(h, rh))
 """
 
 BODY_PAIRS = """
@@ -328,10 +260,8 @@ for dt in (torch.float32, torch.bfloat16):
     [
         ("chain_scan", CHAIN),
         ("chain_pointers", CHAIN_POINTERS),
-        ("combine_scan", COMBINE),
         ("combine_tables", COMBINE_TABLES),
         ("combine_scan_wy", COMBINE_WY),
-        ("combine_scan_chunked", CHUNKED),
         ("body_pairs", BODY_PAIRS),
         ("moe", MOE),
         ("splitk_attention", SPLITK),

@@ -60,7 +60,7 @@ def test_refreshed_tables_equal_freshly_planned_ones(mode, seam):
         mock.patch.object(ci, "resolve_triton", lambda b, d: True),
         mock.patch.object(splice, "resolve_triton", lambda b, d: True),
     ):
-        wy = KernelConfig(combine_scan="wy")
+        wy = KernelConfig()
         e_a = [entries[0], entries[1], entries[2]]
         planned = ci.combine_inputs(model, lay_a, e_a, spec.transition, True, kernels=wy)
         fresh = ci.combine_inputs(model, lay_b, e_b, spec.transition, True, kernels=wy)

@@ -30,7 +30,6 @@ def test_settings_defaults_are_the_kernel_defaults():
     assert Settings().kernels.config() == KernelConfig() == DEFAULT_KERNELS
     assert list(KernelSettings.model_fields) == [f.name for f in dataclasses.fields(KernelConfig)]
     assert DEFAULT_KERNELS == KernelConfig(
-        combine_scan="wy",
         precise_for_half=False,
         moe_triton_max_slots=2048,
         moe_triton_block_m=None,
@@ -40,24 +39,23 @@ def test_settings_defaults_are_the_kernel_defaults():
         max_fused_cold_tokens=65536,
     )
     with pytest.raises(dataclasses.FrozenInstanceError):
-        DEFAULT_KERNELS.combine_scan = "token"  # type: ignore[misc]
+        DEFAULT_KERNELS.precise_for_half = True  # type: ignore[misc]
 
 
 def test_kernel_settings_from_the_environment(monkeypatch):
-    monkeypatch.setenv("HYPIC_KERNELS__COMBINE_SCAN", "token")
     monkeypatch.setenv("HYPIC_KERNELS__PRECISE_FOR_HALF", "true")
     monkeypatch.setenv("HYPIC_KERNELS__MOE_TRITON_BLOCK_M", "64")
     monkeypatch.setenv("HYPIC_KERNELS__GRAPH_BUCKET_STEP", "512")
     k = Settings().kernels.config()
     assert k == dataclasses.replace(
-        DEFAULT_KERNELS, combine_scan="token", precise_for_half=True, moe_triton_block_m=64, graph_bucket_step=512
+        DEFAULT_KERNELS, precise_for_half=True, moe_triton_block_m=64, graph_bucket_step=512
     )
 
 
 @pytest.mark.parametrize(
     "bad",
     [
-        {"combine_scan": "chunked"},
+        {"combine_scan": "token"},  # the token-loop scan lost its A/B and left: an unknown field now
         {"moe_triton_max_slots": -1},
         {"moe_triton_block_m": 48},  # not a power of two
         {"moe_triton_block_m": 8},
@@ -70,7 +68,7 @@ def test_kernel_settings_from_the_environment(monkeypatch):
 def test_bad_kernel_settings_are_refused(bad):
     with pytest.raises(ValidationError):
         Settings(kernels=bad)
-    if "combine_scann" not in bad:
+    if not {"combine_scann", "combine_scan"} & set(bad):
         with pytest.raises(ValueError):
             KernelConfig(**bad)
 
@@ -127,7 +125,7 @@ def test_combine_graphs_are_kept_per_kernel_choice():
     r = CombineGraphs(model)
     lay = plan_layout([(1, 2, 3)], [None], [0], [4], torch.device("cpu"))
     spec = mode_spec("hypic")
-    keys = {r.key(lay, spec, None, k) for k in (DEFAULT_KERNELS, KernelConfig(), KernelConfig(combine_scan="token"))}
+    keys = {r.key(lay, spec, None, k) for k in (DEFAULT_KERNELS, KernelConfig(), KernelConfig(precise_for_half=True))}
     assert len(keys) == 2
 
 

@@ -92,7 +92,7 @@ def _linear(
     if scan is not None:
         assert isinstance(mixer, GatedDeltaNet)
         o, final = mixer.mix_scan(
-            ops, scan.chain, transition=spec.transition, tables=scan.tables, h0=h0, scan=kernels.combine_scan,
+            ops, scan.chain, transition=spec.transition, tables=scan.tables, h0=h0,
             precise_for_half=kernels.precise_for_half,
         )  # fmt: skip
         return o, LinearLayerState(final, conv_final[-1])

@@ -219,8 +219,7 @@ def combine_inputs(
         lead_ptrs = pair_tables(lay, entries, dev, len(lin), stop=lead).ptrs if lead else None
     except ValueError:  # mixed pair dtypes or devices: the chunked path converts as it goes
         return CombineInputs(dict.fromkeys(lin), splice=splice, kernels=kernels)
-    if kernels.combine_scan == "wy":
-        tables.wy_steps()  # planned now: nothing in the forward copies from the host
+    tables.wy_steps()  # planned now: nothing in the forward copies from the host
     first = None if like is None else Lead(like, transition, ptrs=lead_ptrs)
     plan = {li: LayerScan([], (tables, row)) for row, li in enumerate(lin)}
     return CombineInputs(plan, first, splice, lead, kernels)  # type: ignore[arg-type]

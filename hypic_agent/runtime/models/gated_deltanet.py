@@ -19,7 +19,7 @@ from hypic_agent.kernels import chain as chain_ops
 from hypic_agent.kernels import combine_scan, gdn_pairs
 from hypic_agent.kernels import conv as conv_ops
 from hypic_agent.kernels import gdn as gdn_ops
-from hypic_agent.kernels.config import DEFAULT_KERNELS, ScanName
+from hypic_agent.kernels.config import DEFAULT_KERNELS
 from hypic_agent.kernels.conv_decode import conv_decode_slots
 from hypic_agent.kernels.gdn_decode import gdn_decode_slots
 from hypic_agent.kernels.gdn_gates import gdn_gates
@@ -207,17 +207,16 @@ class GatedDeltaNet(nn.Module):
         transition: bool,
         tables: tuple[combine_scan.ChainTables, int] | None = None,
         h0: torch.Tensor | None = None,
-        scan: ScanName = DEFAULT_KERNELS.combine_scan,
         precise_for_half: bool = DEFAULT_KERNELS.precise_for_half,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Pieces and cached bodies in chain order from ``h0 [HV, K, V]`` (None: zero), fused
-        (``kernels.combine_scan``; ``scan``, ``precise_for_half``: its kernel choices) -> (o
+        (``kernels.combine_scan``; ``precise_for_half``: its kernel choice) -> (o
         ``[T, HV, V]``, final state ``[HV, K, V]`` fp32)."""
         if h0 is None:
             h0 = torch.zeros(self.hv, self.dk, self.dv, device=ops.v.device, dtype=torch.float32)
         return combine_scan.gdn_combine_scan(
             ops.q, ops.k, ops.v, ops.g, ops.beta, chain, h0, use_qk_l2norm=True, transition=transition,
-            backend=self.backend, tables=tables, scan=scan, precise_for_half=precise_for_half,
+            backend=self.backend, tables=tables, precise_for_half=precise_for_half,
         )  # fmt: skip
 
     def pair_identity(self, like: torch.Tensor) -> torch.Tensor:
