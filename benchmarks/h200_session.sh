@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # H200 calls that check the GPU kernels and re-measure every GPU table of docs/benchmarks.md.
-# Usage (repo root, device machine): bash benchmarks/h200_session.sh [tests] [serving] [decode] [decode_ab] [qps] [http] [http_si] [ttft] [prefill] [overhead] [profile] [next]
+# Usage (repo root, device machine): bash benchmarks/h200_session.sh [tests] [serving] [decode] [decode_ab] [qps] [http] [http_si] [ttft] [prefill] [overhead] [profile] [next] [families]
 # Run from the repo root on the device machine, fla-core etc. on PYTHONPATH; results land in $OUT.
 # Each step has its own time limit (TESTS_S, TTFT_S, PROFILE_S override three of them) so that a slow
 # step cannot take the others' results with it.
@@ -56,5 +56,17 @@ for st in $STEPS; do case $st in
              --combine-only --scatter --out "$OUT/combine_profile.json" ;;
   next) step 100 prefill_next python3 prefill.py --shape qwen3_next_80b_a3b --layers 12 --lengths 32768 \
           --reps 2 --out "$OUT/prefill_next.json" ;;
-  *) echo "unknown step $st (tests serving decode decode_ab qps http http_si ttft prefill overhead profile next)"; exit 2 ;;
+  # issue 24: the new families' fla kernels (KDA, decay-only) and their real shapes, ~400 s in all; the tests
+  # run first so that fla's autotuning of the shapes' head dims is done (and cached) before the timed runs
+  families) (cd .. && step ${FAM_TESTS_S:-140} gputests_families python3 -m pytest -q -p no:cacheprovider -m gpu \
+              tests/kernels/test_gpu_kda.py tests/kernels/test_gpu_decay_attention.py tests/runtime/test_gpu_families.py)
+            for sh in kimi_linear_48b_a3b granite_4_0_h_small; do
+              step ${FAM_PREFILL_S:-85} "prefill_$sh" python3 prefill.py --shape $sh --no-transformers \
+                --lengths 4096 16384 32768 --reps 2 --out "$OUT/prefill_$sh.json"
+            done
+            for sh in kimi_linear_48b_a3b granite_4_0_h_small; do
+              step ${FAM_TTFT_S:-45} "ttft_$sh" python3 ttft.py --shape $sh --pool 16 --segments 8 --seg-len 1024 \
+                --requests 3 --warmup 1 --hit-rates 1.0 --modes full_recompute hypic --out "$OUT/ttft_$sh.json"
+            done ;;
+  *) echo "unknown step $st (tests serving decode decode_ab qps http http_si ttft prefill overhead profile next families)"; exit 2 ;;
 esac; done

@@ -1,7 +1,9 @@
-"""KDA reference (``kernels.kda``): transformers' recurrence, step, and pairs that compose exactly."""
+"""KDA (``kernels.kda``; on CPU the dispatch runs the torch twin): transformers' recurrence, step, pool
+slots, and pairs that compose exactly."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from hypic_agent.kernels import chain, kda
@@ -51,3 +53,19 @@ def test_pairs_compose_to_the_one_pass_state():
     states = chain.chain_scan(h0, T, S, backend="torch")
     _, ref = kda.kda(q, k, v, g, beta, initial_state=h0[None])
     assert ((states[-1] - ref[0]).norm() / ref[0].norm()).item() <= 1e-5
+
+
+def test_decode_slots_step_their_slots_in_place():
+    """The pool-indexed step (torch twin on CPU) equals ``kda_step`` on the gathered states, writes the
+    new states into exactly the named slots and leaves the others alone."""
+    q, k, v, g, beta = _inputs(3, seed=3)
+    pool = torch.randn(5, 2, 8, 6, generator=torch.Generator().manual_seed(4))
+    before = pool.clone()
+    slots = torch.tensor([4, 0, 2])
+    o = kda.kda_decode_slots(q, k, v, g, beta, pool, slots)
+    ref_o, ref_s = kda.kda_step(q, k, v, g, beta, before[slots])
+    assert torch.allclose(o, ref_o, atol=1e-6) and torch.allclose(pool[slots], ref_s, atol=1e-6)
+    assert not torch.allclose(pool[slots], before[slots], atol=1e-3)
+    assert torch.equal(pool[torch.tensor([1, 3])], before[torch.tensor([1, 3])])
+    with pytest.raises(ValueError, match="state_pool"):
+        kda.kda_decode_slots(q, k, v, g, beta, pool[:, :, :, :4], slots)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hypic_agent.kernels import ssd
+from hypic_agent.kernels import decay_attention as decay
 from hypic_agent.kernels.gdn import gated_delta_rule
 from hypic_agent.kernels.pairs import transition_pairs
 from hypic_agent.kernels.rope import apply_rope
@@ -38,18 +38,18 @@ def test_decay_only_state_rerotated_equals_one_pass(offset):
     kb, vb, gb = _data(50, 1)
     # one pass over A then B, every key rotated at its global position
     k_all = torch.cat([_rot(ka, 0), _rot(kb, offset)])
-    _, full = ssd.decay_pairs(
+    _, full = decay.decay_pairs(
         k_all, torch.cat([va, vb]), torch.cat([ga, gb]), cu_seqlens=torch.tensor([0, offset + 50])
     )
     # cached: A's state (its own positions are global), B's pair built alone at local positions 0..49
-    _, sa = ssd.decay_pairs(_rot(ka, 0), va, ga, cu_seqlens=torch.tensor([0, offset]))
-    tb, sb = ssd.decay_pairs(_rot(kb, 0), vb, gb, cu_seqlens=torch.tensor([0, 50]))
+    _, sa = decay.decay_pairs(_rot(ka, 0), va, ga, cu_seqlens=torch.tensor([0, offset]))
+    tb, sb = decay.decay_pairs(_rot(kb, 0), vb, gb, cu_seqlens=torch.tensor([0, 50]))
     tb_g = rotate_transition(tb[0], offset, rotary_dim=ROT, theta=THETA)
     assert torch.equal(tb_g, tb[0])  # a per-head decay does not rotate
     sb_g = rotate_state(sb[0], offset, rotary_dim=ROT, theta=THETA)
-    composed = ssd.decay_chain(sa[0], tb_g[None], sb_g[None])[-1]
+    composed = decay.decay_chain(sa[0], tb_g[None], sb_g[None])[-1]
     assert rel(composed, full[0]) <= 1e-5
-    skipped = ssd.decay_chain(sa[0], tb, sb)[-1]
+    skipped = decay.decay_chain(sa[0], tb, sb)[-1]
     assert rel(skipped, full[0]) > 0.05  # keys at the wrong angle
 
 

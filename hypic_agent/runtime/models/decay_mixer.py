@@ -1,9 +1,10 @@
 """``DecayMixer``: the HYPIC half shared by every decay-only linear mixer (Mamba2, Lightning).
 
 Their recurrence is ``S_t = exp(g_t) S_{t-1} + k_t v_t^T`` with a scalar log-decay per head
-(``kernels.ssd``), so a span's pair is ``T [HV]`` (its cumulative decay) and ``S [HV, K, V]``,
-composed as ``T * S_in + S``. A subclass says how its operands map onto (q, k, v, g)
-(``decay_operands``) and what it adds to the scan's output (``finish``: Mamba2's D skip).
+(``kernels.decay_attention``: fla-core's ``chunk_simple_gla`` on CUDA, the torch twin elsewhere),
+so a span's pair is ``T [HV]`` (its cumulative decay) and ``S [HV, K, V]``, composed as
+``T * S_in + S``. A subclass says how its operands map onto (q, k, v, g) (``decay_operands``) and
+what it adds to the scan's output (``finish``: Mamba2's D skip). The decode step stays in torch.
 """
 
 from __future__ import annotations
@@ -13,12 +14,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from hypic_agent.kernels import ssd
+from hypic_agent.kernels import decay_attention as decay_ops
 from hypic_agent.kernels.gdn_pairs import PairSink, SeamSplit
 
 
 class DecayMixer(nn.Module):
     hv: int
+    backend: str  # kernel backend of the prefill scan and the pairs (``auto`` | ``torch`` | ``fla``)
     slopes: list[float]  # per-head decay slopes (the slope kinds: Lightning, Ring-linear)
     _slope: dict[torch.device, torch.Tensor]
 
@@ -46,7 +48,9 @@ class DecayMixer(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """-> (output, final states ``[N, HV, K, V]`` fp32)."""
         q, k, v, g = self.decay_operands(ops)
-        o, final = ssd.decay_attention(q, k, v, g, cu_seqlens=cu_seqlens, initial_state=initial_state)
+        o, final = decay_ops.decay_attention(
+            q, k, v, g, cu_seqlens=cu_seqlens, initial_state=initial_state, backend=self.backend
+        )
         return self.finish(o, ops), final
 
     def mix_into_pairs(self, ops: Any, cu_seqlens: torch.Tensor, split: SeamSplit, sink: PairSink) -> torch.Tensor:
@@ -55,7 +59,7 @@ class DecayMixer(nn.Module):
         out, _ = self.mix(ops, cu_seqlens, None)
         _, k, v, g = self.decay_operands(ops)
         idx = split.body_idx
-        T, S = ssd.decay_pairs(k[idx], v[idx], g[idx], cu_seqlens=split.cu_body)
+        T, S = decay_ops.decay_pairs(k[idx], v[idx], g[idx], cu_seqlens=split.cu_body, backend=self.backend)
         for j in range(split.n):
             sink.T[j].fill_(1.0)
             sink.S[j].zero_()
@@ -67,7 +71,7 @@ class DecayMixer(nn.Module):
     def mix_after_pairs(self, ops: Any, cu_seqlens: torch.Tensor, enter: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """Pieces run from ``enter(their own pairs)`` (states ``[P, HV, K, V]``) -> (output, finals)."""
         _, k, v, g = self.decay_operands(ops)
-        T, S = ssd.decay_pairs(k, v, g, cu_seqlens=cu_seqlens)
+        T, S = decay_ops.decay_pairs(k, v, g, cu_seqlens=cu_seqlens, backend=self.backend)
         return self.mix(ops, cu_seqlens, enter(T, S))
 
     def pair_identity(self, like: torch.Tensor) -> torch.Tensor:
@@ -76,11 +80,11 @@ class DecayMixer(nn.Module):
 
     def compose(self, h0: torch.Tensor, T: torch.Tensor, S: torch.Tensor) -> torch.Tensor:
         """States along a chain: h0 ``[HV, K, V]``, T ``[n, HV]``, S ``[n, HV, K, V]`` -> ``[n+1, HV, K, V]``."""
-        return ssd.decay_chain(h0, T, S)
+        return decay_ops.decay_chain(h0, T, S)
 
     def step_slots(self, ops: Any, rec_pool: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
         """One decode token per row against its pool slot's state (updated in place) -> output."""
         q, k, v, g = self.decay_operands(ops)
-        o, new = ssd.decay_step(q, k, v, g, rec_pool.index_select(0, slots))
+        o, new = decay_ops.decay_step(q, k, v, g, rec_pool.index_select(0, slots))
         rec_pool.index_copy_(0, slots, new)
         return self.finish(o, ops)

@@ -2,8 +2,9 @@
 
 Per token: q, k, v projections -> one causal depthwise conv over their concatenation (kernel W,
 SiLU); a per-key-channel log-decay ``g = -exp(A_log_h) * softplus(f_b(f_a(x)) + dt_bias)``
-``[H, K]``, ``beta = sigmoid(b_proj(x))``; the KDA recurrence (``kernels.kda``) over a
-``[H, K, V]`` state; RMSNorm per head times ``sigmoid(g_b(g_a(x)))`` -> ``o_proj``.
+``[H, K]``, ``beta = sigmoid(b_proj(x))``; the KDA recurrence (``kernels.kda``: fla-core's kernels
+on CUDA, the torch twin elsewhere) over a ``[H, K, V]`` state; RMSNorm per head times
+``sigmoid(g_b(g_a(x)))`` -> ``o_proj``.
 
 Ling 3 (``bailing_hybrid``, ``kda_variant = "ling"``) has the same layer with full-rank gates:
 ``f_proj`` (forget gate ``lower_bound * sigmoid(exp(A_log) * (f + dt_bias))``) and ``g_proj``.
@@ -147,7 +148,10 @@ class KimiDeltaAttention(nn.Module):
         self, ops: KDAOperands, cu_seqlens: torch.Tensor | None, initial_state: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """-> (o ``[T, H, V]``, final states ``[N, H, K, V]`` fp32)."""
-        o, final = kda_ops.kda(ops.q, ops.k, ops.v, ops.g, ops.beta, cu_seqlens=cu_seqlens, initial_state=initial_state)
+        o, final = kda_ops.kda(
+            ops.q, ops.k, ops.v, ops.g, ops.beta, cu_seqlens=cu_seqlens, initial_state=initial_state,
+            backend=self.backend,
+        )  # fmt: skip
         return o.to(ops.v.dtype), final
 
     def mix_into_pairs(
@@ -156,7 +160,9 @@ class KimiDeltaAttention(nn.Module):
         """Isolated segments from zero states -> o; each body's pair into ``sink`` (no body: ``(I, 0)``)."""
         o, _ = self.mix(ops, cu_seqlens, None)
         idx = split.body_idx
-        T, S = kda_ops.kda_pairs(ops.k[idx], ops.v[idx], ops.g[idx], ops.beta[idx], cu_seqlens=split.cu_body)
+        T, S = kda_ops.kda_pairs(
+            ops.k[idx], ops.v[idx], ops.g[idx], ops.beta[idx], cu_seqlens=split.cu_body, backend=self.backend
+        )
         eye = torch.eye(self.dk, device=o.device)
         for j in range(split.n):
             sink.T[j].copy_(eye.expand(self.hv, self.dk, self.dk))
@@ -169,7 +175,7 @@ class KimiDeltaAttention(nn.Module):
     def mix_after_pairs(
         self, ops: KDAOperands, cu_seqlens: torch.Tensor, enter: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        T, S = kda_ops.kda_pairs(ops.k, ops.v, ops.g, ops.beta, cu_seqlens=cu_seqlens)
+        T, S = kda_ops.kda_pairs(ops.k, ops.v, ops.g, ops.beta, cu_seqlens=cu_seqlens, backend=self.backend)
         return self.mix(ops, cu_seqlens, enter(T, S))
 
     def pair_identity(self, like: torch.Tensor) -> torch.Tensor:
@@ -190,7 +196,7 @@ class KimiDeltaAttention(nn.Module):
         mixed, gate, g, beta = self.inputs(x)
         out, conv_new = conv_ops.causal_conv1d_step(mixed, conv_state, self.conv_weight(), None, activation="silu")
         ops = self._split(out, g, beta)
-        o, new = kda_ops.kda_step(ops.q, ops.k, ops.v, ops.g, ops.beta, state)
+        o, new = kda_ops.kda_step(ops.q, ops.k, ops.v, ops.g, ops.beta, state, backend=self.backend)
         return self.output(o.to(x.dtype), gate), new, conv_new
 
     def decode_slots(
@@ -199,6 +205,5 @@ class KimiDeltaAttention(nn.Module):
         mixed, _, g, beta = inputs
         out = conv_decode_slots(mixed, conv_pool, slots, self.conv_weight(), None, backend=self.backend)
         ops = self._split(out, g, beta)
-        o, new = kda_ops.kda_step(ops.q, ops.k, ops.v, ops.g, ops.beta, rec_pool.index_select(0, slots))
-        rec_pool.index_copy_(0, slots, new)
+        o = kda_ops.kda_decode_slots(ops.q, ops.k, ops.v, ops.g, ops.beta, rec_pool, slots, backend=self.backend)
         return o.to(mixed.dtype)

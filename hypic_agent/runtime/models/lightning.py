@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hypic_agent.kernels import decay_attention as decay_ops
 from hypic_agent.runtime.models.config import HybridConfig
 from hypic_agent.runtime.models.decay_mixer import DecayMixer
 from hypic_agent.runtime.models.norms import RMSNorm
@@ -74,12 +75,10 @@ class LightningAttention(DecayMixer):
         self, x: torch.Tensor, state: torch.Tensor, conv_state: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """One token per sequence: x ``[N, D]``, state ``[N, H, D, D]``, conv ``[N, 0, 0]``."""
-        from hypic_agent.kernels import ssd
-
         qkv, gate = self.inputs(x)
         ops, _ = self.convolve(qkv, gate, None, None)
         q, k, v, g = self.decay_operands(ops)
-        o, new = ssd.decay_step(q, k, v, g, state)
+        o, new = decay_ops.decay_step(q, k, v, g, state)
         return self.output(self.finish(o, ops), gate), new, conv_state
 
     def decode_slots(

@@ -8,7 +8,7 @@ Per token: ``in_proj`` -> (z ``[inner]``, xBC ``[C]``, dt ``[H]``); causal depth
 The state is kept in the fla layout ``[H, N, P]`` (keys = B, values = x) so the pool, the entries
 and the combine handle it like a GDN state; its transition is a per-head scalar, so a segment's
 pair is ``T [H]`` (the cumulative decay) and ``S [H, N, P]`` (``decay_mixer.DecayMixer``,
-``kernels.ssd``).
+``kernels.decay_attention``).
 
 The stages follow the linear-mixer protocol (``linear_mixer.LinearMixer``).
 """
@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hypic_agent.kernels import conv as conv_ops
-from hypic_agent.kernels import ssd
+from hypic_agent.kernels import decay_attention as decay_ops
 from hypic_agent.kernels.conv_decode import conv_decode_slots
 from hypic_agent.runtime.models.config import HybridConfig
 from hypic_agent.runtime.models.decay_mixer import DecayMixer
@@ -144,7 +144,7 @@ class Mamba2Mixer(DecayMixer):
         )
         ops = self.split(out, g, dt)
         q, k, v, g = self.decay_operands(ops)
-        o, new = ssd.decay_step(q, k, v, g, state)
+        o, new = decay_ops.decay_step(q, k, v, g, state)
         return self.output(self.finish(o, ops), z), new, conv_new
 
     def decode_slots(

@@ -22,8 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hypic_agent.kernels import decay_attention as decay_ops
 from hypic_agent.kernels import rope as rope_ops
-from hypic_agent.kernels import ssd
 from hypic_agent.kernels.state_rope import rotate_state
 from hypic_agent.runtime.models.config import HybridConfig
 from hypic_agent.runtime.models.decay_mixer import DecayMixer
@@ -129,7 +129,7 @@ class RingLinearAttention(DecayMixer):
         qkv, gate = self.inputs(x)
         ops, _ = self.convolve(qkv, gate, None, None, positions=positions)
         q, k, v, g = self.decay_operands(ops)
-        o, new = ssd.decay_step(q, k, v, g, state)
+        o, new = decay_ops.decay_step(q, k, v, g, state)
         return self.output(o, gate), new, conv_state
 
     def decode_slots(

@@ -1,12 +1,14 @@
-"""Decay-only linear attention (``kernels.ssd``, Mamba2's SSD): chunked scan, step, pairs and chain
-against the per-token recurrence S_t = exp(g_t) S_{t-1} + k_t v_t^T, o_t = q_t^T S_t."""
+"""Decay-only linear attention (``kernels.decay_attention``, Mamba2's SSD; on CPU the dispatch runs the
+torch twin): chunked scan, step, pairs and chain against the per-token recurrence
+S_t = exp(g_t) S_{t-1} + k_t v_t^T, o_t = q_t^T S_t."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from hypic_agent.kernels import ssd
+from hypic_agent.kernels import decay_attention as decay
+from hypic_agent.kernels.decay_attention import decay_attention_torch
 
 
 def _inputs(t: int, groups: int = 2, heads: int = 4, kd: int = 8, vd: int = 6, seed: int = 0):
@@ -36,7 +38,7 @@ def test_chunked_varlen_scan_equals_the_recurrence(chunk):
     q, k, v, g = _inputs(sum(lengths))
     cu = torch.tensor([0, 1, 14, 44], dtype=torch.int32)
     h0 = torch.randn(3, 4, 8, 6, generator=torch.Generator().manual_seed(5))
-    o, fin = ssd.decay_attention(q, k, v, g, cu_seqlens=cu, initial_state=h0, chunk=chunk)
+    o, fin = decay_attention_torch.decay_attention(q, k, v, g, cu_seqlens=cu, initial_state=h0, chunk=chunk)
     for i, (a, b) in enumerate(zip(cu[:-1].tolist(), cu[1:].tolist(), strict=True)):
         ro, rf = _loop(q[a:b], k[a:b], v[a:b], g[a:b], h0[i])
         assert torch.allclose(o[a:b].double(), ro, atol=1e-5), i
@@ -46,9 +48,9 @@ def test_chunked_varlen_scan_equals_the_recurrence(chunk):
 def test_step_equals_one_token_of_the_scan():
     q, k, v, g = _inputs(3)
     state = torch.randn(3, 4, 8, 6)
-    o, new = ssd.decay_step(q, k, v, g, state)
+    o, new = decay.decay_step(q, k, v, g, state)
     cu = torch.arange(4, dtype=torch.int32)
-    o2, fin = ssd.decay_attention(q, k, v, g, cu_seqlens=cu, initial_state=state)
+    o2, fin = decay.decay_attention(q, k, v, g, cu_seqlens=cu, initial_state=state)
     assert torch.allclose(o, o2, atol=1e-6) and torch.allclose(new, fin, atol=1e-6)
 
 
@@ -58,15 +60,15 @@ def test_pairs_compose_to_the_one_pass_state():
     q, k, v, g = _inputs(60, seed=2)
     h0 = torch.randn(4, 8, 6, generator=torch.Generator().manual_seed(9))
     cu = torch.tensor([0, 17, 40, 60], dtype=torch.int32)
-    T, S = ssd.decay_pairs(k, v, g, cu_seqlens=cu)
+    T, S = decay.decay_pairs(k, v, g, cu_seqlens=cu)
     assert T.shape == (3, 4) and S.shape == (3, 4, 8, 6)
     assert torch.allclose(T, torch.stack([g[a:b].sum(0).exp() for a, b in ((0, 17), (17, 40), (40, 60))]))
-    states = ssd.decay_chain(h0, T, S)
-    _, ref = ssd.decay_attention(q, k, v, g, initial_state=h0[None])
+    states = decay.decay_chain(h0, T, S)
+    _, ref = decay.decay_attention(q, k, v, g, initial_state=h0[None])
     rel = ((states[-1] - ref[0]).norm() / ref[0].norm()).item()
     assert rel <= 1e-5, rel
     # each intermediate state is the one-pass state at that boundary
-    _, mid = ssd.decay_attention(q[:40], k[:40], v[:40], g[:40], initial_state=h0[None])
+    _, mid = decay.decay_attention(q[:40], k[:40], v[:40], g[:40], initial_state=h0[None])
     assert torch.allclose(states[2], mid[0], atol=1e-5)
     naive = h0 + S.sum(0)
     assert ((naive - ref[0]).norm() / ref[0].norm()).item() > 0.2
@@ -74,5 +76,14 @@ def test_pairs_compose_to_the_one_pass_state():
 
 def test_pairs_of_no_sequences_are_empty():
     _, k, v, g = _inputs(0)
-    T, S = ssd.decay_pairs(k, v, g, cu_seqlens=torch.zeros(1, dtype=torch.int32))
+    T, S = decay.decay_pairs(k, v, g, cu_seqlens=torch.zeros(1, dtype=torch.int32))
     assert T.shape == (0, 4) and S.shape == (0, 4, 8, 6)
+
+
+def test_an_empty_sequence_keeps_its_state():
+    q, k, v, g = _inputs(5)
+    cu = torch.tensor([0, 0, 5], dtype=torch.int32)
+    h0 = torch.randn(2, 4, 8, 6, generator=torch.Generator().manual_seed(3))
+    o, fin = decay.decay_attention(q, k, v, g, cu_seqlens=cu, initial_state=h0)
+    _, one = decay.decay_attention(q, k, v, g, initial_state=h0[1:])
+    assert o.shape == (5, 4, 6) and torch.equal(fin[0], h0[0]) and torch.allclose(fin[1], one[0])

@@ -1,5 +1,5 @@
 """Decay-only linear attention (Mamba2's SSD, Lightning / simple GLA without RoPE): the plain-PyTorch
-reference.
+reference (the twin of ``decay_attention_fla``; ``kernels.decay_attention`` dispatches).
 
 Per head h and token t, with a scalar log-decay ``g[t, h] <= 0``:
 
@@ -49,7 +49,7 @@ def _run(
         out.append(o)
         w = (cum[-1:] - cum).exp()  # [n, H]: decay from each token to the chunk's end
         h = cum[-1].exp()[:, None, None] * h + torch.einsum("jhk,jhv->hkv", kc * w[..., None], vc)
-    return torch.cat(out), h
+    return (torch.cat(out) if out else v[:0]), h  # an empty sequence: no rows, h as it came
 
 
 def decay_attention(

@@ -1,4 +1,5 @@
-"""Kimi Delta Attention (KDA): the gated delta rule with a per-key-channel decay, plain PyTorch.
+"""Kimi Delta Attention (KDA): the gated delta rule with a per-key-channel decay, plain PyTorch (the
+twin of ``kda_fla``; ``kernels.kda`` dispatches).
 
 Per head, with q, k l2-normed (eps 1e-6, inside), q scaled by ``K^-0.5``, a log-decay ``g [K]`` per
 key channel and ``beta`` per head:
@@ -7,7 +8,7 @@ key channel and ``beta`` per head:
 
 (state ``[K, V]``, fla layout). A span's transition ``T = prod_t (I - beta_t k_t k_t^T) Diag(exp g_t)``
 is dense ``[K, K]``, like GDN's, so KDA pairs compose with ``kernels.chain``. This is the reference
-(a token loop, fp32); fla-core has KDA kernels for CUDA, not wired in here.
+(a token loop, fp32), run on CPU and as the GPU tests' oracle.
 """
 
 from __future__ import annotations
@@ -97,3 +98,19 @@ def kda_pairs(
     if not Ts:
         return vf.new_zeros(0, h, kd, kd), vf.new_zeros(0, h, kd, vd)
     return torch.stack(Ts), torch.stack(Ss)
+
+
+def kda_decode_slots_torch(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state_pool: torch.Tensor,
+    slots: torch.Tensor,
+) -> torch.Tensor:
+    """``kda_step`` of N rows against ``state_pool [S, H, K, V]`` fp32 at ``slots [N]`` (rows updated in
+    place: a gather, the step, a scatter) -> o ``[N, H, V]`` fp32."""
+    o, new = kda_step(q, k, v, g, beta, state_pool.index_select(0, slots))
+    state_pool.index_copy_(0, slots, new)
+    return o
