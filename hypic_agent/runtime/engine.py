@@ -157,6 +157,7 @@ class Engine:
             local_build=local,
             policy=s.scatter_policy,
             timeout_s=s.scatter_timeout_s,
+            stream_layers=s.scatter_stream_layers,
         )
 
     @property
