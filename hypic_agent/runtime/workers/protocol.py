@@ -10,10 +10,12 @@ int64 body whose length the header gives:
   (one int64 per byte), or ``[ERROR, 0, 0, 0, n_bytes]`` then the error text.
 * worker -> rank 0, per layer group of the batch (``layer_groups``: ``stream_layers`` layers each,
   0 = all layers in one group), as soon as the batch's layers of that group are built, per entry
-  in job order: ``[LAYERS, job, index, group, n_meta]`` then the group's tensors' metadata
-  (``META_WIDTH`` int64 per tensor: dtype code, ndim, dims padded with zeros), then those tensors
+  in job order, one control message ``[LAYERS, job, index, group, n_meta] ++ meta``, the metadata
+  of the group's tensors (``META_WIDTH`` int64 per tensor: dtype code, ndim, dims padded with
+  zeros; rank 0 knows its length from the layers' kinds, ``group_meta_len``), then those tensors
   packed into one flat buffer per dtype (``pack``: pairs in fp32, the rest in the model's dtype),
-  each with one ``send``: a few messages per entry and group rather than two or three per layer.
+  each with one ``send``: two or three messages per entry and group rather than two or three per
+  layer.
   After the last group: ``[DONE, job, n, build_us, 0]``, ``build_us`` the wall time of the batch's
   build (what the router's cost model is fitted to). Rank 0 assembles an entry from its groups
   and publishes the job's entries only once ``DONE`` has arrived.
@@ -106,6 +108,11 @@ def layer_tensors(e: SegmentEntry, start: int, end: int) -> list[torch.Tensor]:
 def entry_tensors(e: SegmentEntry) -> list[torch.Tensor]:
     """An entry's tensors in wire order (its layer groups' tensors, one group after the other)."""
     return layer_tensors(e, 0, len(e.layers))
+
+
+def group_meta_len(layer_kinds: Sequence[str], start: int, end: int) -> int:
+    """The int64 metadata of layers ``start..end-1`` of an entry: 3 tensors per linear layer, 2 per attention."""
+    return META_WIDTH * sum(3 if kind == "linear" else 2 for kind in layer_kinds[start:end])
 
 
 def encode_meta(tensors: Sequence[torch.Tensor]) -> torch.Tensor:

@@ -23,8 +23,8 @@ from hypic_agent.runtime.workers.channel import Channel
 class JobResult:
     """A job's entries (job order) and how their time went, as rank 0 saw it.
 
-    ``transfer_ms``: per entry, rank 0's time receiving it (each layer group's header to its last
-    byte, summed over the groups). ``wall_ms``: the job at rank 0, from sending it to its ``DONE``.
+    ``transfer_ms``: per entry, rank 0's time receiving it (each layer group's control message to
+    its last byte, summed over the groups). ``wall_ms``: the job at rank 0, from sending it to its ``DONE``.
     ``build_ms``: the worker's build of the batch (its layer loop; the groups' sends overlap it).
     """
 
@@ -60,12 +60,13 @@ def run_job(
     parts: list[list[torch.Tensor]] = [[] for _ in range(n)]
     transfer = [0.0] * n
     separate = home.type != "cuda"  # a CPU tier keeps tensors as they are: each its own storage
-    for g, _ in enumerate(wire.layer_groups(len(layer_kinds), job.stream_layers)):
+    for g, (start, end) in enumerate(wire.layer_groups(len(layer_kinds), job.stream_layers)):
+        n_meta = wire.group_meta_len(layer_kinds, start, end)
         for i in range(n):
-            h = chan.recv_ints(wire.HEADER)
+            ctl = chan.recv_ints(wire.HEADER + n_meta)  # waits for the worker's build of the group
             t0 = time.perf_counter()
-            _expect(h, wire.LAYERS, job.job, i, g)
-            meta = wire.decode_meta(chan.recv_ints(int(h[4])))
+            _expect(ctl, wire.LAYERS, job.job, i, g, n_meta)
+            meta = wire.decode_meta(ctl[wire.HEADER :])
             flats = [chan.recv((k,), dt).to(home) for dt, k in wire.flat_layout(meta)]
             parts[i] += wire.unpack(flats, meta, separate=separate)
             transfer[i] += (time.perf_counter() - t0) * 1e3

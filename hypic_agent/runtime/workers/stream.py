@@ -70,8 +70,7 @@ class Streamer:
         for i, e in enumerate(entries):
             tensors = wire.layer_tensors(e, start, end)
             meta = wire.encode_meta(tensors)
-            self._send(wire.header(wire.LAYERS, self.job, i, group, meta.numel()))
-            self._send(meta)
+            self._send(torch.cat([wire.header(wire.LAYERS, self.job, i, group, meta.numel()), meta]))
             for flat in wire.pack(tensors):
                 self._send(flat)
         if self.group_delay_s:
