@@ -125,3 +125,28 @@ def test_splitting_leaves_non_composed_modes_and_prewarm_agrees(split):
     assert [p.tokens for p in u.pieces] == [32, 32, 26] and not u.hit
     got = split.prepare(Plan([doc], suffix_ids=QUERY), mode="hypic")
     assert got.segments[0].hit and got.cached_tokens == (32 - 8) + (32 - 8) + (26 - 8)  # the pre-warmed pieces
+
+
+def test_through_the_http_api_a_split_document_is_one_segment_in_the_usage(tmp_path):
+    from fastapi.testclient import TestClient
+
+    from hypic_agent.api import create_app
+
+    doc = "Paris is the capital of France. It lies on the Seine and has about two million people. " * 3
+    body = {
+        "segments": [{"kind": "document", "text": doc}, {"kind": "document", "text": "Rome is in Italy."}],
+        "query": "Which river?",
+        "max_tokens": 2,
+        "temperature": 0,
+    }
+    settings = Settings(home=tmp_path, device="cpu", model="tiny:qwen3_5_text", split_segment_tokens=16)
+    with TestClient(create_app(settings)) as client:
+        first, again = (client.post("/v1/generate", json=body).json()["usage"] for _ in range(2))
+    n = first["segments"][0]["tokens"]
+    assert n > 32 and len(first["segments"]) == len(again["segments"]) == 2  # per request segment, not per piece
+    assert first["cached_tokens"] == 0 and not first["segments"][0]["hit"]
+    assert again["segments"][0]["hit"] and again["segments"][0]["tier"] is not None
+    # every whole 16-token piece of both documents is cached but for its 8-token seam; a shorter tail
+    # (< min_cached_tokens) is not
+    assert again["cached_tokens"] == sum(u["tokens"] // 16 for u in again["segments"]) * (16 - 8)
+    assert again["recomputed_tokens"] == again["prompt_tokens"] - again["cached_tokens"]
