@@ -100,8 +100,7 @@ class WorkerPool:
         store = dist.TCPStore(
             "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=timeout_s)
         )
-        # a (re)start waits start_timeout_s for the model load; None once closed (the store let go)
-        launch = Launch(
+        launch = Launch(  # what every (re)start uses: it waits start_timeout_s for the model load
             mp.get_context("spawn"),
             store,
             settings_json,
@@ -113,7 +112,7 @@ class WorkerPool:
             delay_s,
             group_delay_s,
         )
-        self._launch: Launch | None = launch
+        self._launch: Launch | None = launch  # None once closed (the store let go)
         self._exec = ThreadPoolExecutor(max_workers=len(self.workers), thread_name_prefix="scatter")
         self._restarting: list[threading.Thread] = []
         self._closed = False
