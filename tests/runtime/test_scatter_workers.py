@@ -1,7 +1,8 @@
 """Scatter workers: processes on torch.distributed (gloo on CPU) building cold entries for rank 0.
 
-The router's cost model and LPT are checked by value; the worker pool, its supervision and the
-engine's integration with real worker processes on a tiny model (fp32, CPU).
+The worker pool, its supervision and the engine's integration with real worker processes on a
+tiny model (fp32, CPU); the router in ``test_router.py``, the wire format and the streamed build in
+``test_scatter_wire.py``.
 """
 
 from __future__ import annotations
@@ -20,61 +21,14 @@ from hypic_agent.config import Settings
 from hypic_agent.runtime.hypic.build import build_entries
 from hypic_agent.runtime.hypic.entry import SegmentEntry
 from hypic_agent.runtime.loader import load_engine, load_model
-from hypic_agent.runtime.router import CostModel, lpt_assign, makespan, round_robin_assign
 from hypic_agent.runtime.workers.devices import DeviceError, worker_devices
 from hypic_agent.runtime.workers.pool import WorkerPool, WorkerStartError
 from hypic_agent.runtime.workers.protocol import (
-    Job,
-    decode_meta,
-    encode_meta,
     entry_tensors,
-    flat_layout,
-    layer_groups,
-    layer_tensors,
-    pack,
-    unpack,
 )
-from hypic_agent.runtime.workers.stream import build_streamed
 
 from .conftest import rand_tokens
 from .test_engine import Plan, Seg
-
-
-# ---------------------------------------------------------------------- router: cost model + LPT
-def test_cost_model_starts_from_its_prior_and_fits_measured_batches():
-    m = CostModel(prior=(1.0, 0.02, 2e-6))
-    assert m.predict(1000) == pytest.approx(1.0 + 20.0 + 2.0)
-    a, b, c = 3.0, 0.05, 1e-5  # the "true" cost per segment
-    batches = [[100], [2000], [500, 700], [64, 64, 64], [1500, 300], [1024], [256, 4000]]
-    for lengths in batches:
-        m.observe(lengths, sum(a + b * n + c * n * n for n in lengths))
-    for n in (50, 800, 3000):
-        assert m.predict(n) == pytest.approx(a + b * n + c * n * n, rel=0.02)
-    assert m.n_observations == len(batches)
-
-
-def test_lpt_beats_round_robin_on_skewed_lengths():
-    m = CostModel(prior=(1.0, 0.02, 2e-6))
-    lengths = [2048, 128, 128, 128, 2048, 128, 128, 128]  # two long documents, dealt to one worker by RR
-    costs = [m.predict(n) for n in lengths]
-    long_, short = costs[0], costs[1]
-    rr = round_robin_assign(len(lengths), 4)
-    assert rr == [[0, 4], [1, 5], [2, 6], [3, 7]]
-    assert makespan(costs, rr) == pytest.approx(2 * long_)
-    lpt = lpt_assign(costs, 4)
-    assert sorted(len(g) for g in lpt) == [1, 1, 3, 3]
-    assert makespan(costs, lpt) == pytest.approx(max(long_, 3 * short))
-    assert makespan(costs, rr) / makespan(costs, lpt) == pytest.approx(2.0)
-
-
-def test_lpt_counts_work_already_queued_per_worker():
-    costs = [5.0, 4.0, 3.0]
-    assert lpt_assign(costs, 2, loads=[100.0, 0.0]) == [[], [0, 1, 2]]
-    assert lpt_assign(costs, 2, loads=[0.0, 6.0]) == [[0, 1], [2]]  # 4 fits on worker 0 before 6 is reached
-    assert makespan(costs, [[0, 1], [2]], loads=[0.0, 6.0]) == 9.0
-    with pytest.raises(ValueError):
-        lpt_assign(costs, 2, loads=[0.0])
-
 
 # ---------------------------------------------------------------------- worker pool (processes, gloo)
 TINY = "tiny:qwen3_5_text"
@@ -291,52 +245,6 @@ def test_engine_builds_cold_segments_on_the_workers_and_answers_as_one_process(t
         two.close()
         one.close()
     assert _gone(pids)
-
-
-def test_layer_groups_and_jobs_on_the_wire():
-    assert layer_groups(4, 0) == layer_groups(4, 4) == layer_groups(4, 9) == [(0, 4)]
-    assert layer_groups(4, 1) == [(0, 1), (1, 2), (2, 3), (3, 4)]
-    assert layer_groups(5, 2) == [(0, 2), (2, 4), (4, 5)]
-    job = Job(7, [(1, 2, 3), (4, 5)], [1, 0], torch.bfloat16, stream_layers=2)
-    hdr, body = job.encode()
-    assert Job.body_len(hdr) == body.numel() == 1 + 2 * 2 + 5
-    assert Job.decode(hdr, body) == job
-
-
-def test_a_streamed_build_hands_out_each_layer_group_finished(tiny):
-    """``build_streamed`` emits each group once its layers are final (a copy taken then equals the
-    finished entries), in order, and builds exactly ``build_entries``'s entries."""
-    _, model, _ = tiny
-    segs, seams = _segments([30, 17, 44], seed=3300), [8, 4, 8]
-    groups = layer_groups(len(model.layers), 3)
-    seen: list[tuple[int, int, int]] = []
-    copies: list[list[torch.Tensor]] = []
-
-    def emit(g, start, end, entries):
-        seen.append((g, start, end))
-        copies.append([t.clone() for e in entries for t in layer_tensors(e, start, end)])
-
-    got = build_streamed(model, segs, seams, groups, emit)
-    assert seen == [(0, 0, 3), (1, 3, 4)]
-    for (_, start, end), early in zip(seen, copies, strict=True):
-        final = [t for e in got for t in layer_tensors(e, start, end)]
-        assert all(torch.equal(a, b) for a, b in zip(early, final, strict=True))
-    ref = build_entries(model, segs, seams)
-    for a, b in zip(got, ref, strict=True):
-        assert all(torch.equal(x, y) for x, y in zip(entry_tensors(a), entry_tensors(b), strict=True))
-
-
-def test_an_entry_travels_as_one_buffer_per_dtype_and_comes_back_whole():
-    ts = [torch.randn(2, 3), torch.randn(4).to(torch.bfloat16), torch.randn(5, 1, 2), torch.randn(3).to(torch.bfloat16)]
-    meta = decode_meta(encode_meta(ts))
-    assert meta == [(t.dtype, tuple(t.shape)) for t in ts]
-    flats = pack(ts)
-    assert [(f.dtype, f.numel()) for f in flats] == flat_layout(meta) == [(torch.float32, 16), (torch.bfloat16, 7)]
-    for separate in (False, True):
-        back = unpack(flats, meta, separate=separate)
-        assert all(torch.equal(a, b) for a, b in zip(back, ts, strict=True))
-        shared = back[0].untyped_storage().data_ptr() == back[2].untyped_storage().data_ptr()
-        assert shared != separate  # views of the buffer, or each tensor its own storage (CPU tiers)
 
 
 def test_a_worker_that_does_not_answer_in_time_is_replaced_and_its_segments_rebuilt(tiny):
