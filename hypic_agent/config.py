@@ -170,6 +170,18 @@ class Settings(BaseSettings):
     scatter_timeout_s: float = Field(
         default=120.0, gt=0, description="a scatter worker that does not answer within this is replaced"
     )
+    scatter_stream_layers: int = Field(
+        default=4,
+        ge=0,
+        description="a scatter worker sends its entries back this many layers at a time, each group as soon as "
+        "the batch's layers of it are built (transfer overlaps the build); 0 = whole entries after the build",
+    )
+    split_segment_tokens: int = Field(
+        default=0,
+        ge=0,
+        description="composed modes: a segment longer than this is cut into pieces of this many tokens (from its "
+        "start), each cached, built (in parallel on scatter workers) and seamed as a segment of its own; 0 = off",
+    )
     fuse_cold_builds: bool = Field(
         default=True,
         description="with one scatter worker, build a request's cold segments inside its combine forward "

@@ -38,12 +38,13 @@ from hypic_agent.runtime.hypic.layout import plan_layout
 from hypic_agent.runtime.hypic.modes import ModeSpec, mode_spec, seam_tokens, validate_seam
 from hypic_agent.runtime.hypic.prefix_cache import PrefixCache
 from hypic_agent.runtime.models.hybrid import HybridForCausalLM
-from hypic_agent.runtime.results import FinishEvent, Prepared, SegmentUsage, TokenEvent
+from hypic_agent.runtime.results import FinishEvent, Prepared, SegmentUsage, TokenEvent, fold_pieces
 from hypic_agent.runtime.router import Route, route
 from hypic_agent.runtime.sampling import SamplingParams
 from hypic_agent.runtime.scatter import scatter_prefill
 from hypic_agent.runtime.state import RequestState
 from hypic_agent.segments.keys import segment_key
+from hypic_agent.segments.split import Split, split_segments
 
 if TYPE_CHECKING:
     from hypic_agent.runtime.scheduler.scheduler import Scheduler
@@ -75,7 +76,11 @@ def _id_tuple(ids: Sequence[int]) -> tuple[int, ...]:
 
 @dataclass(frozen=True)
 class PromptPieces:
-    """A validated prompt: segments (BOS first, if any) with their kinds, the suffix, the mode."""
+    """A validated prompt: segments (BOS first, if any) with their kinds, the suffix, the mode.
+
+    Composed modes with ``Settings.split_segment_tokens``: ``segs`` are the pieces of the plan's
+    segments (``segments.split``), ``owners`` per piece the index of its segment (BOS counted);
+    empty: one piece per segment."""
 
     segs: list[tuple[int, ...]]
     kinds: list[str]
@@ -83,6 +88,7 @@ class PromptPieces:
     spec: ModeSpec
     w: float | str  # a fixed seam, or "auto" (``auto_seams``)
     total: int  # prompt tokens
+    owners: tuple[int, ...] = ()
 
 
 class Engine:
@@ -151,6 +157,7 @@ class Engine:
             local_build=local,
             policy=s.scatter_policy,
             timeout_s=s.scatter_timeout_s,
+            stream_layers=s.scatter_stream_layers,
         )
 
     @property
@@ -190,7 +197,17 @@ class Engine:
         if not suffix:  # no query: the last segment is computed as the suffix
             suffix = list(segs.pop())
             kinds.pop()
+        cut = self._split(segs, kinds, spec)
+        if cut is not None:
+            return PromptPieces(cut.segs, cut.kinds, suffix, spec, w, total, cut.owners)
         return PromptPieces(segs, kinds, suffix, spec, w, total)
+
+    def _split(self, segs: Sequence[Sequence[int]], kinds: Sequence[str], spec: ModeSpec) -> Split | None:
+        """Composed modes: the segments cut into pieces of ``split_segment_tokens`` (None: nothing cut)."""
+        if not spec.composed or not self.settings.split_segment_tokens:
+            return None
+        cut = split_segments(segs, kinds, self.settings.split_segment_tokens)
+        return cut if cut.was_split else None
 
     def prepare(
         self,
@@ -212,6 +229,7 @@ class Engine:
                 out = self._prefix(p.segs, p.kinds, p.suffix, tenant)
             else:
                 out = self._composed(p.segs, p.kinds, p.suffix, p.spec, p.w, tenant)
+                out.segments = fold_pieces(out.segments, p.owners)
             self.headroom.top_up()  # the forward is queued: the GPU is busy while the host refills
             return out
 
@@ -407,6 +425,9 @@ class Engine:
         (``seam="auto"``: the widths ``auto_seams`` gives these segments as one prompt)."""
         spec = mode_spec(mode or self.settings.default_mode)
         w = validate_seam(self.settings.default_seam if seam is None else seam)
+        cut = self._split(segments, kinds, spec)
+        if cut is not None:  # the pieces a request splits these segments into
+            segments, kinds = cut.segs, cut.kinds
         if w == AUTO and spec.seams:
             pieces = PromptPieces([tuple(s) for s in segments], list(kinds), [], spec, w, 0)
             seams, maybe = self.seams_and_keys(pieces, tenant)
@@ -422,10 +443,11 @@ class Engine:
             r = route(keys, self.cache)
             self._fill_cold(r, segments, kinds, seams, tenant)
             self.headroom.top_up()
-        return [
+        usage = [
             SegmentUsage(keys[i], kinds[i], len(segments[i]), r.entries[i] is not None, r.tiers[i])
             for i in range(len(segments))
         ]
+        return fold_pieces(usage, cut.owners if cut is not None else ())
 
 
 def full_prepared(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from hypic_agent.runtime.state import RequestState
@@ -9,11 +10,33 @@ from hypic_agent.runtime.state import RequestState
 
 @dataclass
 class SegmentUsage:
-    id: str | None  # content key (None: not cacheable, e.g. BOS or too short)
+    id: str | None  # content key (None: not cacheable, e.g. BOS or too short; or split into pieces)
     kind: str
     tokens: int
-    hit: bool
-    tier: str | None
+    hit: bool  # split: every cacheable piece hit
+    tier: str | None  # split: the hit pieces' tier, "mixed" when they came from several
+    pieces: list[SegmentUsage] = field(default_factory=list)  # split (Settings.split_segment_tokens): per piece
+
+
+def fold_pieces(usage: Sequence[SegmentUsage], owners: Sequence[int]) -> list[SegmentUsage]:
+    """Per-piece usage (``segments.split``: ``owners[i]`` is piece i's segment) back to one usage per
+    segment; a segment of one piece is reported as it is, a split one with its pieces inside."""
+    if not owners:
+        return list(usage)
+    groups: dict[int, list[SegmentUsage]] = {}
+    for u, o in zip(usage, owners, strict=True):
+        groups.setdefault(o, []).append(u)
+    out = []
+    for ps in groups.values():
+        if len(ps) == 1:
+            out.append(ps[0])
+            continue
+        cached = [p for p in ps if p.id is not None]
+        tiers = {p.tier for p in ps if p.hit}
+        tier = None if not tiers else tiers.pop() if len(tiers) == 1 else "mixed"
+        hit = bool(cached) and all(p.hit for p in cached)
+        out.append(SegmentUsage(None, ps[0].kind, sum(p.tokens for p in ps), hit, tier, ps))
+    return out
 
 
 @dataclass

@@ -171,9 +171,13 @@ def test_serving_benchmarks_smoke(tmp_path):
 
 def test_scatter_smoke(tmp_path):
     res = run(
-        "scatter.py", "--workers", "1", "2", "--reps", "1", "--lengths", "48", "16", "16", out=tmp_path / "s.json"
-    )
-    rows = {(r["workers"], r["policy"]): r for r in res["rows"]}
-    assert set(rows) == {(1, "in-process"), (2, "lpt"), (2, "round_robin")}
+        "scatter.py", "--workers", "1", "2", "--reps", "1", "--doc", "80", "--split", "32", "--stream-layers", "0", "1",
+        out=tmp_path / "s.json",
+    )  # fmt: skip
+    rows = {(r["workers"], r["policy"], r["split"], r.get("stream_layers")): r for r in res["rows"]}
+    pooled = {(2, p, 32, k) for p in ("lpt", "round_robin") for k in (0, 1)}
+    assert set(rows) == {(1, "in-process", 0, None), (1, "in-process", 32, None)} | pooled
+    assert [rows[(1, "in-process", s, None)]["pieces"] for s in (0, 32)] == [1, 3]  # 80 -> 32 + 32 + 16
     assert all(r["cold_ttft_ms"] > 0 for r in rows.values())
-    assert rows[(2, "lpt")]["failures"] == 0 and rows[(2, "lpt")]["transfer_ms_per_entry"] > 0
+    for key in pooled:
+        assert rows[key]["failures"] == 0 and rows[key]["transfer_ms_per_entry"] > 0 and rows[key]["pieces"] == 3

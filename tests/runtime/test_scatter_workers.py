@@ -1,7 +1,8 @@
 """Scatter workers: processes on torch.distributed (gloo on CPU) building cold entries for rank 0.
 
-The router's cost model and LPT are checked by value; the worker pool, its supervision and the
-engine's integration with real worker processes on a tiny model (fp32, CPU).
+The worker pool, its supervision and the engine's integration with real worker processes on a
+tiny model (fp32, CPU); the router in ``test_router.py``, the wire format and the streamed build in
+``test_scatter_wire.py``.
 """
 
 from __future__ import annotations
@@ -20,50 +21,14 @@ from hypic_agent.config import Settings
 from hypic_agent.runtime.hypic.build import build_entries
 from hypic_agent.runtime.hypic.entry import SegmentEntry
 from hypic_agent.runtime.loader import load_engine, load_model
-from hypic_agent.runtime.router import CostModel, lpt_assign, makespan, round_robin_assign
 from hypic_agent.runtime.workers.devices import DeviceError, worker_devices
 from hypic_agent.runtime.workers.pool import WorkerPool, WorkerStartError
-from hypic_agent.runtime.workers.protocol import decode_meta, encode_meta, entry_tensors, flat_layout, pack, unpack
+from hypic_agent.runtime.workers.protocol import (
+    entry_tensors,
+)
 
 from .conftest import rand_tokens
 from .test_engine import Plan, Seg
-
-
-# ---------------------------------------------------------------------- router: cost model + LPT
-def test_cost_model_starts_from_its_prior_and_fits_measured_batches():
-    m = CostModel(prior=(1.0, 0.02, 2e-6))
-    assert m.predict(1000) == pytest.approx(1.0 + 20.0 + 2.0)
-    a, b, c = 3.0, 0.05, 1e-5  # the "true" cost per segment
-    batches = [[100], [2000], [500, 700], [64, 64, 64], [1500, 300], [1024], [256, 4000]]
-    for lengths in batches:
-        m.observe(lengths, sum(a + b * n + c * n * n for n in lengths))
-    for n in (50, 800, 3000):
-        assert m.predict(n) == pytest.approx(a + b * n + c * n * n, rel=0.02)
-    assert m.n_observations == len(batches)
-
-
-def test_lpt_beats_round_robin_on_skewed_lengths():
-    m = CostModel(prior=(1.0, 0.02, 2e-6))
-    lengths = [2048, 128, 128, 128, 2048, 128, 128, 128]  # two long documents, dealt to one worker by RR
-    costs = [m.predict(n) for n in lengths]
-    long_, short = costs[0], costs[1]
-    rr = round_robin_assign(len(lengths), 4)
-    assert rr == [[0, 4], [1, 5], [2, 6], [3, 7]]
-    assert makespan(costs, rr) == pytest.approx(2 * long_)
-    lpt = lpt_assign(costs, 4)
-    assert sorted(len(g) for g in lpt) == [1, 1, 3, 3]
-    assert makespan(costs, lpt) == pytest.approx(max(long_, 3 * short))
-    assert makespan(costs, rr) / makespan(costs, lpt) == pytest.approx(2.0)
-
-
-def test_lpt_counts_work_already_queued_per_worker():
-    costs = [5.0, 4.0, 3.0]
-    assert lpt_assign(costs, 2, loads=[100.0, 0.0]) == [[], [0, 1, 2]]
-    assert lpt_assign(costs, 2, loads=[0.0, 6.0]) == [[0, 1], [2]]  # 4 fits on worker 0 before 6 is reached
-    assert makespan(costs, [[0, 1], [2]], loads=[0.0, 6.0]) == 9.0
-    with pytest.raises(ValueError):
-        lpt_assign(costs, 2, loads=[0.0])
-
 
 # ---------------------------------------------------------------------- worker pool (processes, gloo)
 TINY = "tiny:qwen3_5_text"
@@ -130,6 +95,7 @@ def pool(tiny):
         local_build=_local(model),
         timeout_s=60,
         delay_s=0.5,  # each job waits before building: time for the kill test to strike mid-build
+        group_delay_s=0.3,  # and after each layer group sent: time to strike mid-stream
     )
     yield p
     pids = p.pids()
@@ -137,19 +103,52 @@ def pool(tiny):
     assert _gone(pids)
 
 
-def test_entries_built_on_two_workers_equal_local_builds(tiny, pool):
+@pytest.mark.parametrize("stream_layers", [0, 1, 3])
+def test_entries_built_on_two_workers_equal_local_builds(tiny, pool, stream_layers):
+    """Streamed by layer groups (4 layers: whole, 4 groups of 1, groups of 3 + 1) or not, the
+    entries rank 0 assembles equal local builds."""
     _, model, _ = tiny
     segs = _segments([40, 12, 25, 64, 30], seed=900)
     seams = [8, 0, 8, 8, 4]
-    jobs0 = pool.stats.jobs
+    jobs0, groups0, transfers0 = pool.stats.jobs, pool.stats.groups, len(pool.stats.transfer_ms)
+    pool.stream_layers = stream_layers
     got = pool.build(segs, seams)
     assert pool.stats.jobs - jobs0 == 2  # both workers got a share
     assert pool.stats.failures == 0 and pool.stats.rebuilt_locally == 0
+    assert pool.stats.groups - groups0 == 5 * {0: 1, 1: 4, 3: 2}[stream_layers]  # (entry, group) messages
     with single_thread():
         ref = build_entries(model, segs, seams)
     _assert_same_entries(got, ref)
-    assert len(pool.stats.transfer_ms) >= 5
+    assert len(pool.stats.transfer_ms) - transfers0 == 5  # one transfer time per entry, its groups summed
     assert pool.cost.n_observations >= 2  # the cost model was refitted to the measured batches
+
+
+def test_a_worker_killed_mid_stream_leaves_no_half_built_entry(tiny, pool):
+    """Some of an entry's layer groups have arrived when its worker dies: they are dropped, the entry
+    is rebuilt on rank 0 whole, and nothing half-received is handed out."""
+    _, model, _ = tiny
+    pool.stream_layers = 1
+    seg, seam = _segments([52], seed=3100), [8]
+    (target,) = [w for w, g in zip(pool.alive(), pool.assign([52], pool.alive()), strict=True) if g]
+    victim = pool.workers[target].proc.pid
+    groups0, failures0, entries0 = pool.stats.groups, pool.stats.failures, pool.stats.entries
+    rebuilt0, restarts0 = pool.stats.rebuilt_locally, pool.stats.restarts
+    with ThreadPoolExecutor(1) as ex:
+        fut = ex.submit(pool.build, seg, seam)
+        deadline = time.monotonic() + 20
+        while pool.stats.groups == groups0 and time.monotonic() < deadline:  # the first group is in
+            time.sleep(0.01)
+        os.kill(victim, signal.SIGKILL)  # the next group comes 0.3 s later
+        got = fut.result(timeout=60)
+    assert 1 <= pool.stats.groups - groups0 < 4  # mid-stream: some of the 4 groups arrived, not all
+    assert pool.stats.failures == failures0 + 1 and pool.stats.rebuilt_locally == rebuilt0 + 1
+    assert pool.stats.entries == entries0  # no entry came back from the dead worker
+    with single_thread():
+        _assert_same_entries(got, build_entries(model, seg, seam))
+    deadline = time.monotonic() + 60
+    while pool.stats.restarts == restarts0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert pool.alive() == [0, 1] and _gone([victim])
 
 
 def test_kill_9_mid_build_still_gives_the_entries_and_the_worker_comes_back(tiny, pool):
@@ -215,44 +214,37 @@ def test_bad_scatter_devices_are_clear_errors():
 
 # ---------------------------------------------------------------------- the engine on 2 workers
 def test_engine_builds_cold_segments_on_the_workers_and_answers_as_one_process(tmp_path):
-    common = {"model": TINY, "device": "cpu", "home": tmp_path, "min_cached_tokens": 4}
+    """Documents of 60, 18, 44, 24 tokens with ``split_segment_tokens=32``: 6 cold pieces (60 -> 32 + 28,
+    44 -> 32 + 12) spread over both workers, streamed back by layer groups of 3, the same answer as
+    one process splitting alike."""
+    common = {"model": TINY, "device": "cpu", "home": tmp_path, "min_cached_tokens": 4, "split_segment_tokens": 32}
     one = load_engine(Settings(**common))
-    two = load_engine(Settings(**common, scatter_workers=2))
+    two = load_engine(Settings(**common, scatter_workers=2, scatter_stream_layers=3))
     try:
         assert one.scatter_pool is None and two.scatter_pool is not None
         pids = two.scatter_pool.pids()
         assert len(pids) == 2 and os.getpid() not in pids
-        plan = Plan([Seg(s) for s in _segments([60, 18, 40, 24], seed=2100)])
+        plan = Plan([Seg(s) for s in _segments([60, 18, 44, 24], seed=2100)])
         with single_thread():
             ref = one.prepare(plan, mode="hypic")
         got = two.prepare(plan, mode="hypic")
-        assert two.scatter_pool.stats.entries == 4  # every cold segment came back from a worker
-        assert two.scatter_pool.stats.rebuilt_locally == 0
+        stats = two.scatter_pool.stats
+        assert stats.entries == 6 and stats.jobs == 2  # every cold piece came back from a worker, both busy
+        assert stats.groups == 6 * 2 and stats.rebuilt_locally == 0  # 4 layers in groups of 3 + 1
         assert [s.hit for s in got.segments] == [False] * 4
+        assert [len(s.pieces) for s in got.segments] == [2, 0, 2, 0]
         torch.testing.assert_close(got.state.last_logits, ref.state.last_logits, rtol=1e-5, atol=1e-5)
         assert got.state.length == ref.state.length
-        # stored as today: the second request hits every segment and gives the same answer again
+        # stored as today: the second request hits every piece and gives the same answer again
         again = two.prepare(plan, mode="hypic")
         assert [s.hit for s in again.segments] == [True] * 4
-        assert two.scatter_pool.stats.entries == 4
+        assert again.cached_tokens == (60 + 18 + 44 + 24) - 6 * 8  # every piece's seam recomputed
+        assert stats.entries == 6
         torch.testing.assert_close(again.state.last_logits, got.state.last_logits, rtol=0, atol=0)
     finally:
         two.close()
         one.close()
     assert _gone(pids)
-
-
-def test_an_entry_travels_as_one_buffer_per_dtype_and_comes_back_whole():
-    ts = [torch.randn(2, 3), torch.randn(4).to(torch.bfloat16), torch.randn(5, 1, 2), torch.randn(3).to(torch.bfloat16)]
-    meta = decode_meta(encode_meta(ts))
-    assert meta == [(t.dtype, tuple(t.shape)) for t in ts]
-    flats = pack(ts)
-    assert [(f.dtype, f.numel()) for f in flats] == flat_layout(meta) == [(torch.float32, 16), (torch.bfloat16, 7)]
-    for separate in (False, True):
-        back = unpack(flats, meta, separate=separate)
-        assert all(torch.equal(a, b) for a, b in zip(back, ts, strict=True))
-        shared = back[0].untyped_storage().data_ptr() == back[2].untyped_storage().data_ptr()
-        assert shared != separate  # views of the buffer, or each tensor its own storage (CPU tiers)
 
 
 def test_a_worker_that_does_not_answer_in_time_is_replaced_and_its_segments_rebuilt(tiny):

@@ -39,8 +39,8 @@ class Channel:
     """Messages to and from the other side of a pair group: int64 control tensors and raw tensors.
 
     ``device``: where the group's tensors must live (CPU for gloo, this side's GPU for NCCL).
-    Every call blocks until its op is done, or raises when the peer is gone or the group's timeout
-    passes.
+    Every call but ``isend`` blocks until its op is done, or raises when the peer is gone or the
+    group's timeout passes.
     """
 
     def __init__(self, group: PairGroup, rank: int, device: torch.device) -> None:
@@ -49,7 +49,12 @@ class Channel:
         self.device = device
 
     def send(self, t: torch.Tensor) -> None:
-        self.group.send([t.to(self.device).contiguous()], self.peer, 0).wait()
+        self.isend(t).wait()
+
+    def isend(self, t: torch.Tensor) -> Any:
+        """Start sending ``t`` and return its work (``wait()`` it before reusing ``t``): sends to the
+        peer arrive in the order they were started (one tag, one pair)."""
+        return self.group.send([t.to(self.device).contiguous()], self.peer, 0)
 
     def recv_into(self, t: torch.Tensor) -> torch.Tensor:
         self.group.recv([t], self.peer, 0).wait()

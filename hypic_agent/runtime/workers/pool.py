@@ -5,10 +5,11 @@ replica of rank 0's model, and rendezvous with each over a ``TCPStore`` it hosts
 ``build`` splits cold segments over the live workers (``router``: LPT on the fitted cost model,
 aware of work already queued per worker, or round-robin), sends each worker its share as packed
 batches (one job per batch) from one thread per worker, and receives every entry's tensors straight
-into rank 0's device. A worker that dies or does not answer within ``timeout_s`` is killed; the
-segments it had not returned are rebuilt locally (``local_build``, rank 0's model), so the call
-still returns every entry, complete; the worker is restarted in the background, and
-``stats.failures`` / ``stats.restarts`` count it. ``close`` drains in-flight builds, stops the
+into rank 0's device, ``stream_layers`` layers at a time as the worker builds them (``receive``).
+A worker that dies or does not answer within ``timeout_s`` is killed; the segments it had not
+returned whole are rebuilt locally (``local_build``, rank 0's model), so the call still returns
+every entry, complete; the worker is restarted in the background, and ``stats.failures`` /
+``stats.restarts`` count it. ``close`` drains in-flight builds, stops the
 workers, then kills any that did not exit, and joins them all: no process outlives the pool.
 """
 
@@ -17,12 +18,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -32,9 +31,9 @@ from hypic_agent.runtime.hypic.entry import SegmentEntry
 from hypic_agent.runtime.router import CostModel, lpt_assign, round_robin_assign
 from hypic_agent.runtime.scatter import _batches
 from hypic_agent.runtime.workers import protocol as wire
-from hypic_agent.runtime.workers.channel import Channel, PairGroup, pair_group
-from hypic_agent.runtime.workers.devices import comm_device
-from hypic_agent.runtime.workers.worker import LOADED, WorkerSpec, worker_main
+from hypic_agent.runtime.workers.channel import Channel
+from hypic_agent.runtime.workers.handle import Launch, WorkerHandle
+from hypic_agent.runtime.workers.receive import run_job
 
 log = logging.getLogger("hypic.workers")
 
@@ -52,18 +51,11 @@ class PoolStats:
     failures: int = 0  # workers that died or timed out during a build
     restarts: int = 0  # workers brought back after a failure
     rebuilt_locally: int = 0  # segments rank 0 built because their worker failed
-    transfer_ms: list[float] = field(default_factory=list)  # per entry: header to last tensor
-
-
-class _Worker:
-    def __init__(self, index: int, device: str) -> None:
-        self.index = index
-        self.device = device
-        self.gen = 0
-        self.proc: Any = None
-        self.chan: Channel | None = None
-        self.alive = False
-        self.lock = threading.Lock()  # one job (or restart) at a time
+    groups: int = 0  # (entry, layer group) messages received whole
+    transfer_ms: list[float] = field(default_factory=list)  # per entry: its groups' header to last byte, summed
+    # per job: rank 0's wall time not covered by the worker's build (job out, transfer left after
+    # the last layer, assembly): what streaming layer groups hides
+    exposed_ms: list[float] = field(default_factory=list)
 
 
 class WorkerPool:
@@ -81,16 +73,17 @@ class WorkerPool:
         timeout_s: float = 60.0,
         max_batch_tokens: int = 65536,
         cost: CostModel | None = None,
+        stream_layers: int = 0,
         delay_s: float = 0.0,
+        group_delay_s: float = 0.0,
         start_timeout_s: float = 600.0,
     ) -> None:
+        """``stream_layers``: layers per message as a worker streams its entries back (0: whole
+        entries after the build); ``delay_s`` / ``group_delay_s``: fault injection (``WorkerSpec``)."""
         if not devices:
             raise ValueError("a worker pool needs at least one device")
         if policy not in ("lpt", "round_robin"):
             raise ValueError(f"unknown scatter policy {policy!r}: lpt | round_robin")
-        self.settings_json = settings_json
-        self.model = model
-        self.fingerprint = fingerprint
         self.layer_kinds = tuple(layer_kinds)
         self.home = home
         self.local_build = local_build
@@ -98,21 +91,33 @@ class WorkerPool:
         self.timeout_s = timeout_s
         self.max_batch_tokens = max_batch_tokens
         self.cost = cost or CostModel()
+        self.stream_layers = stream_layers
         self.delay_s = delay_s
-        self.start_timeout_s = start_timeout_s  # a (re)start waits this long for the model load
         self.stats = PoolStats()
-        self.workers = [_Worker(i, d) for i, d in enumerate(devices)]
+        self.workers = [WorkerHandle(i, d) for i, d in enumerate(devices)]
         self.queued_ms = [0.0] * len(self.workers)
         self._queue_lock = threading.Lock()
-        self._ctx = mp.get_context("spawn")
-        self._store = dist.TCPStore(
+        store = dist.TCPStore(
             "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=timeout_s)
         )
+        launch = Launch(  # what every (re)start uses: it waits start_timeout_s for the model load
+            mp.get_context("spawn"),
+            store,
+            settings_json,
+            model,
+            fingerprint,
+            home,
+            timeout_s,
+            start_timeout_s,
+            delay_s,
+            group_delay_s,
+        )
+        self._launch: Launch | None = launch  # None once closed (the store let go)
         self._exec = ThreadPoolExecutor(max_workers=len(self.workers), thread_name_prefix="scatter")
         self._restarting: list[threading.Thread] = []
         self._closed = False
         try:
-            errors = list(self._exec.map(self._start, self.workers))
+            errors = list(self._exec.map(lambda w: w.start(launch), self.workers))
             bad = [e for e in errors if e is not None]
             if bad:
                 raise WorkerStartError("scatter workers failed to start: " + "; ".join(bad))
@@ -120,99 +125,22 @@ class WorkerPool:
             self.close(drain=False)
             raise
 
-    # ------------------------------------------------------------------ start / restart
-    def _start(self, w: _Worker) -> str | None:
-        """Spawn ``w``'s process and wait for its ``READY`` -> None, or the reason it failed."""
-        w.gen += 1
-        prefix = f"w{w.index}g{w.gen}/"
-        spec = WorkerSpec(
-            "127.0.0.1",
-            self._store.port,
-            prefix,
-            w.device,
-            self.settings_json,
-            self.model,
-            self.timeout_s,
-            self.delay_s,
-        )
-        w.proc = self._ctx.Process(target=worker_main, args=(spec,), daemon=True, name=f"hypic-scatter-{w.index}")
-        w.proc.start()
-        dev = comm_device(self.home)
-        try:
-            self._wait_loaded(w, prefix)
-            w.chan = Channel(self._join(w, prefix, dev), 0, dev)
-            hdr = w.chan.recv_ints(wire.HEADER)
-            text = wire.body_text(w.chan.recv_ints(int(hdr[4])))
-        except Exception as e:  # the worker died before joining, or never answered
-            self._kill(w)
-            return f"worker {w.index} on {w.device} did not join (exit code {w.proc.exitcode}): {e}"
-        if int(hdr[0]) == wire.ERROR:
-            self._kill(w)
-            return f"worker {w.index} on {w.device}: {text}"
-        if text != self.fingerprint:
-            self._kill(w)
-            return f"worker {w.index} loaded model {text!r}, rank 0 has {self.fingerprint!r}"
-        w.alive = True
-        log.info("scatter worker %d ready on %s (pid %s)", w.index, w.device, w.proc.pid)
-        return None
-
-    def _wait_loaded(self, w: _Worker, prefix: str) -> None:
-        """Wait (up to ``start_timeout_s``, while the process lives) until ``w`` has loaded its model:
-        a start-up takes as long as a model load, which the job timeout must not bound."""
-        deadline = time.monotonic() + self.start_timeout_s
-        while not self._store.check([prefix + LOADED]):
-            if not w.proc.is_alive():
-                raise RuntimeError("the process exited")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"no model loaded within {self.start_timeout_s:.0f} s")
-            time.sleep(0.05)
-
-    def _join(self, w: _Worker, prefix: str, dev: torch.device) -> PairGroup:
-        """Rank 0's side of ``w``'s pair group, given up at once if the process exits first."""
-        box: list[Any] = []
-
-        def join() -> None:
-            try:
-                box.append(pair_group(self._store, prefix, 0, dev, self.timeout_s))
-            except Exception as e:  # handed to the caller
-                box.append(e)
-
-        t = threading.Thread(target=join, daemon=True, name=f"scatter-join-{w.index}")
-        t.start()
-        deadline = time.monotonic() + self.timeout_s
-        while t.is_alive() and w.proc.is_alive() and time.monotonic() < deadline:
-            t.join(0.05)
-        if not box:
-            raise RuntimeError("the process exited" if not w.proc.is_alive() else "no rendezvous in time")
-        if isinstance(box[0], Exception):
-            raise box[0]
-        return box[0]  # type: ignore[no-any-return]
-
-    def _kill(self, w: _Worker) -> None:
-        w.alive = False
-        if w.chan is not None:
-            w.chan.close()
-            w.chan = None
-        if w.proc is not None and w.proc.is_alive():
-            w.proc.kill()
-        if w.proc is not None:
-            w.proc.join(timeout=10)
-
-    def _fail(self, w: _Worker, why: BaseException) -> None:
+    # ------------------------------------------------------------------ failure / restart
+    def _fail(self, w: WorkerHandle, why: BaseException) -> None:
         """``w`` died or timed out (its lock held): kill it and restart it in the background."""
         log.warning("scatter worker %d failed (%s); its segments are rebuilt on rank 0", w.index, why)
         self.stats.failures += 1
-        self._kill(w)
+        w.kill()
         if not self._closed:
             t = threading.Thread(target=self._restart, args=(w,), daemon=True, name=f"scatter-restart-{w.index}")
             self._restarting.append(t)
             t.start()
 
-    def _restart(self, w: _Worker) -> None:
+    def _restart(self, w: WorkerHandle) -> None:
         with w.lock:
-            if self._closed:
+            if self._closed or self._launch is None:
                 return
-            err = self._start(w)
+            err = w.start(self._launch)
             if err is None:
                 self.stats.restarts += 1
             else:
@@ -261,7 +189,7 @@ class WorkerPool:
 
     def _run(
         self,
-        w: _Worker,
+        w: WorkerHandle,
         group: list[int],
         segs: list[tuple[int, ...]],
         seams: Sequence[int],
@@ -304,30 +232,20 @@ class WorkerPool:
         with self._queue_lock:  # worker threads send jobs at once
             self.stats.jobs += 1
             job_id = self.stats.jobs
-        job = wire.Job(job_id, [segs[i] for i in batch], [int(seams[i]) for i in batch], pair_dtype)
-        hdr, body = job.encode()
-        chan.send(hdr)
-        chan.send(body)
-        got: list[SegmentEntry] = []
-        build_ms = 0.0
-        for i in batch:
-            h = chan.recv_ints(wire.HEADER)
-            t0 = time.perf_counter()
-            if int(h[0]) != wire.ENTRY or int(h[1]) != job.job or int(h[2]) != len(got):
-                raise RuntimeError(f"unexpected reply {h.tolist()} to job {job.job}")
-            build_ms = int(h[3]) / 1e3
-            meta = wire.decode_meta(chan.recv_ints(int(h[4])))
-            flats = [chan.recv((n,), dt).to(self.home) for dt, n in wire.flat_layout(meta)]
-            tensors = wire.unpack(flats, meta, separate=self.home.type != "cuda")
-            self.stats.transfer_ms.append((time.perf_counter() - t0) * 1e3)
-            share = build_ms * len(segs[i]) / max(1, sum(len(segs[j]) for j in batch))
-            got.append(wire.assemble(tensors, self.layer_kinds, segs[i], int(seams[i]), share))
+        job = wire.Job(job_id, [segs[i] for i in batch], [int(seams[i]) for i in batch], pair_dtype, self.stream_layers)
+        got = run_job(chan, job, self.layer_kinds, self.home, self._count_group)
         # only complete jobs are published: a worker that dies mid-job leaves nothing half-received
-        for i, e in zip(batch, got, strict=True):
+        for i, e in zip(batch, got.entries, strict=True):
             out[i] = e
         with self._queue_lock:
-            self.stats.entries += len(got)
-        self.cost.observe([len(segs[i]) for i in batch], build_ms)
+            self.stats.entries += len(got.entries)
+            self.stats.transfer_ms += got.transfer_ms
+            self.stats.exposed_ms.append(got.wall_ms - got.build_ms - self.delay_s * 1e3)
+        self.cost.observe([len(s) for s in job.segments], got.build_ms)
+
+    def _count_group(self) -> None:
+        with self._queue_lock:
+            self.stats.groups += 1
 
     # ------------------------------------------------------------------ shutdown
     def close(self, drain: bool = True) -> None:
@@ -346,8 +264,8 @@ class WorkerPool:
         for w in self.workers:
             if w.proc is not None:
                 w.proc.join(timeout=5)
-            self._kill(w)
-        self._store = None  # type: ignore[assignment]
+            w.kill()
+        self._launch = None
 
     def __enter__(self) -> WorkerPool:
         return self

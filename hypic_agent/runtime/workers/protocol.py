@@ -4,17 +4,21 @@ Every message goes over the pair's process group with point-to-point ops (``send
 tensor is pickled. A control message is a fixed-size int64 header, optionally followed by one
 int64 body whose length the header gives:
 
-* rank 0 -> worker, a job: ``[BUILD, job, n, pair_dtype, n_ids]`` then ``lengths[n] ++ seams[n] ++ ids``;
-  ``[STOP, 0, 0, 0, 0]`` ends the worker's loop.
+* rank 0 -> worker, a job: ``[BUILD, job, n, pair_dtype, n_ids]`` then
+  ``[stream_layers] ++ lengths[n] ++ seams[n] ++ ids``; ``[STOP, 0, 0, 0, 0]`` ends the worker's loop.
 * worker -> rank 0, at start: ``[READY, 0, 0, 0, n_bytes]`` then the model fingerprint as bytes
   (one int64 per byte), or ``[ERROR, 0, 0, 0, n_bytes]`` then the error text.
-* worker -> rank 0, per built entry (in job order, each as soon as its batch is done):
-  ``[ENTRY, job, index, build_us, n_meta]`` then the tensors' metadata (``META_WIDTH`` int64 per
-  tensor: dtype code, ndim, dims padded with zeros), then the tensors packed into one flat buffer
-  per dtype (``pack``: pairs in fp32, the rest in the model's dtype), each with one ``send``: a
-  few messages per entry rather than two or three per layer.
-  ``build_us``: the wall time of the batch the entry came out of (on the first entry of a batch,
-  0 on the others), what the router's cost model is fitted to.
+* worker -> rank 0, per layer group of the batch (``layer_groups``: ``stream_layers`` layers each,
+  0 = all layers in one group), as soon as the batch's layers of that group are built, per entry
+  in job order, one control message ``[LAYERS, job, index, group, n_meta] ++ meta``, the metadata
+  of the group's tensors (``META_WIDTH`` int64 per tensor: dtype code, ndim, dims padded with
+  zeros; rank 0 knows its length from the layers' kinds, ``group_meta_len``), then those tensors
+  packed into one flat buffer per dtype (``pack``: pairs in fp32, the rest in the model's dtype),
+  each with one ``send``: two or three messages per entry and group rather than two or three per
+  layer.
+  After the last group: ``[DONE, job, n, build_us, 0]``, ``build_us`` the wall time of the batch's
+  build (what the router's cost model is fitted to). Rank 0 assembles an entry from its groups
+  and publishes the job's entries only once ``DONE`` has arrived.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from hypic_agent.runtime.hypic.entry import AttentionEntry, LinearEntry, Segment
 
 HEADER = 5
 META_WIDTH = 6  # dtype, ndim, up to 4 dims
-BUILD, STOP, READY, ERROR, ENTRY = 1, 2, 3, 4, 5
+BUILD, STOP, READY, ERROR, LAYERS, DONE = 1, 2, 3, 4, 5, 6
 
 DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64)
 
@@ -46,34 +50,36 @@ def header(*fields: int) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class Job:
-    """A build job: segments' token ids and seam widths, and the pairs' dtype."""
+    """A build job: segments' token ids and seam widths, the pairs' dtype, and how many layers
+    go back per message (``stream_layers``, 0 = all of them once the batch is built)."""
 
     job: int
     segments: list[tuple[int, ...]]
     seams: list[int]
     pair_dtype: torch.dtype
+    stream_layers: int = 0
 
     def encode(self) -> tuple[torch.Tensor, torch.Tensor]:
         ids = [t for s in self.segments for t in s]
         hdr = header(BUILD, self.job, len(self.segments), dtype_code(self.pair_dtype), len(ids))
-        body = torch.tensor([len(s) for s in self.segments] + list(self.seams) + ids, dtype=torch.int64)
-        return hdr, body
+        vals = [self.stream_layers] + [len(s) for s in self.segments] + list(self.seams) + ids
+        return hdr, torch.tensor(vals, dtype=torch.int64)
 
     @staticmethod
     def body_len(hdr: torch.Tensor) -> int:
-        return 2 * int(hdr[2]) + int(hdr[4])
+        return 1 + 2 * int(hdr[2]) + int(hdr[4])
 
     @staticmethod
     def decode(hdr: torch.Tensor, body: torch.Tensor) -> Job:
         n = int(hdr[2])
-        vals = body.tolist()
+        stream, *vals = body.tolist()
         lengths, seams, ids = vals[:n], vals[n : 2 * n], vals[2 * n :]
         segs: list[tuple[int, ...]] = []
         at = 0
         for n_tok in lengths:
             segs.append(tuple(ids[at : at + n_tok]))
             at += n_tok
-        return Job(int(hdr[1]), segs, seams, DTYPES[int(hdr[3])])
+        return Job(int(hdr[1]), segs, seams, DTYPES[int(hdr[3])], stream)
 
 
 def text_body(text: str) -> torch.Tensor:
@@ -84,12 +90,29 @@ def body_text(body: torch.Tensor) -> str:
     return bytes(int(x) for x in body.tolist()).decode(errors="replace")
 
 
-def entry_tensors(e: SegmentEntry) -> list[torch.Tensor]:
-    """An entry's tensors in wire order: per layer (T, S, conv tail) or (k, v)."""
+def layer_groups(n_layers: int, stream_layers: int) -> list[tuple[int, int]]:
+    """The ``[start, end)`` layer ranges an entry travels in: ``stream_layers`` layers each (the
+    last group shorter); ``stream_layers <= 0`` (or >= the layer count): one group of all layers."""
+    step = stream_layers if 0 < stream_layers < n_layers else n_layers
+    return [(a, min(a + step, n_layers)) for a in range(0, n_layers, step)]
+
+
+def layer_tensors(e: SegmentEntry, start: int, end: int) -> list[torch.Tensor]:
+    """Layers ``start..end-1`` of an entry, in wire order: per layer (T, S, conv tail) or (k, v)."""
     out: list[torch.Tensor] = []
-    for layer in e.layers:
+    for layer in e.layers[start:end]:
         out += [layer.T, layer.S, layer.conv_tail] if isinstance(layer, LinearEntry) else [layer.k, layer.v]
     return out
+
+
+def entry_tensors(e: SegmentEntry) -> list[torch.Tensor]:
+    """An entry's tensors in wire order (its layer groups' tensors, one group after the other)."""
+    return layer_tensors(e, 0, len(e.layers))
+
+
+def group_meta_len(layer_kinds: Sequence[str], start: int, end: int) -> int:
+    """The int64 metadata of layers ``start..end-1`` of an entry: 3 tensors per linear layer, 2 per attention."""
+    return META_WIDTH * sum(3 if kind == "linear" else 2 for kind in layer_kinds[start:end])
 
 
 def encode_meta(tensors: Sequence[torch.Tensor]) -> torch.Tensor:

@@ -3,8 +3,8 @@
 The worker loads the same model as rank 0 from the same ``Settings`` (and model spec) onto its own
 device, answers ``READY`` with the model's fingerprint (rank 0 checks it matches its own) or
 ``ERROR`` with the reason, then serves build jobs until ``STOP``: each job is one packed varlen
-batch (``build_entries``), whose entries go back one after another as int64 headers plus raw
-tensors (``protocol``).
+batch (``stream.build_streamed``), whose entries go back layer group by layer group as the
+batch's layers are built, as int64 headers plus raw tensors (``protocol``).
 """
 
 from __future__ import annotations
@@ -15,12 +15,16 @@ import signal
 import time
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 import torch
 
 from hypic_agent.config import Settings
 from hypic_agent.runtime.workers import protocol as wire
 from hypic_agent.runtime.workers.channel import Channel, pair_group
+
+if TYPE_CHECKING:
+    from hypic_agent.runtime.models.hybrid import HybridForCausalLM
 
 log = logging.getLogger("hypic.worker")
 
@@ -29,7 +33,8 @@ log = logging.getLogger("hypic.worker")
 class WorkerSpec:
     """What a worker process needs to join and serve: the rendezvous (``host``/``port`` of rank 0's
     ``TCPStore`` and this worker's group ``prefix``), its device, and the model to load.
-    ``delay_s``: a pause before each job (fault injection: lets a test kill a worker mid-build)."""
+    ``delay_s``: a pause before each job, ``group_delay_s`` after each layer group sent (fault
+    injection: lets a test kill a worker mid-build or mid-stream)."""
 
     host: str
     port: int
@@ -39,6 +44,7 @@ class WorkerSpec:
     model: str | None
     timeout_s: float
     delay_s: float = 0.0
+    group_delay_s: float = 0.0
 
 
 LOADED = "loaded"  # store key (under the worker's prefix): its model load is over, successful or not
@@ -72,14 +78,15 @@ def worker_main(spec: WorkerSpec) -> None:
     fp = wire.text_body(fingerprint)
     chan.send(wire.header(wire.READY, os.getpid(), 0, 0, fp.numel()))
     chan.send(fp)
-    serve(chan, model, spec.delay_s)
+    serve(chan, model, spec.delay_s, spec.group_delay_s)
     chan.close()
 
 
-def serve(chan: Channel, model: torch.nn.Module, delay_s: float = 0.0) -> None:
+def serve(chan: Channel, model: HybridForCausalLM, delay_s: float = 0.0, group_delay_s: float = 0.0) -> None:
     """Answer build jobs until ``STOP`` (or until rank 0 is gone)."""
-    from hypic_agent.runtime.hypic.build import build_entries
+    from hypic_agent.runtime.workers.stream import Streamer, build_streamed
 
+    n_layers = len(model.layers)
     while True:
         try:
             hdr = chan.recv_ints(wire.HEADER)
@@ -90,16 +97,13 @@ def serve(chan: Channel, model: torch.nn.Module, delay_s: float = 0.0) -> None:
         job = wire.Job.decode(hdr, chan.recv_ints(wire.Job.body_len(hdr)))
         if delay_s:
             time.sleep(delay_s)
+        out = Streamer(chan, job.job, group_delay_s)
+        groups = wire.layer_groups(n_layers, job.stream_layers)
         t0 = time.perf_counter()
-        entries = build_entries(model, job.segments, job.seams, pair_dtype=job.pair_dtype)  # type: ignore[arg-type]
-        build_us = int((time.perf_counter() - t0) * 1e6)
-        for i, e in enumerate(entries):
-            tensors = wire.entry_tensors(e)
-            meta = wire.encode_meta(tensors)
-            chan.send(wire.header(wire.ENTRY, job.job, i, build_us, meta.numel()))
-            chan.send(meta)
-            for flat in wire.pack(tensors):
-                chan.send(flat)
+        entries = build_streamed(model, job.segments, job.seams, groups, out.layers, pair_dtype=job.pair_dtype)
+        if chan.device.type == "cuda":  # pragma: no cover - no GPU in CI
+            torch.cuda.synchronize(chan.device)
+        out.finish(len(entries), int((time.perf_counter() - t0) * 1e6))
 
 
 def _td(seconds: float) -> timedelta:
