@@ -118,6 +118,12 @@ def serve(
     devices: str | None = typer.Option(
         None, help="the scatter workers' devices, comma-separated (cuda:1,cuda:2; default: see scatter_devices)"
     ),
+    split_segment_tokens: int | None = typer.Option(
+        None,
+        "--split-segment-tokens",
+        min=0,
+        help="cut segments longer than this into cached pieces of this many tokens (built in parallel; 0 = off)",
+    ),
 ) -> None:
     """Start the HTTP API server (segment-aware generate, segments store, OpenAI-compatible chat)."""
     from hypic_agent.api.serve import run_server
@@ -131,6 +137,8 @@ def serve(
         updates: dict[str, object] = {k: v for k, v in {"host": host, "port": port}.items() if v is not None}
         if scatter_workers is not None:
             updates["scatter_workers"] = scatter_workers
+        if split_segment_tokens is not None:
+            updates["split_segment_tokens"] = split_segment_tokens
         if devices is not None:
             updates["scatter_devices"] = [d.strip() for d in devices.split(",") if d.strip()]
         run_server(

@@ -202,3 +202,16 @@ def test_seam_auto_and_numbers_parse():
     common: dict[str, Any] = dict(prompt="q", files=[], kinds=[], mode="hypic", url=None, raw=False, local_only={})
     assert check_request(seam="auto", **common).seam == "auto"
     assert check_request(seam="8", **common).seam == 8.0
+
+
+def test_serve_split_segment_tokens_reaches_the_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from hypic_agent.api import serve as serve_mod
+
+    seen: list[Any] = []
+    monkeypatch.setattr(serve_mod, "run_server", lambda settings, **kw: seen.append(settings))
+    monkeypatch.setenv("HYPIC_HOME", str(tmp_path))
+    res = CliRunner().invoke(app, ["serve", "--model", TINY, "--device", "cpu", "--split-segment-tokens", "512"])
+    assert res.exit_code == 0, res.output
+    assert seen[0].split_segment_tokens == 512 and seen[0].model == TINY
+    bad = CliRunner().invoke(app, ["serve", "--split-segment-tokens", "-1"])
+    assert bad.exit_code == 2  # refused by the option itself, before anything loads
