@@ -1,13 +1,19 @@
 """Load a GGUF file (quantized llama.cpp checkpoint) into the naming contract, dequantized.
 
-Built on transformers' GGUF support: its metadata -> config table (``GGUF_CONFIG_MAPPING``), its
-per-architecture tensor processors (e.g. the reverse of llama.cpp's Q/K row permutation) and
-gguf-py's tensor name map and dequantizer. We read the file once and map names for our own
-expected tensor set, instead of ``load_gguf_checkpoint(..., return_tensors=True)``, which parses
-the metadata twice and builds a name map per submodule (3x slower on SmolLM2-135M).
+Supported ``general.architecture`` values (``gguf_families.GGUF_FAMILIES``):
 
-Supported: architectures both transformers' GGUF loader and our runtime know (``llama`` today;
-Qwen3.5 / Qwen3-Next GGUFs are not readable by transformers yet: use their HF folders).
+* ``llama`` and ``lfm2``: metadata through transformers' GGUF table (``GGUF_CONFIG_MAPPING``) and
+  its per-architecture tensor processors (llama's Q/K row permutation undone, LFM2's squeezed conv);
+* ``granitehybrid`` (Granite 4, served as ``granitemoehybrid``) and ``nemotron_h``: metadata and
+  SSM tensor conventions mapped by us (``gguf_families``), since transformers cannot read them.
+
+Tensor names go through gguf-py's name map for the architecture, values through gguf-py's
+dequantizer. We read the file once and map names for our own expected tensor set, instead of
+``load_gguf_checkpoint(..., return_tensors=True)``, which parses the metadata twice and builds a
+name map per submodule (3x slower on SmolLM2-135M).
+
+Families we serve without GGUF loading: Qwen3.5 / Qwen3-Next (``qwen35`` / ``qwen3next`` GGUFs),
+``minimax``, ``kimi_linear``, ``bailing_moe_linear`` and ``bailing_hybrid``: use their HF folders.
 """
 
 from __future__ import annotations
@@ -19,11 +25,20 @@ import numpy as np
 import torch
 
 from hypic_agent.errors import ModelConfigError, WeightsError
-from hypic_agent.runtime.models.config import FAMILIES, HybridConfig
+from hypic_agent.runtime.models.config import HybridConfig
+from hypic_agent.runtime.models.gguf_families import GGUF_FAMILIES, GGUFFamily, GGUFMeta
 from hypic_agent.runtime.models.loading import expected_shapes, validate_state_dict
 
 # config sections read from the GGUF metadata ("<section>.<key>"); tokenizer ids included
 _SECTIONS = ("general", "tokenizer")
+_TOKEN_IDS = ("bos_token_id", "eos_token_id", "padding_token_id", "unknown_token_id")
+# contract tensors llama.cpp stores with squeezed / split dims (reshaped back when the count matches)
+_RESHAPED = ("conv.weight", "conv1d.weight", ".A_log", ".D", "linear_attn.norm.weight")
+
+
+def supported_archs() -> list[str]:
+    """GGUF architectures ``load_gguf`` reads."""
+    return sorted(GGUF_FAMILIES)
 
 
 def _open(path: Path) -> Any:
@@ -38,27 +53,48 @@ def _open(path: Path) -> Any:
 
 
 def _field(reader: Any, key: str) -> Any:
+    """A metadata value (a list for arrays of more than one element); float32 values as the shortest
+    decimal that rounds to them, as config.json would have them."""
+    from gguf import GGUFValueType
     from transformers.modeling_gguf_pytorch_utils import _gguf_parse_value
 
     f = reader.fields.get(key)
     if f is None:
         return None
     vals = [_gguf_parse_value(f.parts[i], f.types) for i in f.data]
+    if f.types and f.types[-1] == GGUFValueType.FLOAT32:  # 1e-5 stored as float32 reads 9.99999974e-06
+        vals = [float(str(np.float32(v))) for v in vals]
     return vals[0] if len(vals) == 1 else vals
 
 
-def gguf_hf_config(reader: Any) -> dict[str, Any]:
-    """The HF config dict of a GGUF file (same keys as transformers' GGUF loader produces)."""
-    from transformers.integrations.ggml import GGUF_CONFIG_DEFAULTS_MAPPING, GGUF_CONFIG_MAPPING
-
+def _family(reader: Any) -> GGUFFamily:
     arch = _field(reader, "general.architecture")
-    if arch not in GGUF_CONFIG_MAPPING or arch not in FAMILIES:
-        supported = sorted(set(GGUF_CONFIG_MAPPING) & set(FAMILIES))
+    fam = GGUF_FAMILIES.get(arch)
+    if fam is not None and fam.config is None:
+        from transformers.integrations.ggml import GGUF_CONFIG_MAPPING
+
+        if arch not in GGUF_CONFIG_MAPPING:  # an older transformers
+            fam = None
+    if fam is None:
         raise ModelConfigError(
-            f"GGUF architecture {arch!r} is not supported (supported: {supported}); "
+            f"GGUF architecture {arch!r} is not supported (supported: {supported_archs()}); "
             "use the model's Hugging Face folder (config.json + safetensors) instead",
             param="model",
         )
+    return fam
+
+
+def _meta(reader: Any, arch: str) -> GGUFMeta:
+    keys = [k for k in reader.fields if k.startswith(f"{arch}.")]
+    keys += [f"tokenizer.ggml.{k}" for k in _TOKEN_IDS]
+    shapes = {rt.name: tuple(int(x) for x in reversed(rt.shape.tolist())) for rt in reader.tensors}
+    return GGUFMeta(arch=arch, fields={k: _field(reader, k) for k in keys}, shapes=shapes)
+
+
+def _table_config(reader: Any, arch: str) -> dict[str, Any]:
+    """The HF config dict through transformers' GGUF table (same keys as its GGUF loader)."""
+    from transformers.integrations.ggml import GGUF_CONFIG_DEFAULTS_MAPPING, GGUF_CONFIG_MAPPING
+
     cfg: dict[str, Any] = dict(GGUF_CONFIG_DEFAULTS_MAPPING.get(arch, {}))
     for section in (*_SECTIONS, arch):
         table: dict[str, Any] = GGUF_CONFIG_MAPPING[section]  # type: ignore[assignment]
@@ -68,28 +104,64 @@ def gguf_hf_config(reader: Any) -> dict[str, Any]:
             value = _field(reader, f"{section}.{key}")
             if value is not None:
                 cfg[hf_key] = value
-    cfg["model_type"] = arch
     cfg["tie_word_embeddings"] = all(t.name != "output.weight" for t in reader.tensors)
     if "vocab_size" not in cfg and "tokenizer.ggml.tokens" in reader.fields:
         cfg["vocab_size"] = len(reader.fields["tokenizer.ggml.tokens"].data)
     return cfg
 
 
-def _name_map(arch: str, cfg: HybridConfig) -> dict[str, str]:
-    """GGUF tensor name -> contract name, for every tensor we expect."""
-    from gguf import MODEL_ARCH_NAMES, get_tensor_name_map
+def gguf_hf_config(reader: Any) -> dict[str, Any]:
+    """The HF config dict (config.json keys of the family's ``model_type``) of a GGUF file."""
+    fam = _family(reader)
+    meta = _meta(reader, fam.arch)
+    cfg = _table_config(reader, fam.arch) if fam.config is None else fam.config(meta)
+    if fam.fixup is not None:
+        cfg = fam.fixup(meta, cfg)
+    cfg["model_type"] = fam.model_type
+    return cfg
 
-    arch_id = next(k for k, v in MODEL_ARCH_NAMES.items() if v == arch)
-    names = get_tensor_name_map(arch_id, cfg.num_layers)
-    out: dict[str, str] = {}
-    for hf_name in expected_shapes(cfg):
-        base, _, suffix = hf_name.rpartition(".")
+
+def _num_blocks(cfg: HybridConfig) -> int:
+    """GGUF blocks: one per layer, except Nemotron-H's (a mixer or MLP block each)."""
+    return max([cfg.num_layers, *(max(b) + 1 for b in cfg.hf_blocks)])
+
+
+def _name_map(fam: GGUFFamily, cfg: HybridConfig) -> dict[str, tuple[str, int]]:
+    """GGUF tensor name -> (contract name, part index), for every tensor we expect."""
+    from gguf import MODEL_ARCH, get_tensor_name_map
+
+    names = get_tensor_name_map(MODEL_ARCH[fam.gguf_arch], _num_blocks(cfg))
+    out: dict[str, tuple[str, int]] = {}
+    for name in expected_shapes(cfg):
+        fused = fam.fused(cfg, name) if fam.fused is not None else None
+        if fused:
+            out.update({g: (name, k) for k, g in enumerate(fused)})
+            continue
+        hub = fam.hub(cfg, name) if fam.hub is not None else name
+        base, _, suffix = hub.rpartition(".")
         if suffix not in ("weight", "bias"):
-            base, suffix = hf_name, ""
+            base, suffix = hub, ""
         g = names.get_name(base)
         if g is not None:
-            out[g + (f".{suffix}" if suffix else "")] = hf_name
+            out[g + (f".{suffix}" if suffix else "")] = (name, 0)
     return out
+
+
+def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """Undo llama.cpp's Q/K row permutation (``LlamaModel.permute`` in convert_hf_to_gguf)."""
+    return w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def _convert(fam: GGUFFamily, name: str, w: np.ndarray, raw: dict[str, Any]) -> np.ndarray:
+    """Undo the converter's value transforms of the families mapped by us (see ``gguf_families``)."""
+    if fam.permute_qk and name.endswith((".attn_q.weight", ".attn_q.bias")):
+        w = _unpermute(w, int(raw["num_attention_heads"]))
+    elif fam.permute_qk and name.endswith((".attn_k.weight", ".attn_k.bias")):
+        w = _unpermute(w, int(raw["num_key_value_heads"]))
+    elif name.endswith(".ssm_a"):  # stored A = -exp(A_log)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            w = np.log(-w)
+    return w
 
 
 def load_gguf(
@@ -104,22 +176,33 @@ def load_gguf(
 
     path = Path(path).expanduser()
     reader = _open(path)
+    fam = _family(reader)
     raw_cfg = gguf_hf_config(reader)
     cfg = HybridConfig.from_hf(raw_cfg)
-    arch = raw_cfg["model_type"]
-    mapping = _name_map(arch, cfg)
-    processor = TENSOR_PROCESSORS.get(arch, TensorProcessor)(config=raw_cfg)
-    tensors: dict[str, torch.Tensor] = {}
+    mapping = _name_map(fam, cfg)
+    contract = {g: n for g, (n, _) in mapping.items()}
+    processor = TENSOR_PROCESSORS.get(fam.arch, TensorProcessor)(config=raw_cfg) if fam.config is None else None
+    parts: dict[str, dict[int, np.ndarray]] = {}
     for rt in reader.tensors:
+        target = mapping.get(rt.name)
+        if target is None:
+            continue
         try:
             w = dequantize(rt.data, rt.tensor_type)
         except NotImplementedError as e:
             raise WeightsError(f"{path}: tensor {rt.name} uses an unsupported quantization ({e})") from e
-        res = processor.process(weights=w, name=rt.name, tensor_key_mapping=mapping, parsed_parameters={})
-        name = mapping.get(res.name)
-        if name is None:
-            continue
-        t = torch.from_numpy(np.array(res.weights, dtype=np.float32, order="C", copy=True))
+        if processor is not None:
+            w = processor.process(weights=w, name=rt.name, tensor_key_mapping=contract, parsed_parameters={}).weights
+        parts.setdefault(target[0], {})[target[1]] = _convert(fam, rt.name, np.asarray(w, dtype=np.float32), raw_cfg)
+    shapes = expected_shapes(cfg)
+    tensors: dict[str, torch.Tensor] = {}
+    for name, by_index in parts.items():
+        arrays = [by_index[k] for k in sorted(by_index)]
+        w = arrays[0] if len(arrays) == 1 else np.concatenate(arrays, axis=1)
+        t = torch.from_numpy(np.array(w, dtype=np.float32, order="C", copy=True))
+        want = shapes[name]
+        if tuple(t.shape) != want and name.endswith(_RESHAPED) and t.numel() == int(np.prod(want)):
+            t = t.reshape(want)
         tensors[name] = t.to(device=device, dtype=dtype or torch.float32)
     validate_state_dict(cfg, tensors, where=str(path))
     return cfg, raw_cfg, tensors

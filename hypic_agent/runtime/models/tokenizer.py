@@ -84,7 +84,13 @@ def load_tokenizer(source: ModelSource | str | Path) -> Any:
         try:
             return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
         except Exception as e:  # gguf reader / tokenizer conversion errors
-            raise ModelConfigError(f"cannot read the tokenizer embedded in {path}: {e}") from e
+            first = e
+        try:  # architectures transformers' GGUF config reader lacks (Granite 4, Nemotron-H): the tokenizer alone
+            from transformers import PreTrainedTokenizerFast
+
+            return PreTrainedTokenizerFast.from_pretrained(str(path.parent), gguf_file=path.name)
+        except Exception:
+            raise ModelConfigError(f"cannot read the tokenizer embedded in {path}: {first}") from first
     if path.is_dir():
         try:
             return AutoTokenizer.from_pretrained(str(path), local_files_only=True)

@@ -1,0 +1,307 @@
+"""Per-architecture GGUF conventions: metadata -> HF config dict, our tensor names -> GGUF names.
+
+Each ``GGUFFamily`` inverts what llama.cpp's ``convert_hf_to_gguf.py`` does for one architecture:
+
+* ``llama`` and ``lfm2``: the metadata table is transformers' (``GGUF_CONFIG_MAPPING``) plus the
+  fix-ups transformers' own GGUF loader applies (LFM2: the per-layer ``attention.head_count_kv``
+  array marks attention layers, ``feed_forward_length`` is the already adjusted width); tensor
+  values go through transformers' tensor processors (llama's Q/K row permutation undone, LFM2's
+  squeezed short-conv kernel ``[D, L]`` unsqueezed).
+* ``granitehybrid`` (Granite 4, our ``granitemoehybrid``) and ``nemotron_h``: no transformers
+  table, so the metadata mapping is ours (``ssm.*`` keys, per-layer ``head_count_kv`` /
+  ``feed_forward_length`` arrays telling attention, SSM and MLP blocks apart, the Granite scales);
+  the SSM tensors are stored as the converter writes them (``A = -exp(A_log)`` as ``[H, 1]``,
+  ``D`` as ``[H, 1]``, ``dt_bias`` as ``ssm_dt.bias``, the conv kernel squeezed to ``[C, W]``, the
+  gated norm as ``[G, inner / G]``) and attention Q/K rows llama-permuted (``undo_permute``).
+
+Tensor names: our contract name -> the checkpoint ("hub") name the converter reads -> gguf-py's
+``TensorNameMap`` for the architecture; the few tensors the converter splits (Granite's fused expert
+``input_linear``) are named through gguf-py's ``TENSOR_NAMES`` directly.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from hypic_agent.errors import ModelConfigError
+from hypic_agent.runtime.models.config import HybridConfig
+
+
+@dataclass
+class GGUFMeta:
+    """What the family mappings read from an open GGUF file: metadata values (``{arch}.`` keys
+    by their suffix) and the logical (numpy) shape of every tensor."""
+
+    arch: str
+    fields: dict[str, Any]
+    shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """``{arch}.<key>`` (``general.*`` / ``tokenizer.*`` keys are passed in full)."""
+        full = key if key.startswith(("general.", "tokenizer.")) else f"{self.arch}.{key}"
+        v = self.fields.get(full)
+        return default if v is None else v
+
+    def require(self, key: str) -> Any:
+        v = self.get(key)
+        if v is None:
+            raise ModelConfigError(f"GGUF ({self.arch}) lacks the metadata key {self.arch}.{key}", param="model")
+        return v
+
+    def has(self, tensor: str) -> bool:
+        return tensor in self.shapes
+
+
+def per_layer(value: Any, n: int) -> list[int]:
+    """A per-layer array key (``head_count_kv``, ``feed_forward_length``): a list, or one scalar for all."""
+    if isinstance(value, list):
+        if len(value) != n:
+            raise ModelConfigError(f"GGUF per-layer array has {len(value)} entries for {n} blocks", param="model")
+        return [int(x) for x in value]
+    return [int(value)] * n
+
+
+def _common(meta: GGUFMeta) -> dict[str, Any]:
+    """Keys every family reads the same way: vocab, widths, eps, tokens, tying."""
+    out: dict[str, Any] = {
+        "hidden_size": int(meta.require("embedding_length")),
+        "tie_word_embeddings": not meta.has("output.weight"),
+        "bos_token_id": meta.get("tokenizer.ggml.bos_token_id"),
+        "eos_token_id": meta.get("tokenizer.ggml.eos_token_id"),
+        "pad_token_id": meta.get("tokenizer.ggml.padding_token_id"),
+    }
+    vocab = meta.get("vocab_size")
+    if vocab is None:
+        vocab = meta.shapes.get("token_embd.weight", (0,))[0]
+    out["vocab_size"] = int(vocab)
+    return out
+
+
+def _eps(meta: GGUFMeta) -> float:
+    """RMSNorm eps: the converter writes ``layer_norm_rms_epsilon`` or (configs naming it
+    ``layer_norm_epsilon``, as Nemotron-H's do) ``layer_norm_epsilon``."""
+    eps = meta.get("attention.layer_norm_rms_epsilon", meta.get("attention.layer_norm_epsilon", 1e-5))
+    return float(eps)
+
+
+def _mamba2(meta: GGUFMeta) -> tuple[int, int, int, int, int]:
+    """(heads, head dim, groups, state size, conv kernel) from the ``ssm.*`` keys."""
+    heads = int(meta.require("ssm.time_step_rank"))
+    inner = int(meta.require("ssm.inner_size"))
+    if heads <= 0 or inner % heads:
+        raise ModelConfigError(f"GGUF ssm.inner_size {inner} is not a multiple of ssm.time_step_rank {heads}")
+    groups = int(meta.require("ssm.group_count"))
+    return heads, inner // heads, groups, int(meta.require("ssm.state_size")), int(meta.require("ssm.conv_kernel"))
+
+
+# ---------------------------------------------------------------------------- metadata -> HF config
+def lfm2_config(meta: GGUFMeta, cfg: dict[str, Any]) -> dict[str, Any]:
+    """transformers' table gave ``cfg``; apply its LFM2 fix-ups (and the head width, eps key)."""
+    kv = per_layer(cfg.get("num_key_value_heads", 0), int(cfg["num_hidden_layers"]))
+    cfg["num_key_value_heads"] = max(kv)
+    cfg["layer_types"] = ["full_attention" if h > 0 else "conv" for h in kv]
+    cfg["block_auto_adjust_ff_dim"] = False  # feed_forward_length is the width after the rule
+    if "rms_norm_eps" in cfg:
+        cfg["norm_eps"] = cfg.pop("rms_norm_eps")
+    key_length = meta.get("attention.key_length")
+    if key_length is not None:
+        cfg["head_dim"] = int(key_length)
+    cfg["conv_bias"] = any(n.endswith("shortconv.in_proj.bias") for n in meta.shapes)
+    return cfg
+
+
+def granite_config(meta: GGUFMeta) -> dict[str, Any]:
+    """``granitehybrid`` metadata -> a ``granitemoehybrid`` config.json dict."""
+    n = int(meta.require("block_count"))
+    heads = int(meta.require("attention.head_count"))
+    kv = per_layer(meta.get("attention.head_count_kv", 0), n)
+    hidden = int(meta.require("embedding_length"))
+    m_heads, _, groups, state, kernel = _mamba2(meta)
+    inner = int(meta.require("ssm.inner_size"))
+    if inner % hidden:
+        raise ModelConfigError(f"GGUF ssm.inner_size {inner} is not a multiple of embedding_length {hidden}")
+    experts = int(meta.get("expert_count", 0) or 0)
+    shared = meta.get("expert_shared_feed_forward_length")
+    if shared is None:  # dense: the shared MLP is the layer's MLP (ffn_gate rows)
+        gate = next((s for k, s in meta.shapes.items() if k.endswith("ffn_gate.weight")), None)
+        shared = gate[0] if gate else meta.get("feed_forward_length", 0)
+    use_rope = bool(meta.get("rope.scaling.finetuned", False))
+    attn = [i for i in range(n) if kv[i] > 0]
+    cfg: dict[str, Any] = {
+        "model_type": "granitemoehybrid",
+        **_common(meta),
+        "num_hidden_layers": n,
+        "layer_types": ["attention" if kv[i] > 0 else "mamba" for i in range(n)],
+        "num_attention_heads": heads,
+        "num_key_value_heads": max(kv) if attn else heads,
+        "head_dim": int(meta.get("attention.key_length", hidden // heads)),
+        "max_position_embeddings": int(meta.get("context_length", 2048)),
+        "rms_norm_eps": _eps(meta),
+        "attention_bias": any(k.endswith("attn_q.bias") for k in meta.shapes),
+        "position_embedding_type": "rope" if use_rope else None,
+        "rope_theta": float(meta.get("rope.freq_base", 10000.0)),
+        "mamba_n_heads": m_heads,
+        "mamba_n_groups": groups,
+        "mamba_d_state": state,
+        "mamba_d_conv": kernel,
+        "mamba_expand": inner // hidden,
+        "mamba_conv_bias": any(k.endswith("ssm_conv1d.bias") for k in meta.shapes),
+        "mamba_proj_bias": any(k.endswith("ssm_in.bias") for k in meta.shapes),
+        "num_local_experts": experts,
+        "num_experts_per_tok": int(meta.get("expert_used_count", 0) or 0),
+        "intermediate_size": int(meta.get("feed_forward_length", 0) or 0),  # per expert
+        "shared_intermediate_size": int(shared),
+        "attention_multiplier": float(meta.get("attention.scale", 1.0)),
+        "embedding_multiplier": float(meta.get("embedding_scale", 1.0)),
+        "residual_multiplier": float(meta.get("residual_scale", 1.0)),
+        "logits_scaling": float(meta.get("logit_scale", 1.0)),
+    }
+    return cfg
+
+
+def nemotron_config(meta: GGUFMeta) -> dict[str, Any]:
+    """``nemotron_h`` metadata -> a config.json dict; the block pattern (``M`` Mamba2, ``*`` attention,
+    ``-`` MLP) is read off the per-block ``head_count_kv`` and ``feed_forward_length`` arrays, as
+    llama.cpp does (a block with neither is recurrent)."""
+    n = int(meta.require("block_count"))
+    kv = per_layer(meta.get("attention.head_count_kv", 0), n)
+    ff = per_layer(meta.get("feed_forward_length", 0), n)
+    heads = max(per_layer(meta.require("attention.head_count"), n))
+    hidden = int(meta.require("embedding_length"))
+    m_heads, m_head_dim, groups, state, kernel = _mamba2(meta)
+    pattern = "".join("*" if kv[j] > 0 else "-" if ff[j] > 0 else "M" for j in range(n))
+    return {
+        "model_type": "nemotron_h",
+        **_common(meta),
+        "num_hidden_layers": n,
+        "hybrid_override_pattern": pattern,
+        "num_attention_heads": heads,
+        "num_key_value_heads": max(kv) if max(kv) > 0 else heads,
+        "head_dim": int(meta.get("attention.key_length", hidden // heads)),
+        "max_position_embeddings": int(meta.get("context_length", 4096)),
+        "layer_norm_epsilon": _eps(meta),
+        "attention_bias": any(k.endswith("attn_q.bias") for k in meta.shapes),
+        "mlp_bias": any(k.endswith("ffn_up.bias") for k in meta.shapes),
+        "mamba_num_heads": m_heads,
+        "mamba_head_dim": m_head_dim,
+        "n_groups": groups,
+        "ssm_state_size": state,
+        "conv_kernel": kernel,
+        "use_conv_bias": any(k.endswith("ssm_conv1d.bias") for k in meta.shapes),
+        "mamba_proj_bias": any(k.endswith("ssm_in.bias") for k in meta.shapes),
+        "use_bias": any(k.endswith("ssm_out.bias") for k in meta.shapes),
+        "intermediate_size": max(ff),
+    }
+
+
+# ---------------------------------------------------------------------------- contract -> hub names
+_LAYER = re.compile(r"^model\.layers\.(\d+)\.([a-z_]+)\.(.+)$")
+
+
+def lfm2_hub(cfg: HybridConfig, name: str) -> str:
+    if name == "model.norm.weight":  # LFM2's final norm is called embedding_norm (-> token_embd_norm)
+        return "model.embedding_norm.weight"
+    return name.replace(".linear_attn.", ".conv.")
+
+
+def _mamba_leaf(leaf: str) -> str:
+    """The converter renames ``dt_bias`` to ``dt_proj.bias`` (-> ``ssm_dt.bias``)."""
+    return "dt_proj.bias" if leaf == "dt_bias" else leaf
+
+
+_GRANITE_FUSED = re.compile(
+    r"^model\.layers\.(\d+)\.mlp\.(experts\.gate_up_proj|experts\.down_proj|shared_expert\.(?:gate|up|down)_proj)"
+)
+_GRANITE_MLP = {"gate.weight": "block_sparse_moe.router.layer.weight"}
+
+
+def granite_hub(cfg: HybridConfig, name: str) -> str:
+    m = _LAYER.match(name)
+    if m is None:
+        return name
+    pre, block, leaf = f"model.layers.{m[1]}.", m[2], m[3]
+    if block == "linear_attn":
+        return pre + "mamba." + _mamba_leaf(leaf)
+    if block == "mlp" and leaf in _GRANITE_MLP:
+        return pre + _GRANITE_MLP[leaf]
+    return name
+
+
+def nemotron_hub(cfg: HybridConfig, name: str) -> str:
+    top = {
+        "model.embed_tokens.weight": "backbone.embeddings.weight",
+        "model.norm.weight": "backbone.norm_f.weight",
+    }
+    if name in top:
+        return top[name]
+    m = _LAYER.match(name)
+    if m is None:
+        return name
+    mixer_block, ffn_block = cfg.hf_blocks[int(m[1])]
+    block, leaf = m[2], m[3]
+    if block in ("mlp", "post_attention_layernorm"):
+        j = ffn_block
+        leaf = "norm." + leaf if block == "post_attention_layernorm" else "mixer." + leaf
+    else:
+        j = mixer_block
+        leaf = "norm." + leaf if block == "input_layernorm" else "mixer." + _mamba_leaf(leaf)
+    return f"backbone.layers.{j}.{leaf}"
+
+
+def granite_fused(cfg: HybridConfig, name: str) -> tuple[str, ...] | None:
+    """Granite MoE tensors named through gguf-py's ``TENSOR_NAMES`` (the converter splits the fused
+    expert ``input_linear [E, 2I, D]`` into gate and up: concatenated back along dim 1)."""
+    from gguf import MODEL_TENSOR, TENSOR_NAMES
+
+    m = _GRANITE_FUSED.match(name)
+    if m is None:
+        return None
+    kinds: tuple[MODEL_TENSOR, ...] = {
+        "experts.gate_up_proj": (MODEL_TENSOR.FFN_GATE_EXP, MODEL_TENSOR.FFN_UP_EXP),
+        "experts.down_proj": (MODEL_TENSOR.FFN_DOWN_EXP,),
+        "shared_expert.gate_proj": (MODEL_TENSOR.FFN_GATE_SHEXP,),
+        "shared_expert.up_proj": (MODEL_TENSOR.FFN_UP_SHEXP,),
+        "shared_expert.down_proj": (MODEL_TENSOR.FFN_DOWN_SHEXP,),
+    }[m[2]]
+    return tuple(TENSOR_NAMES[k].format(bid=int(m[1])) + ".weight" for k in kinds)
+
+
+@dataclass(frozen=True)
+class GGUFFamily:
+    """One GGUF architecture we load. ``config``: metadata -> HF config dict (None: transformers'
+    ``GGUF_CONFIG_MAPPING`` table, then ``fixup``); ``hub``: our tensor name -> the checkpoint name
+    llama.cpp's converter reads (then gguf-py's name map); ``fused``: names split into several GGUF
+    tensors; ``permute_qk``: Q/K rows llama-permuted by the converter and undone here (families
+    without a transformers tensor processor)."""
+
+    arch: str  # general.architecture
+    model_type: str
+    gguf_arch: str  # gguf-py's MODEL_ARCH member name
+    config: Callable[[GGUFMeta], dict[str, Any]] | None = None
+    fixup: Callable[[GGUFMeta, dict[str, Any]], dict[str, Any]] | None = None
+    hub: Callable[[HybridConfig, str], str] | None = None
+    fused: Callable[[HybridConfig, str], tuple[str, ...] | None] | None = None
+    permute_qk: bool = False
+
+
+GGUF_FAMILIES: dict[str, GGUFFamily] = {
+    f.arch: f
+    for f in (
+        GGUFFamily("llama", "llama", "LLAMA"),
+        GGUFFamily("lfm2", "lfm2", "LFM2", fixup=lfm2_config, hub=lfm2_hub),
+        GGUFFamily(
+            "granitehybrid",
+            "granitemoehybrid",
+            "GRANITE_HYBRID",
+            config=granite_config,
+            hub=granite_hub,
+            fused=granite_fused,
+            permute_qk=True,
+        ),
+        GGUFFamily("nemotron_h", "nemotron_h", "NEMOTRON_H", config=nemotron_config, hub=nemotron_hub, permute_qk=True),
+    )
+}
+"""GGUF ``general.architecture`` -> how to load it (see the module doc)."""
