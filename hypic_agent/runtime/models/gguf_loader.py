@@ -126,13 +126,13 @@ def _num_blocks(cfg: HybridConfig) -> int:
     return max([cfg.num_layers, *(max(b) + 1 for b in cfg.hf_blocks)])
 
 
-def _name_map(fam: GGUFFamily, cfg: HybridConfig) -> dict[str, tuple[str, int]]:
+def _name_map(fam: GGUFFamily, cfg: HybridConfig, shapes: dict[str, tuple[int, ...]]) -> dict[str, tuple[str, int]]:
     """GGUF tensor name -> (contract name, part index), for every tensor we expect."""
     from gguf import MODEL_ARCH, get_tensor_name_map
 
     names = get_tensor_name_map(MODEL_ARCH[fam.gguf_arch], _num_blocks(cfg))
     out: dict[str, tuple[str, int]] = {}
-    for name in expected_shapes(cfg):
+    for name in shapes:
         fused = fam.fused(cfg, name) if fam.fused is not None else None
         if fused:
             out.update({g: (name, k) for k, g in enumerate(fused)})
@@ -179,7 +179,8 @@ def load_gguf(
     fam = _family(reader)
     raw_cfg = gguf_hf_config(reader)
     cfg = HybridConfig.from_hf(raw_cfg)
-    mapping = _name_map(fam, cfg)
+    shapes = expected_shapes(cfg)
+    mapping = _name_map(fam, cfg, shapes)
     contract = {g: n for g, (n, _) in mapping.items()}
     processor = TENSOR_PROCESSORS.get(fam.arch, TensorProcessor)(config=raw_cfg) if fam.config is None else None
     parts: dict[str, dict[int, np.ndarray]] = {}
@@ -194,7 +195,6 @@ def load_gguf(
         if processor is not None:
             w = processor.process(weights=w, name=rt.name, tensor_key_mapping=contract, parsed_parameters={}).weights
         parts.setdefault(target[0], {})[target[1]] = _convert(fam, rt.name, np.asarray(w, dtype=np.float32), raw_cfg)
-    shapes = expected_shapes(cfg)
     tensors: dict[str, torch.Tensor] = {}
     for name, by_index in parts.items():
         arrays = [by_index[k] for k in sorted(by_index)]
