@@ -255,3 +255,22 @@ def test_family_gguf_serves_as_a_model_source(tmp_path: Path, arch: str) -> None
     tok = load_tokenizer(source)
     ids = tok("a   b", add_special_tokens=False)["input_ids"]
     assert ids == [97, 256, 32, 98] and tok.eos_token_id == 258
+
+
+def test_lfm2_layout_agrees_with_transformers_gguf_reader(tmp_path: Path) -> None:
+    """transformers reads LFM2 GGUFs itself: on our tiny file it gives transformers' very state dict,
+    so the layout written here (and read by ``load_gguf``) is the one its reader was built for."""
+    from transformers import AutoModelForCausalLM
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    from hypic_agent.runtime.models.tiny import hf_config_object
+
+    path = tmp_path / "lfm2.gguf"
+    write_family_gguf(path, "lfm2")
+    with torch.device("meta"):
+        hf = AutoModelForCausalLM.from_config(hf_config_object(load_gguf_checkpoint(str(path))["config"]))
+    theirs = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=hf)["tensors"]
+    cfg, _, ours = load_gguf(path)
+    assert set(to_contract(cfg, theirs)) == set(ours)
+    for k, v in to_contract(cfg, theirs).items():
+        assert torch.equal(v.float(), ours[k]), k
