@@ -63,7 +63,7 @@ def _hub_names(arch: str, sd: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
     return out
 
 
-def _metadata(w: Any, arch: str, d: dict[str, Any], n_blocks: int) -> None:
+def _metadata(w: Any, arch: str, d: dict[str, Any], n_blocks: int, rope: bool = False) -> None:
     """The keys ``set_gguf_parameters`` of LFM2Model / GraniteHybridModel / NemotronHModel write."""
     w.add_block_count(n_blocks)
     w.add_embedding_length(d["hidden_size"])
@@ -82,7 +82,7 @@ def _metadata(w: Any, arch: str, d: dict[str, Any], n_blocks: int) -> None:
         w.add_shortconv_l_cache(d["conv_L_cache"])
         return
     w.add_context_length(2**20)  # no RoPE: the converter's arbitrary length
-    w.add_rope_scaling_finetuned(False)
+    w.add_rope_scaling_finetuned(rope)  # True only for a converted Bamba
     heads, groups = (d["mamba_n_heads"], d["mamba_n_groups"]) if arch == "granitemoehybrid" else (0, d["n_groups"])
     if arch == "granitemoehybrid":
         attn = [i for i, t in enumerate(d["layer_types"]) if t == "attention"]
@@ -155,7 +155,7 @@ def _tensors(arch: str, d: dict[str, Any], hub: dict[str, np.ndarray], n_blocks:
 
 
 def write_family_gguf(
-    path: Path, arch: str, *, q8: bool = False, seed: int = 0, **overrides: Any
+    path: Path, arch: str, *, q8: bool = False, seed: int = 0, rope: bool = False, **overrides: Any
 ) -> tuple[Any, dict[str, Any]]:
     """Write the tiny ``arch`` model as a GGUF; returns (our model from transformers' weights, HF config).
     ``q8``: 2-D projection weights stored as Q8_0 (norms, SSM vectors, conv kernels stay F32 as
@@ -164,7 +164,7 @@ def write_family_gguf(
     n_blocks = len(d["hybrid_override_pattern"]) if arch == "nemotron_h" else d["num_hidden_layers"]
     w = gguf.GGUFWriter(str(path), gguf.MODEL_ARCH_NAMES[gguf.MODEL_ARCH[GGUF_ARCH[arch]]])
     w.add_name(f"tiny-{arch}")
-    _metadata(w, arch, d, n_blocks)
+    _metadata(w, arch, d, n_blocks, rope)
     _tokenizer(w)
     for name, v in _tensors(arch, d, _hub_names(arch, sd), n_blocks):
         if q8 and v.ndim >= 2 and v.shape[-1] % 32 == 0 and "conv" not in name and "ssm_norm" not in name:
@@ -224,6 +224,14 @@ def test_family_gguf_q8_0_close_to_hf_weights(tmp_path: Path, arch: str) -> None
     want, got = _logits(ref, ids), _logits(model, ids)
     err = (got - want).abs().max().item()
     assert 0 < err <= 0.02 * (want.max() - want.min()).item()
+
+
+def test_granitehybrid_with_rope_is_refused(tmp_path: Path) -> None:
+    """``granitehybrid`` with ``rope.scaling.finetuned`` is a converted Bamba, not a Granite 4."""
+    path = tmp_path / "bamba.gguf"
+    write_family_gguf(path, "granitemoehybrid", rope=True)
+    with pytest.raises(ModelConfigError, match="Bamba"):
+        load_gguf(path)
 
 
 def test_unsupported_arch_names_the_supported_ones(tmp_path: Path) -> None:

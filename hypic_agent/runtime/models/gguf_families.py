@@ -128,7 +128,12 @@ def granite_config(meta: GGUFMeta) -> dict[str, Any]:
     if shared is None:  # dense: the shared MLP is the layer's MLP (ffn_gate rows)
         gate = next((s for k, s in meta.shapes.items() if k.endswith("ffn_gate.weight")), None)
         shared = gate[0] if gate else meta.get("feed_forward_length", 0)
-    use_rope = bool(meta.get("rope.scaling.finetuned", False))
+    if meta.get("rope.scaling.finetuned", False):  # the converter's mark of RoPE attention: Bamba
+        raise ModelConfigError(
+            "granitehybrid GGUF with RoPE attention (a converted Bamba model) is not supported; "
+            "Granite 4 (granitemoehybrid) attention has no RoPE",
+            param="model",
+        )
     attn = [i for i in range(n) if kv[i] > 0]
     cfg: dict[str, Any] = {
         "model_type": "granitemoehybrid",
@@ -141,8 +146,7 @@ def granite_config(meta: GGUFMeta) -> dict[str, Any]:
         "max_position_embeddings": int(meta.get("context_length", 2048)),
         "rms_norm_eps": _eps(meta),
         "attention_bias": any(k.endswith("attn_q.bias") for k in meta.shapes),
-        "position_embedding_type": "rope" if use_rope else None,
-        "rope_theta": float(meta.get("rope.freq_base", 10000.0)),
+        "position_embedding_type": None,
         "mamba_n_heads": m_heads,
         "mamba_n_groups": groups,
         "mamba_d_state": state,
