@@ -116,7 +116,9 @@ class MLAttention(FullAttention):
         """One rotated query per sequence ``[N, H, D]`` over its pages of rope keys ``[P, page, 1, rope]``
         and latents ``[P, page, 1, r]`` -> ``[N, H, D]``: the absorbed form in fp32, every sequence over
         the whole block-table width with the keys past ``context_lens`` masked (fixed shapes, no host
-        sync: capturable in a decode graph; a row with no context gets zeros)."""
+        sync, so a decode graph can capture it; not run on a GPU yet); a row with no context gets
+        zeros. It gathers ``[N, width * page, r]`` fp32 per layer: transient memory grows with batch x
+        block-table width, where the paged kernel reads pages in place."""
         n = block_table.shape[0]
         idx = block_table.long()
         kr = k_pages[idx].reshape(n, -1, self.rope).float()  # [N, S, rope]
