@@ -35,10 +35,11 @@ def _empty_states(model: HybridForCausalLM, device: torch.device, dtype: torch.d
             conv = torch.zeros(cfg.linear_conv_dim, cfg.linear_conv_kernel_dim - 1, device=device, dtype=dtype)
             out.append(LinearLayerState(rec, conv))
         else:
-            shape = (0, cfg.num_key_value_heads, cfg.head_dim)
+            k_row, v_row = cfg.attention_cache_rows
             out.append(
                 AttentionLayerState(
-                    torch.zeros(shape, device=device, dtype=dtype), torch.zeros(shape, device=device, dtype=dtype)
+                    torch.zeros(0, *k_row, device=device, dtype=dtype),
+                    torch.zeros(0, *v_row, device=device, dtype=dtype),
                 )
             )
     return out

@@ -25,8 +25,8 @@ class LinearLayerState:
 
 @dataclass
 class AttentionLayerState:
-    k: torch.Tensor  # [L, Hkv, D] rotated at positions 0..L-1
-    v: torch.Tensor  # [L, Hkv, D]
+    k: torch.Tensor  # [L, Hkv, D] rotated at positions 0..L-1 (MLA: rope keys [L, 1, rope])
+    v: torch.Tensor  # [L, Hkv, D] (MLA: latents [L, 1, kv_lora_rank])
 
     def nbytes(self) -> int:
         return self.k.nbytes + self.v.nbytes

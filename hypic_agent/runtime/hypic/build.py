@@ -63,7 +63,8 @@ def _carve(
 def _layer_dims(model: HybridForCausalLM) -> list[tuple[tuple[int, ...], ...]]:
     """Per layer the shapes an entry's tensors need: linear ``(T shape, S shape, conv tail shape)``
     (GDN ``[HV, K, K]``, Mamba2 ``[HV]``, short conv ``[0]`` / ``[0, 0, 0]``: ``HybridConfig.linear_pair_shapes``),
-    attention ``((Hkv, D),)`` (read once per batch: module attribute reads are slow in Python)."""
+    attention ``(key row, value row)``: ``(Hkv, D)`` twice, MLA ``(1, rope)`` and ``(1, r)`` (read once
+    per batch: module attribute reads are slow in Python)."""
     cfg = model.config
     t_shape, s_shape = cfg.linear_pair_shapes
     tail = (cfg.linear_conv_dim, cfg.linear_conv_kernel_dim - 1)
@@ -74,7 +75,7 @@ def _layer_dims(model: HybridForCausalLM) -> list[tuple[tuple[int, ...], ...]]:
         else:
             a = layer.self_attn
             assert a is not None
-            dims.append(((a.hkv, a.d),))
+            dims.append((a.k_row, a.v_row))
     return dims
 
 
@@ -89,9 +90,9 @@ class ColdBatch:
     ``seams[i]`` tokens at the start of segment i form its seam window; its body pair covers the
     rest. Segments must be non-empty; ``0 <= seams[i] <= len(segments[i])``. Linear layers' pairs
     ``T [HV, K, K]`` / ``S [HV, K, V]`` (``pair_dtype``), conv tails ``[C, W-1]`` and attention
-    layers' K/V ``[n, Hkv, D]`` are allocated here and filled when their layer runs. ``prep_ms``:
-    the host time of each part of this set-up (tables, seam split, entries, pair sinks), which the
-    GPU waits for when the batch is built inside a request.
+    layers' K/V ``[n, Hkv, D]`` (MLA: ``[n, 1, rope]``, ``[n, 1, r]``) are allocated here and filled
+    when their layer runs. ``prep_ms``: the host time of each part of this set-up (tables, seam split,
+    entries, pair sinks), which the GPU waits for when the batch is built inside a request.
     """
 
     def __init__(
@@ -157,8 +158,8 @@ class ColdBatch:
             if len(d) == 3:  # linear: T, S, conv tail
                 pair_shapes += [d[0], d[1]]
                 shapes.append(d[2])
-            else:  # attention: (Hkv, D)
-                shapes += [(n, *d[0]), (n, *d[0])]
+            else:  # attention: key row, value row
+                shapes += [(n, *d[0]), (n, *d[1])]
         pairs, rest = iter(_carve(pair_shapes, pair_dtype, dev)), iter(_carve(shapes, dtype, dev))
         return [
             LinearEntry(next(pairs), next(pairs), next(rest)) if len(d) == 3 else AttentionEntry(next(rest), next(rest))

@@ -142,8 +142,8 @@ def _attention(
     state); the bodies' keys and values by ``splice`` (None: from the entries)."""
     q = attn.rotate(q, lay.active_pos)
     k = attn.rotate(k, lay.active_pos)
-    k_full = k.new_empty(lay.total, attn.hkv, attn.d)
-    v_full = v.new_empty(lay.total, attn.hkv, attn.d)
+    k_full = k.new_empty(lay.total, *attn.k_row)  # MLA: rope keys and latents (rotation: rope dims only)
+    v_full = v.new_empty(lay.total, *attn.v_row)
     k_full[lay.active_pos] = k
     v_full[lay.active_pos] = v
     rot_pos = lay.body_pos if spec.rerotate else lay.body_local_pos

@@ -3,8 +3,10 @@
 For every linear layer: the body transition pair ``T [HV, K, K]``, ``S [HV, K, V]`` (fp32 by
 default) over tokens ``seam..n-1`` and the conv tail ``[C, W-1]`` (last W-1 conv inputs of the
 segment). For every attention layer: un-rotated keys and values ``[n, Hkv, D]`` of all n tokens
-(seam rows are replaced by fresh ones at reuse in ``hypic`` mode). The body covers the whole
-segment when ``seam == 0``.
+(seam rows are replaced by fresh ones at reuse in ``hypic`` mode); an MLA layer keeps its latent
+form instead: ``k`` the un-rotated shared rope key ``[n, 1, rope]``, ``v`` the normed latent
+``[n, 1, kv_lora_rank]`` (``HybridConfig.attention_cache_rows``; the model fingerprint names this
+layout, so such entries never meet expanded ones). The body covers the whole segment when ``seam == 0``.
 """
 
 from __future__ import annotations
@@ -25,8 +27,8 @@ class LinearEntry:
 
 @dataclass
 class AttentionEntry:
-    k: torch.Tensor  # [n, Hkv, D] un-rotated
-    v: torch.Tensor  # [n, Hkv, D]
+    k: torch.Tensor  # [n, Hkv, D] un-rotated (MLA: rope keys [n, 1, rope])
+    v: torch.Tensor  # [n, Hkv, D] (MLA: latents [n, 1, kv_lora_rank])
 
 
 @dataclass(frozen=True)

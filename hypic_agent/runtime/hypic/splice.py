@@ -12,6 +12,8 @@ entries' cached pointers (``SegmentEntry.splice_pointers``) and copied once:
 * ``values`` ``[L_attn, nb, 3]``: per attention layer, the bodies' values straight into their rows of
   the spliced ``[L, Hkv, D]``.
 
+(MLA layers: rope keys ``[.., 1, rope]`` and latents ``[.., 1, r]``; a key row and a value row differ.)
+
 The tables depend on the entries only through their pointers: a CUDA graph of the forward
 (``combine_graphs``) replays with ``refresh`` rewriting them in place. ``build`` returns None where
 pointers cannot be used (CPU without Triton, non-contiguous or mixed-dtype entries): the forward
@@ -38,7 +40,8 @@ class SpliceTables:
     values: torch.Tensor  # [L_attn, nb, 3]
     dtype: torch.dtype  # of the conv tails, keys and values
     conv_shape: tuple[int, int, int, int]  # (L_lin, P, C, W-1)
-    kv_row: tuple[int, int]  # (Hkv, D): one key row
+    k_row: tuple[int, int]  # (Hkv, D): one key row (MLA: (1, rope))
+    v_row: tuple[int, int]  # one value row (MLA: (1, r))
     body_rows: int  # Tb
     kv_max: int  # elements of the longest body (launch grid)
     attn_rows: dict[int, int]  # attention layer index -> its row of ``keys`` / ``values``
@@ -54,7 +57,7 @@ class SpliceTables:
         their un-rotated keys ``[Tb, Hkv, D]``."""
         row = self.attn_rows[li]
         gather_spans(self.values[row], v_full, self.kv_max)
-        kb = torch.empty(self.body_rows, *self.kv_row, dtype=self.dtype, device=v_full.device)
+        kb = torch.empty(self.body_rows, *self.k_row, dtype=self.dtype, device=v_full.device)
         return gather_spans(self.keys[row], kb, self.kv_max)
 
     def refresh(self, model: HybridForCausalLM, lay: CombineLayout, entries: list[SegmentEntry | None]) -> None:
@@ -66,7 +69,9 @@ class SpliceTables:
             refill_async(dev, host)
 
 
-def _shapes(model: HybridForCausalLM) -> tuple[list[int], list[int], tuple[int, int], tuple[int, int]]:
+def _shapes(
+    model: HybridForCausalLM,
+) -> tuple[list[int], list[int], tuple[int, int], tuple[tuple[int, int], tuple[int, int]]]:
     lin = [i for i, layer in enumerate(model.layers) if layer.linear_attn is not None]
     att = [i for i, layer in enumerate(model.layers) if layer.self_attn is not None]
     conv = (0, 0)
@@ -74,11 +79,11 @@ def _shapes(model: HybridForCausalLM) -> tuple[list[int], list[int], tuple[int, 
         mixer = model.layers[lin[0]].linear_attn
         assert mixer is not None
         conv = (mixer.conv_dim, mixer.kernel - 1)
-    kv = (0, 0)
+    kv = ((0, 0), (0, 0))
     if att:
         attn = model.layers[att[0]].self_attn
         assert attn is not None
-        kv = (attn.hkv, attn.d)
+        kv = (attn.k_row, attn.v_row)
     return lin, att, conv, kv
 
 
@@ -87,7 +92,7 @@ def _host_tables(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.dtype]:
     """The three tables on the host (``[L_lin * P, 3]``, ``[L_attn, nb, 3]`` twice) and the dtype.
     Raises ``ValueError`` where pointers cannot be used."""
-    lin, att, (C, W1), (hkv, d) = _shapes(model)
+    lin, att, (C, W1), (k_row, v_row) = _shapes(model)
     dtypes: set[torch.dtype] = set()
     ptrs: dict[int, torch.Tensor] = {}
     kvp: dict[int, torch.Tensor] = {}
@@ -108,20 +113,24 @@ def _host_tables(
     dst = torch.arange(len(lin) * P, dtype=torch.int64).view(len(lin), P) * conv_numel
     conv = torch.stack([src, dst, torch.full_like(src, conv_numel)], dim=-1).reshape(-1, 3)
     nb = len(lay.body_segments)
-    row = hkv * d
+    k_el, v_el = k_row[0] * k_row[1], v_row[0] * v_row[1]  # elements of one key / value row
     el = torch.empty(0, dtype=dtype).element_size()
     if nb:
         kv = torch.stack([kvp[s] for s in lay.body_segments], dim=1)  # [L_attn, nb, 2]
-        skip = torch.tensor(
-            [(entries[s].n_tokens - n) * row * el for s, n in zip(lay.body_segments, lay.body_lens, strict=True)],  # type: ignore[union-attr]
+        head = torch.tensor(
+            [entries[s].n_tokens - n for s, n in zip(lay.body_segments, lay.body_lens, strict=True)],  # type: ignore[union-attr]
             dtype=torch.int64,
-        )
-        numel = torch.tensor(lay.body_lens, dtype=torch.int64) * row
-        k_dst = torch.cumsum(numel, 0) - numel
-        v_dst = torch.tensor(lay.body_starts, dtype=torch.int64) * row
+        )  # seam rows before each body
+        lens = torch.tensor(lay.body_lens, dtype=torch.int64)
+        k_dst = (torch.cumsum(lens, 0) - lens) * k_el
+        v_dst = torch.tensor(lay.body_starts, dtype=torch.int64) * v_el
         n_att = len(att)
-        keys = torch.stack([kv[..., 0] + skip, k_dst.expand(n_att, nb), numel.expand(n_att, nb)], dim=-1)
-        values = torch.stack([kv[..., 1] + skip, v_dst.expand(n_att, nb), numel.expand(n_att, nb)], dim=-1)
+        keys = torch.stack(
+            [kv[..., 0] + head * k_el * el, k_dst.expand(n_att, nb), (lens * k_el).expand(n_att, nb)], dim=-1
+        )
+        values = torch.stack(
+            [kv[..., 1] + head * v_el * el, v_dst.expand(n_att, nb), (lens * v_el).expand(n_att, nb)], dim=-1
+        )
     else:
         keys = values = torch.zeros(len(att), 0, 3, dtype=torch.int64)
     return conv, keys.contiguous(), values.contiguous(), dtype
@@ -140,15 +149,16 @@ def build(
         return None
     if dtype != model.model.embed_tokens.weight.dtype:  # the activations the tails and bodies join
         return None
-    lin, att, conv_shape, kv = _shapes(model)
+    lin, att, conv_shape, (k_row, v_row) = _shapes(model)
     return SpliceTables(
         to_device_async(conv, device),
         to_device_async(keys, device),
         to_device_async(values, device),
         dtype,
         (len(lin), len(lay.piece_conv_from), *conv_shape),
-        kv,
+        k_row,
+        v_row,
         sum(lay.body_lens),
-        max(lay.body_lens, default=0) * kv[0] * kv[1],
+        max(lay.body_lens, default=0) * max(k_row[0] * k_row[1], v_row[0] * v_row[1]),
         {li: r for r, li in enumerate(att)},
     )

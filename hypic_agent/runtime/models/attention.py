@@ -3,7 +3,9 @@
 Covers Qwen3.5 / Qwen3-Next gated attention and plain Llama attention. Stages are exposed
 (``qkv`` / ``rotate`` / ``attend`` / ``output``) because HYPIC combine splices cached keys
 between them. Keys in a ``RequestState`` are stored rotated at their positions; a
-``SegmentEntry`` stores them un-rotated (``qkv`` output) so they can be placed anywhere.
+``SegmentEntry`` stores them un-rotated (``qkv`` output) so they can be placed anywhere. What is
+cached per token is ``qkv``'s k and v (rows ``k_row`` / ``v_row``): per-head K and V here, MLA's
+latent form in ``mla.MLAttention``, whose ``attend`` / ``paged_decode`` expand or absorb it.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ class FullAttention(nn.Module):
         self.theta = cfg.rope_theta
         self.scale = cfg.attention_scale if cfg.attention_scale is not None else self.d**-0.5
         self.backend = "auto"
+        self.k_row, self.v_row = cfg.attention_cache_rows  # (heads, width) of one cached key / value
         hidden, bias = cfg.hidden_size, cfg.attention_bias
         self.q_proj = nn.Linear(hidden, self.hq * self.d * (2 if self.gated else 1), bias=bias)
         self.k_proj = nn.Linear(hidden, self.hkv * self.d, bias=bias)
@@ -86,6 +89,22 @@ class FullAttention(nn.Module):
             scale=self.scale,
             backend=self.backend,
             keys_ascending=keys_ascending,
+        )
+
+    def paged_decode(
+        self,
+        q: torch.Tensor,
+        k_pages: torch.Tensor,
+        v_pages: torch.Tensor,
+        block_table: torch.Tensor,
+        context_lens: torch.Tensor,
+    ) -> torch.Tensor:
+        """One rotated query per sequence ``[N, Hq, D]`` over its pooled pages (``[P, page, *k_row]``,
+        ``[P, page, *v_row]``) through the block table -> ``[N, Hq, D]`` (the paged kernel)."""
+        from hypic_agent.kernels.paged_attention import paged_decode_attention
+
+        return paged_decode_attention(
+            q, k_pages, v_pages, block_table, context_lens, scale=self.scale, backend=self.backend
         )
 
     def output(self, o: torch.Tensor, gate: torch.Tensor | None) -> torch.Tensor:

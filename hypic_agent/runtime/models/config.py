@@ -183,6 +183,16 @@ class HybridConfig:
             return (hv, k, k), self.linear_state_shape
         return (hv,), self.linear_state_shape
 
+    @property
+    def attention_cache_rows(self) -> tuple[tuple[int, int], tuple[int, int]]:
+        """One token's cached attention key row and value row, ``(heads, width)`` each: per-head K and
+        V ``(Hkv, D)``; MLA (``models/mla.py``) its decoupled RoPE key ``(1, rope)`` and its latent
+        ``(1, kv_lora_rank)``, expanded to per-head K / V only when attention runs."""
+        if self.mla is not None:
+            return (1, self.mla.qk_rope_head_dim), (1, self.mla.kv_lora_rank)
+        kv = (self.num_key_value_heads, self.head_dim)
+        return kv, kv
+
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d.pop("extra", None)

@@ -11,7 +11,10 @@
   (whose init draws the weights); the weights are never read.
 
 Two models share a fingerprint only if they compute the same function at that dtype, so cached
-segment states can never be served across models.
+segment states can never be served across models. Where what an entry holds changed for a family
+without its config changing, the digest also covers that layout's name (``entry_layout``: MLA
+layers cache the latent form since ``mla-latent-v1``), so entries of an older layout get other
+keys and are never decoded as the new one.
 """
 
 from __future__ import annotations
@@ -38,9 +41,15 @@ def dtype_name(dtype: torch.dtype | str | None) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def _config_json(hf_config: HybridConfig | dict[str, Any]) -> tuple[str, str]:
+def entry_layout(cfg: HybridConfig) -> str:
+    """The name of the entry / pool layout this model's cached attention state has: ``""`` for per-head
+    K/V (digests as before), ``"mla-latent-v1"`` for MLA's rope key + latent (``models/mla.py``)."""
+    return "mla-latent-v1" if cfg.mla is not None else ""
+
+
+def _config_json(hf_config: HybridConfig | dict[str, Any]) -> tuple[str, str, str]:
     cfg = hf_config if isinstance(hf_config, HybridConfig) else HybridConfig.from_hf(hf_config)
-    return cfg.model_type, json.dumps(cfg.to_dict(), sort_keys=True, default=str)
+    return cfg.model_type, json.dumps(cfg.to_dict(), sort_keys=True, default=str), entry_layout(cfg)
 
 
 def tensor_digest(h: Any, name: str, t: torch.Tensor) -> None:
@@ -102,10 +111,12 @@ def model_fingerprint(
     """
     if (weights is None) == (seed is None):
         raise ValueError("model_fingerprint needs exactly one of `weights` and `seed`")
-    model_type, cfg_json = _config_json(hf_config)
+    model_type, cfg_json, layout = _config_json(hf_config)
     dt = dtype_name(dtype)
     h = xxhash.xxh3_128()
     h.update(f"{FORMAT}|{dt}|{cfg_json}|".encode())
+    if layout:
+        h.update(f"entries|{layout}|".encode())
     if seed is not None:  # random init depends on the transformers version too
         import transformers
 

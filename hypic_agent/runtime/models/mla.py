@@ -6,14 +6,21 @@ expands the latent to per-head ``k_nope`` and ``v``; a head's key is ``[k_nope |
 position encoding in Kimi Linear ("NoPE"); Ling 3 (``bailing_hybrid``) rotates the rope part of q and
 the shared key (DeepSeek's interleaved pairs) and gates each head's output by ``sigmoid(g_proj(x))``.
 
-The runtime stores per-head keys and values of one width (``head_dim = nope + rope``): values are
-zero-padded from ``v_head_dim`` and the output sliced back, so the pool, the entries and every
-attention kernel work unchanged (at the cost of caching the expanded K / V, not the latent).
+What is cached (entries, request states, the pool's pages) is the latent form: ``qkv`` returns as
+its "k" the shared rope key ``[T, 1, rope]`` and as its "v" the normed latent ``[T, 1, r]``
+(``HybridConfig.attention_cache_rows``), so the RoPE part is all that rotation touches: an entry's
+keys are re-rotated to their segment's offset like any attention key, on the rope dims only.
+``attend`` expands the latent through ``kv_b_proj`` into per-head keys and values of one width
+(``head_dim = nope + rope``: values zero-padded from ``v_head_dim``, the output sliced back) and runs
+the common attention; ``paged_decode`` runs decode in the absorbed form (``q_nope W_uk`` against the
+latent, ``W_uv`` after) over the gathered pages in torch: the paged Triton kernel does not serve it.
+Kimi-Linear-48B: 576 cached values per token and layer instead of 2 x 32 heads x 192.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from hypic_agent.runtime.models.attention import FullAttention
@@ -38,6 +45,7 @@ class MLAttention(FullAttention):
         self.rotary_dim = self.rope if cfg.rotary_dim else 0  # Ling 3: RoPE on the rope part (Kimi: NoPE)
         self.scale = self.d**-0.5
         self.backend = "auto"
+        self.k_row, self.v_row = cfg.attention_cache_rows  # (1, rope) and (1, r): the latent form
         self.q_norm = self.k_norm = None
         d = cfg.hidden_size
         if mla.q_lora_rank:
@@ -54,24 +62,80 @@ class MLAttention(FullAttention):
         self.g_proj = nn.Linear(d, self.hq, bias=False) if mla.head_gate else None
 
     def qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """x ``[T, D]`` -> q, k ``[T, H, nope + rope]``, v ``[T, H, nope + rope]`` (zero-padded), no gate."""
-        t = x.shape[0]
+        """x ``[T, D]`` -> q ``[T, H, nope + rope]``, the shared rope key ``[T, 1, rope]``, the normed
+        latent ``[T, 1, r]`` (what is cached), the head gate ``[T, H]`` or None."""
         q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x))) if self.q_lora else self.q_proj(x)
         latent, k_shared = torch.split(self.kv_a_proj_with_mqa(x), [self.rank, self.rope], dim=-1)
-        kv = self.kv_b_proj(self.kv_a_layernorm(latent)).view(t, self.hq, self.nope + self.v_dim)
-        k_nope, v = torch.split(kv, [self.nope, self.v_dim], dim=-1)
-        k_rope = k_shared[:, None, :].expand(t, self.hq, self.rope)
-        q = q.view(t, self.hq, self.d)
-        v = torch.nn.functional.pad(v, (0, self.d - self.v_dim))
+        latent = self.kv_a_layernorm(latent)[:, None, :]
+        q = q.view(x.shape[0], self.hq, self.d)
         gate = self.g_proj(x) if self.g_proj is not None else None
         if not self.rotary_dim:
-            return q, torch.cat([k_nope, k_rope], dim=-1), v, gate
+            return q, k_shared[:, None, :].contiguous(), latent, gate
         # RoPE'd: heads laid out [rope | nope] (a permutation of both q and k: same scores) with the rope
         # part de-interleaved, so the rotate-half RoPE on the first rotary dims = DeepSeek's interleaved one
         q_nope, q_rope = torch.split(q, [self.nope, self.rope], dim=-1)
         q = torch.cat([q_rope[..., 0::2], q_rope[..., 1::2], q_nope], dim=-1)
-        k = torch.cat([k_rope[..., 0::2], k_rope[..., 1::2], k_nope], dim=-1)
-        return q, k, v, gate
+        k = torch.cat([k_shared[:, 0::2], k_shared[:, 1::2]], dim=-1)[:, None, :]
+        return q, k, latent, gate
+
+    def expand(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Cached rope keys ``[T, 1, rope]`` (rotated where they are) and latents ``[T, 1, r]`` -> per-head
+        keys ``[T, H, nope + rope]`` (q's layout) and values ``[T, H, nope + rope]`` (zero-padded)."""
+        t = v.shape[0]
+        w = self.kv_b_proj.weight
+        kv = F.linear(v.reshape(t, self.rank).to(w.dtype), w).view(t, self.hq, self.nope + self.v_dim)
+        k_nope, values = torch.split(kv, [self.nope, self.v_dim], dim=-1)
+        k_rope = k.reshape(t, 1, self.rope).to(kv.dtype).expand(t, self.hq, self.rope)
+        keys = torch.cat([k_rope, k_nope] if self.rotary_dim else [k_nope, k_rope], dim=-1)
+        return keys, F.pad(values, (0, self.d - self.v_dim))
+
+    def attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        cu_seqlens_q: torch.Tensor,
+        cu_seqlens_k: torch.Tensor,
+        q_positions: torch.Tensor | None = None,
+        k_positions: torch.Tensor | None = None,
+        keys_ascending: bool = False,
+    ) -> torch.Tensor:
+        """Rotated q ``[Tq, H, D]`` over cached rope keys ``[Tk, 1, rope]`` and latents ``[Tk, 1, r]``
+        (expanded here) -> ``[Tq, H, D]``."""
+        keys, values = self.expand(k, v)
+        return super().attend(q, keys, values, cu_seqlens_q, cu_seqlens_k, q_positions, k_positions, keys_ascending)
+
+    def paged_decode(
+        self,
+        q: torch.Tensor,
+        k_pages: torch.Tensor,
+        v_pages: torch.Tensor,
+        block_table: torch.Tensor,
+        context_lens: torch.Tensor,
+    ) -> torch.Tensor:
+        """One rotated query per sequence ``[N, H, D]`` over its pages of rope keys ``[P, page, 1, rope]``
+        and latents ``[P, page, 1, r]`` -> ``[N, H, D]``: the absorbed form in fp32, every sequence over
+        the whole block-table width with the keys past ``context_lens`` masked (fixed shapes, no host
+        sync, so a decode graph can capture it; not run on a GPU yet); a row with no context gets
+        zeros. It gathers ``[N, width * page, r]`` fp32 per layer: transient memory grows with batch x
+        block-table width, where the paged kernel reads pages in place."""
+        n = block_table.shape[0]
+        idx = block_table.long()
+        kr = k_pages[idx].reshape(n, -1, self.rope).float()  # [N, S, rope]
+        lat = v_pages[idx].reshape(n, -1, self.rank).float()  # [N, S, r]
+        w = self.kv_b_proj.weight.float().view(self.hq, self.nope + self.v_dim, self.rank)
+        qf = q.float()
+        if self.rotary_dim:  # q's layout: [rope | nope] (RoPE'd) or [nope | rope] (NoPE)
+            q_rope, q_nope = qf[..., : self.rope], qf[..., self.rope :]
+        else:
+            q_rope, q_nope = qf[..., self.nope :], qf[..., : self.nope]
+        q_lat = torch.einsum("nhd,hdr->nhr", q_nope, w[:, : self.nope])
+        scores = torch.einsum("nhr,nsr->nhs", q_lat, lat) + torch.einsum("nhd,nsd->nhs", q_rope, kr)
+        valid = torch.arange(kr.shape[1], device=q.device)[None, :] < context_lens[:, None]
+        scores = (scores * self.scale).masked_fill(~valid[:, None, :], float("-inf"))
+        probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)
+        o = torch.einsum("nhr,hvr->nhv", torch.einsum("nhs,nsr->nhr", probs, lat), w[:, self.nope :])
+        return F.pad(o, (0, self.d - self.v_dim)).to(q.dtype)
 
     def output(self, o: torch.Tensor, gate: torch.Tensor | None) -> torch.Tensor:
         """o ``[T, H, nope + rope]`` (the padded value width), gate ``[T, H]`` or None -> ``[T, D]``."""

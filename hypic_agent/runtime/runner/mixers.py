@@ -5,8 +5,9 @@ Each mixer kind has two paths over a ``ForwardPlan``:
 * decode (every sequence one token): the linear layer's conv and recurrence step update the
   request's slot in place (``LinearMixer.decode_slots``: GDN's Triton kernel on CUDA, the other
   kinds' torch steps); attention writes the token's K/V into its page and attends over the
-  pages through the block table. Static shapes throughout, so a decode step can be replayed
-  from a CUDA graph (``decode_graphs.py``);
+  pages through the block table (MLA: the token's rope key and latent, attended in the absorbed
+  form). Static shapes throughout, so a decode step can be replayed from a CUDA graph
+  (``decode_graphs.py``);
 * extend (prefill chunks, or decode rows mixed with them): the varlen conv and the chunked
   recurrence start from the slots' states and write the final states back; attention writes the chunk's K/V
   into its pages and attends over each sequence's rows gathered from the pool.
@@ -54,12 +55,8 @@ def attention_mix(
     k_rows.index_copy_(0, plan.rows, k.to(k_rows.dtype))
     v_rows.index_copy_(0, plan.rows, v.to(v_rows.dtype))
     if plan.decode_only and plan.key_rows.numel() == 0:  # a paged plan (``plan_forward(paged=True)``)
-        from hypic_agent.kernels.paged_attention import paged_decode_attention
-
-        o = paged_decode_attention(
-            q, pool.k[j], pool.v[j], plan.block_table, plan.context_lens, scale=attn.scale, backend=attn.backend
-        )
-        return o, extra
+        # the paged kernel; MLA's latent pages: its absorbed torch path (``MLAttention.paged_decode``)
+        return attn.paged_decode(q, pool.k[j], pool.v[j], plan.block_table, plan.context_lens), extra
     keys = k_rows.index_select(0, plan.key_rows)
     values = v_rows.index_select(0, plan.key_rows)
     return attn.attend(q, keys, values, plan.cu_host, plan.cu_keys_host), extra

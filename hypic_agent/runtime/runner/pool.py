@@ -6,7 +6,9 @@ per token. Both live in tensors allocated once, so decoding allocates nothing an
 * linear layers: ``recurrent [L_lin, S+1, HV, K, V]`` fp32 and ``conv [L_lin, S+1, C, W-1]``, one
   *slot* per request (as SGLang's MambaPool);
 * attention layers: ``k, v [L_attn, P+1, page_size, Hkv, D]``, pages of ``page_size`` token rows;
-  a request holds a list of pages (its block table), keys stored rotated at their positions.
+  a request holds a list of pages (its block table), keys stored rotated at their positions. MLA
+  layers page their latent form instead (``HybridConfig.attention_cache_rows``): ``k`` the rotated
+  rope key ``[.., 1, rope]``, ``v`` the latent ``[.., 1, kv_lora_rank]``.
 
 Slot 0 and page 0 are scratch: the padding rows of a CUDA-graph batch point there, so a padded
 step never touches a live request's state. A request reserves the pages for its whole prompt and
@@ -79,9 +81,9 @@ class StatePool:
         # [HV, K, V] per slot for every linear kind ([0, 0, 0] for short conv: the conv is the state)
         self.recurrent = torch.zeros(n_lin, slots + 1, *cfg.linear_state_shape, device=device, dtype=torch.float32)
         self.conv = torch.zeros(n_lin, slots + 1, c, max(w - 1, 0), device=device, dtype=dtype)
-        kv_shape = (n_att, self.n_pages + 1, page_size, cfg.num_key_value_heads, cfg.head_dim)
-        self.k = torch.zeros(kv_shape, device=device, dtype=dtype)
-        self.v = torch.zeros(kv_shape, device=device, dtype=dtype)
+        k_row, v_row = cfg.attention_cache_rows
+        self.k = torch.zeros(n_att, self.n_pages + 1, page_size, *k_row, device=device, dtype=dtype)
+        self.v = torch.zeros(n_att, self.n_pages + 1, page_size, *v_row, device=device, dtype=dtype)
         self._free_slots = list(range(slots, 0, -1))  # pop() hands out low numbers first
         self._free_pages = list(range(self.n_pages, 0, -1))
         self._lock = threading.Lock()

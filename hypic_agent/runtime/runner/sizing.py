@@ -18,9 +18,10 @@ def bytes_per_slot(cfg: HybridConfig, dtype: torch.dtype) -> int:
 
 
 def bytes_per_token(cfg: HybridConfig, dtype: torch.dtype) -> int:
-    """Attention KV of one token over every attention layer."""
+    """Attention KV of one token over every attention layer (MLA: its latent form)."""
     n_att = sum(1 for k in cfg.layer_types if k != "linear")
-    return n_att * 2 * cfg.num_key_value_heads * cfg.head_dim * dtype.itemsize
+    (hk, dk), (hv, dv) = cfg.attention_cache_rows
+    return n_att * (hk * dk + hv * dv) * dtype.itemsize
 
 
 def free_device_memory(device: torch.device) -> int:
