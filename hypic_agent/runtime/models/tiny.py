@@ -22,6 +22,7 @@ import torch
 
 from hypic_agent.errors import ModelConfigError
 from hypic_agent.runtime.models.tiny_bailing import LING_TINY, RING_TINY, own_state_dict
+from hypic_agent.runtime.models.tiny_falcon import FALCON_TINY
 
 # vocab of ``tokenizer.tiny_tokenizer()``: 256 byte tokens + <|endoftext|>, <|im_start|>, <|im_end|>
 TINY_VOCAB_SIZE = 259
@@ -195,33 +196,8 @@ _CONFIGS: dict[str, dict[str, Any]] = {
         **{k: v for k, v in _COMMON.items() if k not in ("head_dim", "num_key_value_heads")},
         **LING_TINY,
     },
-    # Falcon-H1: 2 checkpoint layers (our 4: Mamba2 half, attention half, twice), each running Mamba2
-    # (4 heads x 32, d_state 16, 2 groups) and RoPE attention in parallel; every µP multiplier away from 1
-    "falcon_h1": {
-        "model_type": "falcon_h1",
-        **_COMMON,
-        "num_hidden_layers": 2,
-        "mamba_d_ssm": 128,
-        "mamba_n_heads": 4,
-        "mamba_d_head": 32,
-        "mamba_n_groups": 2,
-        "mamba_d_state": 16,
-        "mamba_d_conv": 4,
-        "mamba_chunk_size": 16,
-        "mamba_rms_norm": True,
-        "mamba_norm_before_gate": True,
-        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
-        "embedding_multiplier": 2.0,
-        "lm_head_multiplier": 0.5,
-        "key_multiplier": 0.8,
-        "attention_in_multiplier": 1.1,
-        "attention_out_multiplier": 0.9,
-        "ssm_in_multiplier": 1.2,
-        "ssm_out_multiplier": 0.7,
-        "ssm_multipliers": [0.9, 1.1, 0.8, 1.25, 0.6],
-        "mlp_multipliers": [1.3, 0.75],
-        "tie_word_embeddings": False,
-    },
+    # Falcon-H1: Mamba2 and attention in parallel in each of 2 checkpoint layers (``tiny_falcon``)
+    "falcon_h1": {"model_type": "falcon_h1", **_COMMON, **FALCON_TINY},
 }
 
 
