@@ -56,7 +56,8 @@ def test_profile_is_zero_without_context_change_and_deterministic():
 
 
 @pytest.mark.parametrize(
-    "arch", ["qwen3_5_text", "llama", "lfm2", "granitemoehybrid", "minimax", "kimi_linear", "bailing_moe_linear"]
+    "arch",
+    ["qwen3_5_text", "llama", "lfm2", "granitemoehybrid", "minimax", "kimi_linear", "bailing_moe_linear", "falcon_h1"],
 )
 def test_budget_covering_whole_segments_equals_full_recompute(arch):
     eng = engine(arch, 1.0)

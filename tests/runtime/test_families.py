@@ -1,5 +1,6 @@
-"""LFM2, Granite 4, Nemotron-H, MiniMax, Kimi Linear, Ring-linear and Ling 3 served as a user runs them: ``tiny:<arch>``
-through the loader, the engine (scheduler + runner over the state pool) and the HTTP API, in every mode."""
+"""LFM2, Granite 4, Nemotron-H, MiniMax, Kimi Linear, Ring-linear, Ling 3 and Falcon-H1 served as a user runs
+them: ``tiny:<arch>`` through the loader, the engine (scheduler + runner over the state pool) and the HTTP API,
+in every mode."""
 
 from __future__ import annotations
 
@@ -16,7 +17,10 @@ from hypic_agent.runtime.sampling import SamplingParams
 
 from .conftest import Plan, Seg, rand_tokens
 
-ARCHS = ["lfm2", "granitemoehybrid", "nemotron_h", "minimax", "kimi_linear", "bailing_moe_linear", "bailing_hybrid"]
+ARCHS = [
+    "lfm2", "granitemoehybrid", "nemotron_h", "minimax", "kimi_linear", "bailing_moe_linear", "bailing_hybrid",
+    "falcon_h1",
+]  # fmt: skip
 
 
 @pytest.fixture(scope="module", params=ARCHS)

@@ -165,7 +165,7 @@ def test_kda_dense_pairs_compose_to_the_one_pass_state_at_layer0():
     assert rel(add.layers[0].recurrent, full) > 0.2
 
 
-@pytest.mark.parametrize("arch", ["lfm2", "granitemoehybrid", "nemotron_h", "minimax", "kimi_linear"])
+@pytest.mark.parametrize("arch", ["lfm2", "granitemoehybrid", "nemotron_h", "minimax", "kimi_linear", "falcon_h1"])
 def test_entries_round_trip_through_the_store_and_the_worker_wire(arch):
     """Empty short-conv pairs and 1-D Mamba2 T survive safetensors-style dicts and the scatter wire."""
     from hypic_agent.runtime.hypic.entry import SegmentEntry

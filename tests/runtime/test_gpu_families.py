@@ -1,4 +1,4 @@
-"""GPU (H200, never in CI): LFM2, Granite 4, Nemotron-H, MiniMax, Kimi Linear, Ring-linear and Ling 3 on
+"""GPU (H200, never in CI): LFM2, Granite 4, Nemotron-H, MiniMax, Kimi Linear, Ring-linear, Ling 3 and Falcon-H1 on
 CUDA (``backend="fla"``: fla-core's ``chunk_kda`` / ``chunk_simple_gla`` for the linear layers' prefill and
 pairs, fla's pool-indexed KDA step and the Triton conv kernels in decode) vs the CPU torch reference:
 prefill, runner decode (decode graphs: the positions of a RoPE'd linear layer come from the captured
@@ -26,7 +26,10 @@ from hypic_agent.runtime.runner.runner import ModelRunner
 from .conftest import make_model, rand_tokens
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
-ARCHS = ["lfm2", "granitemoehybrid", "nemotron_h", "minimax", "kimi_linear", "bailing_moe_linear", "bailing_hybrid"]
+ARCHS = [
+    "lfm2", "granitemoehybrid", "nemotron_h", "minimax", "kimi_linear", "bailing_moe_linear", "bailing_hybrid",
+    "falcon_h1",
+]  # fmt: skip
 
 
 def _all_experts(arch: str) -> dict[str, int]:

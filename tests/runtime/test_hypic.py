@@ -39,7 +39,7 @@ def segments(lengths=(30, 41, 26), seed=0):
 
 
 @pytest.mark.parametrize(
-    "arch", ["qwen3_5_text", "qwen3_next", "llama", "lfm2", "granitemoehybrid", "nemotron_h", "minimax"]
+    "arch", ["qwen3_5_text", "qwen3_next", "llama", "lfm2", "granitemoehybrid", "nemotron_h", "minimax", "falcon_h1"]
 )
 def test_seam_covering_whole_segments_equals_full_recompute(arch):
     model, _, _ = make_model(arch)
@@ -176,7 +176,8 @@ def test_scan_tables_from_cached_entry_pointers_equal_the_chain_tables():
 
 
 @pytest.mark.parametrize(
-    "arch", ["qwen3_5_moe_text", "qwen3_next", "llama", "lfm2", "granitemoehybrid", "nemotron_h", "minimax"]
+    "arch",
+    ["qwen3_5_moe_text", "qwen3_next", "llama", "lfm2", "granitemoehybrid", "nemotron_h", "minimax", "falcon_h1"],
 )
 @pytest.mark.parametrize("fused_scan", [True, False])
 def test_cold_segments_built_inside_the_combine_equal_build_then_combine(arch, fused_scan):

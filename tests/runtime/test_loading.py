@@ -141,7 +141,7 @@ def test_error_no_config(tmp_path: Path) -> None:
         load_checkpoint(tmp_path)
 
 
-@pytest.mark.parametrize("model_type", ["mamba2", "zamba2", "falcon_h1", "glm5_next"])
+@pytest.mark.parametrize("model_type", ["mamba2", "zamba2", "jamba", "glm5_next"])
 def test_error_unknown_model_type_names_the_supported_ones(tmp_path: Path, model_type: str) -> None:
     (tmp_path / "config.json").write_text(json.dumps({"model_type": model_type}))
     with pytest.raises(ModelConfigError, match="unknown model_type") as e:
@@ -157,6 +157,7 @@ def test_error_unknown_model_type_names_the_supported_ones(tmp_path: Path, model
         "kimi_linear",
         "bailing_moe_linear",
         "bailing_hybrid",
+        "falcon_h1",
     ):
         assert repr(supported) in e.value.message
 

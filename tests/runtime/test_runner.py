@@ -23,7 +23,7 @@ def _runner(arch: str, slots: int = 4, kv_tokens: int = 512, page_size: int = 8)
     return model, pool, ModelRunner(model, pool)
 
 
-@pytest.mark.parametrize("arch", ["qwen3_5_text", "llama"])
+@pytest.mark.parametrize("arch", ["qwen3_5_text", "llama", "falcon_h1"])
 def test_chunked_prefill_equals_one_pass(arch):
     model, pool, runner = _runner(arch)
     toks = rand_tokens(45, 1)
@@ -41,7 +41,7 @@ def test_chunked_prefill_equals_one_pass(arch):
 
 
 @pytest.mark.parametrize("paged", [False, True])  # True: decode attends through the block table (twin on CPU)
-@pytest.mark.parametrize("arch", ["qwen3_5_text", "llama"])
+@pytest.mark.parametrize("arch", ["qwen3_5_text", "llama", "falcon_h1"])
 def test_batched_decode_equals_each_alone(arch, paged):
     model, pool, runner = _runner(arch)
     prompts = [rand_tokens(n, 10 + n) for n in (5, 17, 9)]

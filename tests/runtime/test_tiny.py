@@ -34,6 +34,7 @@ HF_CLASS = {
     "minimax": "MiniMaxForCausalLM",
     "kimi_linear": "KimiLinearForCausalLM",
     "bailing_hybrid": "BailingHybridForCausalLM",
+    "falcon_h1": "FalconH1ForCausalLM",
 }
 
 
@@ -79,6 +80,12 @@ def test_tiny_config_is_valid_transformers_config(arch: str) -> None:
         assert cfg.attention_layers == [2] and cfg.linear_kind == "kda" and cfg.kda_variant == "ling"
         assert cfg.rotary_dim == 8 and cfg.rope_theta == 10000.0 and cfg.mla is not None and cfg.mla.head_gate
         assert cfg.kda_lower_bound == -5.0 and cfg.router_groups == (2, 1) and cfg.linear_state_shape == (4, 16, 16)
+    elif arch == "falcon_h1":  # 2 checkpoint layers, each served as a Mamba2 half and an attention half
+        assert cfg.layer_types == ("linear", "attention") * 2 and cfg.linear_kind == "mamba2"
+        assert cfg.rotary_dim == 32 and cfg.linear_state_shape == (4, 16, 32) and cfg.ffn_layers == (False, True) * 2
+        assert cfg.attention_scale == pytest.approx(0.8 * 32**-0.5) and cfg.logits_scaling == 2.0
+        assert cfg.parallel is not None and cfg.parallel.ssm_norm == "norm_then_gate"
+        assert cfg.parallel.ssm_sections == (0.9, 1.1, 0.8, 1.25, 0.6) and len(hf.layers_block_type) == 2
     else:
         assert cfg.attention_layers == [3] and cfg.linear_layers == [0, 1, 2]
         assert (cfg.linear_num_key_heads, cfg.linear_num_value_heads) == (2, 4)
@@ -117,7 +124,8 @@ def test_random_state_dict_matches_transformers_names(arch: str) -> None:
     cfg = HybridConfig.from_hf(d)
     ours = to_contract(cfg, sd)  # renamed for lfm2 / granitemoehybrid, as it is elsewhere
     assert (ours is sd) == (
-        cfg.family not in ("lfm2", "granitemoehybrid", "nemotron_h", "minimax", "kimi_linear", "bailing_hybrid")
+        cfg.family
+        not in ("lfm2", "granitemoehybrid", "nemotron_h", "minimax", "kimi_linear", "bailing_hybrid", "falcon_h1")
     )
     assert {k: tuple(v.shape) for k, v in ours.items()} == expected_shapes(cfg)
     assert validate_state_dict(cfg, ours) == []

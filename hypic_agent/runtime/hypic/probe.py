@@ -59,5 +59,5 @@ def probe(
             o, _ = _attention(layer.self_attn, q, k, v, lay, entries, li, spec, None)  # type: ignore[arg-type]
             extra = xs[3:]
         h = layer.mixer_out(h, o, *extra)
-        hidden.append(h)
+        hidden.append(h[:, : model.config.hidden_size])  # the residual (a Falcon-H1 SSM half passes [h | x | m])
     return Probe(torch.stack(hidden), model.logits(h) if logits else None, lay.active_pos)

@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from hypic_agent.errors import ModelConfigError
+from hypic_agent.runtime.models.parallel_scales import ParallelScales
 
 LayerKind = Literal["linear", "attention"]
 # the token mixer of a model's linear (fixed-state) layers: Gated DeltaNet, LFM2's gated short
@@ -35,11 +36,15 @@ FAMILIES: dict[str, str] = {
     "kimi_linear": "kimi_linear",
     "bailing_moe_linear": "bailing_moe_linear",
     "bailing_hybrid": "bailing_hybrid",
+    "falcon_h1": "falcon_h1",
 }
 
 MIXER_KIND_FAMILIES: frozenset[str] = frozenset(
-    ("lfm2", "granitemoehybrid", "nemotron_h", "minimax", "kimi_linear", "bailing_moe_linear", "bailing_hybrid")
-)
+    (
+        "lfm2", "granitemoehybrid", "nemotron_h", "minimax", "kimi_linear", "bailing_moe_linear", "bailing_hybrid",
+        "falcon_h1",
+    )
+)  # fmt: skip
 """Families normalized in ``config_families`` whose tensor names come from ``keymap`` (shapes read off
 the model built on the meta device)."""
 
@@ -133,6 +138,9 @@ class HybridConfig:
     attention_residual: tuple[float, float] = (1.0, 1.0)
     mlp_residual: tuple[float, float] = (1.0, 1.0)
     moe_layers: tuple[bool, ...] = ()  # per layer: MoE block (True) or dense MLP (False)
+    # Falcon-H1: each checkpoint layer runs a Mamba2 and an attention mixer in parallel; served as two
+    # layers (``layer_types`` alternates linear / attention; ``parallel_layer``) with these multipliers
+    parallel: ParallelScales | None = None
     # tokens
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()

@@ -21,6 +21,7 @@ from typing import Any
 
 from hypic_agent.errors import ModelConfigError
 from hypic_agent.runtime.models.config import HybridConfig, LayerKind, eos_of, rope_of
+from hypic_agent.runtime.models.config_falcon import falcon_h1
 from hypic_agent.runtime.models.config_kimi import bailing_hybrid, kimi_linear
 from hypic_agent.runtime.models.config_ring import bailing_moe_linear
 
@@ -300,4 +301,5 @@ NORMALIZERS: dict[str, Callable[[dict[str, Any], str], HybridConfig]] = {
     "kimi_linear": kimi_linear,
     "bailing_moe_linear": bailing_moe_linear,
     "bailing_hybrid": bailing_hybrid,
+    "falcon_h1": falcon_h1,
 }

@@ -60,7 +60,8 @@ class DecoderLayer(nn.Module):
         else:
             self.self_attn = MLAttention(cfg) if cfg.mla is not None else FullAttention(cfg)
         self.mlp = build_mlp(cfg, idx)  # None: no feed-forward half (Nemotron-H mixer blocks without an MLP block)
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_zero_centered)
+        # an RMSNorm but in a parallel layer's attention half (``parallel_layer.CarriedInput``)
+        self.input_layernorm: nn.Module = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_zero_centered)
         self.post_attention_layernorm: RMSNorm | None = None
         if self.mlp is not None:
             self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_zero_centered)
@@ -108,11 +109,20 @@ class DecoderLayer(nn.Module):
         return self.feed_forward(self.residual(h, y))
 
 
+def build_layer(cfg: HybridConfig, idx: int) -> DecoderLayer:
+    """Our layer ``idx``: a ``DecoderLayer``, or half of a Falcon-H1 layer (``parallel_layer``)."""
+    if cfg.parallel is not None:
+        from hypic_agent.runtime.models.parallel_layer import parallel_half
+
+        return parallel_half(cfg, idx)
+    return DecoderLayer(cfg, idx)
+
+
 class Backbone(nn.Module):
     def __init__(self, cfg: HybridConfig) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList([DecoderLayer(cfg, i) for i in range(cfg.num_layers)])
+        self.layers = nn.ModuleList([build_layer(cfg, i) for i in range(cfg.num_layers)])
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_zero_centered)
 
 

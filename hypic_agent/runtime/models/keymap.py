@@ -5,8 +5,9 @@ mixer, ``self_attn.{q,k,v,o}_proj`` / ``q_norm`` / ``k_norm``, ``input_layernorm
 ``post_attention_layernorm``, ``mlp.{gate,up,down}_proj`` or ``mlp.{gate,experts,shared_expert}``,
 ``model.norm``). ``to_contract`` renames (and where a tensor is fused, splits) transformers' names
 of ``lfm2``, ``granitemoehybrid``, ``nemotron_h`` (whose blocks are regrouped into layers,
-``HybridConfig.hf_blocks``), ``minimax``, ``kimi_linear`` and Ring-linear's ``bailing_moe_linear`` (hub
-names) into it; names already in our naming pass through, so it is safe to apply twice. Other families are
+``HybridConfig.hf_blocks``), ``minimax``, ``kimi_linear``, Ring-linear's ``bailing_moe_linear`` (hub
+names) and ``falcon_h1`` (each checkpoint layer split into two of ours) into it; names already in our
+naming pass through, so it is safe to apply twice. Other families are
 returned as they are.
 """
 
@@ -187,8 +188,43 @@ def _ling(cfg: HybridConfig, tensors: dict[str, torch.Tensor]) -> dict[str, torc
     return _kimi(cfg, renamed)
 
 
+_FALCON_LAYER = re.compile(
+    r"^model\.layers\.(\d+)\.(input_layernorm|mamba|self_attn|pre_ff_layernorm|feed_forward)\.(.+)$"
+)
+_FALCON_HALF = {  # checkpoint module -> (which of our two layers, our module)
+    "input_layernorm": (0, "input_layernorm"),
+    "mamba": (0, "linear_attn"),
+    "self_attn": (1, "self_attn"),
+    "pre_ff_layernorm": (1, "post_attention_layernorm"),
+    "feed_forward": (1, "mlp"),
+}
+
+
+def _falcon(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Falcon-H1 checkpoint layer i -> our layers 2i (``input_layernorm``, ``mamba`` -> ``linear_attn``) and
+    2i+1 (``self_attn``, ``pre_ff_layernorm`` -> ``post_attention_layernorm``, ``feed_forward`` -> ``mlp``);
+    ``final_layernorm`` -> ``norm``; a stored ``mup_vector`` dropped (recomputed from the config). Both
+    namings share ``input_layernorm`` / ``self_attn``: a dict is in transformers' naming when it holds
+    one of its own names, else it passes through."""
+    if not any(".mamba." in k or ".feed_forward." in k or "final_layernorm" in k for k in tensors):
+        return tensors
+    out: dict[str, torch.Tensor] = {}
+    for k, v in tensors.items():
+        m = _FALCON_LAYER.match(k)
+        if k.endswith(".mup_vector"):
+            continue
+        if m is None:
+            out[k.replace("model.final_layernorm.", "model.norm.")] = v
+            continue
+        half, module = _FALCON_HALF[m[2]]
+        out[f"model.layers.{2 * int(m[1]) + half}.{module}.{m[3]}"] = v
+    return out
+
+
 def to_contract(cfg: HybridConfig, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """transformers' tensor names of ``cfg.family`` -> ours (see module doc)."""
+    if cfg.family == "falcon_h1":
+        return _falcon(tensors)
     if cfg.family == "bailing_moe_linear":
         return _ring(cfg, tensors)
     if cfg.family == "bailing_hybrid":

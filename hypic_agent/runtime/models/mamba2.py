@@ -87,9 +87,13 @@ class Mamba2Mixer(DecayMixer):
         """``[C, W]``"""
         return self.conv1d.weight.squeeze(1)
 
+    def project(self, x: torch.Tensor) -> torch.Tensor:
+        """x ``[T, D]`` -> ``in_proj(x)`` ``[T, inner + C + H]`` (z, xBC, dt; Falcon-H1 scales it)."""
+        return self.in_proj(x)
+
     def inputs(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """x ``[T, D]`` -> (xBC ``[T, C]`` before the conv, z ``[T, inner]``, g ``[T, H]`` fp32, dt ``[T, H]`` fp32)."""
-        z, xbc, dt = torch.split(self.in_proj(x), [self.inner, self.conv_dim, self.hv], dim=-1)
+        z, xbc, dt = torch.split(self.project(x), [self.inner, self.conv_dim, self.hv], dim=-1)
         dt = F.softplus(dt.float() + self.dt_bias.float())
         lo, hi = self.dt_limit
         if lo > 0.0 or hi < float("inf"):

@@ -28,6 +28,7 @@ BUILDERS: dict[str, Builder] = {
     "kimi_linear": HybridForCausalLM,
     "bailing_moe_linear": HybridForCausalLM,
     "bailing_hybrid": HybridForCausalLM,
+    "falcon_h1": HybridForCausalLM,
 }
 
 

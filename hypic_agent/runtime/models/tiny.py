@@ -22,6 +22,7 @@ import torch
 
 from hypic_agent.errors import ModelConfigError
 from hypic_agent.runtime.models.tiny_bailing import LING_TINY, RING_TINY, own_state_dict
+from hypic_agent.runtime.models.tiny_falcon import FALCON_TINY
 
 # vocab of ``tokenizer.tiny_tokenizer()``: 256 byte tokens + <|endoftext|>, <|im_start|>, <|im_end|>
 TINY_VOCAB_SIZE = 259
@@ -29,7 +30,7 @@ TINY_PAD_ID, TINY_BOS_ID, TINY_EOS_ID = 256, 257, 258
 
 TINY_ARCHS: tuple[str, ...] = (
     "qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "llama", "lfm2", "granitemoehybrid", "nemotron_h", "minimax",
-    "kimi_linear", "bailing_hybrid",
+    "kimi_linear", "bailing_hybrid", "falcon_h1",
 )  # fmt: skip
 ALIASES: dict[str, str] = {"qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text"}
 
@@ -195,6 +196,8 @@ _CONFIGS: dict[str, dict[str, Any]] = {
         **{k: v for k, v in _COMMON.items() if k not in ("head_dim", "num_key_value_heads")},
         **LING_TINY,
     },
+    # Falcon-H1: Mamba2 and attention in parallel in each of 2 checkpoint layers (``tiny_falcon``)
+    "falcon_h1": {"model_type": "falcon_h1", **_COMMON, **FALCON_TINY},
 }
 
 
