@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -61,3 +62,18 @@ class Plan:
     segments: list[Seg]
     suffix_ids: list[int] = field(default_factory=lambda: rand_tokens(5, 77))
     bos_id: int | None = None
+
+
+def write_stub_gguf(path: Path, arch: str) -> Path:
+    """A GGUF of architecture ``arch`` holding one 4x4 tensor (for the loader's refusals)."""
+    import gguf
+    import numpy as np
+
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_block_count(1)
+    w.add_tensor("token_embd.weight", np.zeros((4, 4), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path

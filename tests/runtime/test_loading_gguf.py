@@ -16,6 +16,8 @@ from hypic_agent.runtime.models.loading import load_weights
 from hypic_agent.runtime.models.tiny import random_state_dict, tiny_config
 from hypic_agent.runtime.models.tokenizer import _bytes_to_unicode, load_tokenizer
 
+from .conftest import write_stub_gguf
+
 gguf = pytest.importorskip("gguf")
 
 HF_TO_GGUF = {
@@ -139,14 +141,7 @@ def test_gguf_errors(tmp_path: Path) -> None:
     bad.write_bytes(b"not a gguf file at all")
     with pytest.raises(WeightsError, match="corrupt"):
         load_gguf(bad)
-    other = tmp_path / "mamba.gguf"
-    w = gguf.GGUFWriter(str(other), "mamba")
-    w.add_block_count(1)
-    w.add_tensor("token_embd.weight", np.zeros((4, 4), dtype=np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    other = write_stub_gguf(tmp_path / "mamba.gguf", "mamba")
     with pytest.raises(ModelConfigError, match="'mamba' is not supported"):
         load_gguf(other)
 

@@ -24,7 +24,7 @@ from hypic_agent.runtime.models.loading import load_weights
 from hypic_agent.runtime.models.registry import build_model
 from hypic_agent.runtime.models.tokenizer import _bytes_to_unicode, load_tokenizer
 
-from .conftest import make_model, rand_tokens
+from .conftest import make_model, rand_tokens, write_stub_gguf
 
 gguf = pytest.importorskip("gguf")
 
@@ -235,14 +235,7 @@ def test_granitehybrid_with_rope_is_refused(tmp_path: Path) -> None:
 
 
 def test_unsupported_arch_names_the_supported_ones(tmp_path: Path) -> None:
-    path = tmp_path / "kimi.gguf"
-    w = gguf.GGUFWriter(str(path), "kimi-linear")
-    w.add_block_count(1)
-    w.add_tensor("token_embd.weight", np.zeros((4, 4), dtype=np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    path = write_stub_gguf(tmp_path / "kimi.gguf", "kimi-linear")
     assert supported_archs() == ["granitehybrid", "lfm2", "llama", "nemotron_h"]
     with pytest.raises(
         ModelConfigError, match=r"'kimi-linear' is not supported \(supported: \['granitehybrid', 'lfm2'"
