@@ -1,0 +1,136 @@
+"""``seam="blend"``: scattered body tokens recomputed in the combine under the seam budget."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hypic_agent.runtime.forward import prefill
+from hypic_agent.runtime.hypic.auto_seams import SeamProfile
+from hypic_agent.runtime.hypic.blend import allocate_tokens, measure_tokens
+from hypic_agent.runtime.hypic.build import build_entries
+from hypic_agent.runtime.hypic.combine import combine
+from hypic_agent.runtime.hypic.layout import plan_layout
+from hypic_agent.runtime.hypic.modes import mode_spec, validate_seam
+from hypic_agent.runtime.hypic.probe import probe
+from hypic_agent.runtime.state import LinearLayerState
+
+from .conftest import Plan, make_model, rand_tokens
+from .test_auto_seams import docs, engine
+
+CPU = torch.device("cpu")
+
+
+def _prompt() -> tuple[list[tuple[int, ...]], list[int]]:
+    return [tuple(rand_tokens(n, i)) for i, n in enumerate((20, 17, 25))], rand_tokens(5, 9)
+
+
+def test_every_body_token_blended_is_the_one_pass_on_an_attention_model():
+    model, _, _ = make_model("llama")
+    segs, suffix = _prompt()
+    ref = prefill(model, [[t for s in segs for t in s] + suffix])[0].last_logits
+    seams = [4, 4, 4]
+    entries = build_entries(model, segs, seams)
+    every = [list(range(4, len(s))) for s in segs]
+    lay = plan_layout(segs, entries, seams, suffix, CPU, every)
+    starts = [0, 20, 37, 62]
+    assert lay.blend_pos == [p for i in range(3) for p in range(starts[i] + 4, starts[i + 1])]
+    got = combine(model, lay, entries, mode_spec("hypic"))
+    assert (got.last_logits.float() - ref.float()).abs().max().item() < 1e-4
+    # and a few of them move the logits towards it
+    spec = mode_spec("hypic")
+    base = combine(model, plan_layout(segs, entries, seams, suffix, CPU), entries, spec)
+    some = combine(model, plan_layout(segs, entries, seams, suffix, CPU, [[], [4, 5, 9], [4, 6, 20]]), entries, spec)
+    assert not torch.equal(some.last_logits, base.last_logits)
+
+
+def test_layout_rows_and_key_carry_the_blend_offsets():
+    model, _, _ = make_model("qwen3_5_text")
+    segs, suffix = _prompt()
+    entries = build_entries(model, segs, [3, 3, 3])
+    plain = plan_layout(segs, entries, [3, 3, 3], suffix, CPU)
+    lay = plan_layout(segs, entries, [3, 3, 3], suffix, CPU, [[], [5, 9], [3, 20]])
+    assert plain.piece_rows is None and plain.blend_rows is None
+    assert lay.active_pos.tolist() == [0, 1, 2, 20, 21, 22, 25, 29, 37, 38, 39, 40, 57, *range(62, 67)]
+    assert lay.blend_rows.tolist() == [6, 7, 11, 12] and lay.blend_pos == [25, 29, 40, 57]
+    assert torch.equal(lay.active_pos[lay.piece_rows], plain.active_pos)
+    assert lay.cu_host == plain.cu_host and lay.chain == plain.chain
+    assert lay.shape_key[: len(plain.shape_key)] == plain.shape_key and lay.shape_key != plain.shape_key
+    assert lay.blend_groups == [(3, 0, 2), (5, 2, 4)]  # the bodies of segments 1 and 2 in the chain
+
+
+def test_blend_rows_leave_the_hybrid_chain_alone():
+    """Linear layers below the first attention layer see only pieces and pairs: same states."""
+    model, _, _ = make_model("qwen3_5_text")
+    segs, suffix = _prompt()
+    entries = build_entries(model, segs, [3, 3, 3])
+    spec = mode_spec("hypic")
+    base = combine(model, plan_layout(segs, entries, [3, 3, 3], suffix, CPU), entries, spec)
+    lay = plan_layout(segs, entries, [3, 3, 3], suffix, CPU, [[], [5, 9], [3, 20]])
+    got = combine(model, lay, entries, spec)
+    first_attn = model.config.layer_types.index("attention")
+    for a, b in zip(base.layers[:first_attn], got.layers[:first_attn], strict=True):
+        assert isinstance(a, LinearLayerState) and isinstance(b, LinearLayerState)
+        assert torch.allclose(a.recurrent, b.recurrent, atol=1e-5) and torch.allclose(a.conv, b.conv, atol=1e-5)
+    rows = probe(model, lay, entries, spec)  # the probe runs the same rows: its last one is the logits
+    assert torch.allclose(rows.logits[-1], got.last_logits.float(), atol=1e-5)
+
+
+def test_allocate_tokens_takes_the_largest_deviation_and_respects_the_budget():
+    zero = SeamProfile((), 0.0)
+    p = SeamProfile((9.0, 1.0, 1.0, 5.0, 0.5, 7.0), 0.0)
+    q = SeamProfile((8.0, 6.0, 0.2, 0.2), 0.0)
+    plan = allocate_tokens([6, 6, 4], [zero, p, q], 5)
+    assert plan.seams == [0, 1, 2] and plan.offsets == [[], [3, 5], []]
+    assert plan.tokens() == 5
+    # a hybrid's seam covers the conv window: offset 0 comes with 1..floor-1
+    plan = allocate_tokens([6, 6, 4], [zero, p, q], 5, floor=3)
+    assert plan.seams == [0, 3, 0] and plan.offsets == [[], [5], [1]]
+    # uncacheable segments take nothing; the first (zero) only once the others are whole
+    assert allocate_tokens([6, 6, 4], [zero, None, q], 4).seams == [0, 0, 4]
+    assert allocate_tokens([6, 6, 4], [zero, p, q], 16).seams == [6, 6, 4]
+    for budget in range(17):
+        got = allocate_tokens([6, 6, 4], [zero, p, q], budget, floor=3)
+        assert got.tokens() <= budget
+        assert got == allocate_tokens([6, 6, 4], [zero, p, q], budget, floor=3)
+
+
+def test_token_profile_is_zero_without_context_and_covers_the_segment():
+    model, _, _ = make_model("qwen3_5_text")
+    seg = rand_tokens(70, 5)
+    assert measure_tokens(model, seg, []).dev == pytest.approx([0.0] * 70, abs=1e-5)
+    a = measure_tokens(model, seg, rand_tokens(6, 1))
+    assert len(a.dev) == 70 and max(a.dev) > 0 and a == measure_tokens(model, seg, rand_tokens(6, 1))
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3_5_text"])
+def test_budget_covering_every_token_equals_full_recompute(arch):
+    eng = engine(arch, 1.0)
+    plan = Plan(docs())
+    full = eng.prepare(plan, mode="full_recompute")
+    got = eng.prepare(plan, mode="hypic", seam="blend")
+    assert got.cached_tokens == 0 and all(u.id is None for u in got.segments)
+    assert (got.state.last_logits - full.state.last_logits).abs().max().item() < 1e-4
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3_5_text"])
+def test_blend_is_deterministic_and_inside_the_budget(arch):
+    eng = engine(arch, 0.2)
+    plan = Plan(docs())
+    p = eng.pieces(plan, mode="hypic", seam="blend")
+    seams, keys, blend = eng.seam_plan(p, "default")
+    assert blend is not None and seams[0] == 0 and blend[0] == []
+    total = sum(len(s) for s in p.segs)
+    assert 0 < sum(seams) + sum(map(len, blend)) <= int(0.2 * total)
+    if arch != "llama":
+        assert all(w == 0 or w >= 3 for w in seams)
+    assert eng.seam_plan(p, "default") == (seams, keys, blend)
+    a = eng.prepare(plan, mode="hypic", seam="blend")
+    b = eng.prepare(plan, mode="hypic", seam="blend")  # now from the cache
+    assert torch.equal(a.state.last_logits, b.state.last_logits)
+    recomputed = sum(seams) + sum(map(len, blend))
+    assert b.cached_tokens == total - recomputed
+
+
+def test_validate_seam_accepts_blend():
+    assert validate_seam("blend") == "blend"
