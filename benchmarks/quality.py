@@ -72,10 +72,11 @@ def recompute_fraction(engine: Engine, plan: PromptPlan, mode: str, seam: float 
         return float("nan")
     p = engine.pieces(plan, mode=mode, seam=seam)
     seams, keys, blend = engine.seam_plan(p, "default")
-    extra = blend or [[] for _ in seams]
     total = sum(len(s) for s in p.segs)
-    done = sum(len(s) if k is None else w + len(x) for s, w, k, x in zip(p.segs, seams, keys, extra, strict=True))
-    return done / max(1, total)
+    whole = sum(len(s) for s, k in zip(p.segs, keys, strict=True) if k is None)
+    if blend is not None:  # seams, picked body tokens and the scout (token equivalents)
+        return (whole + blend.recomputed([k is not None for k in keys])) / max(1, total)
+    return (whole + sum(w for w, k in zip(seams, keys, strict=True) if k is not None)) / max(1, total)
 
 
 def budget_of(label: str) -> float | None:

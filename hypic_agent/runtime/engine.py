@@ -28,7 +28,7 @@ from hypic_agent.runtime.forward import prefill
 from hypic_agent.runtime.graphs import bucket_sizes, enable_cuda_graphs
 from hypic_agent.runtime.headroom import AllocatorHeadroom
 from hypic_agent.runtime.hypic.auto_seams import AUTO, ProfileTable, plan_seams
-from hypic_agent.runtime.hypic.blend import BLEND, plan_blend
+from hypic_agent.runtime.hypic.blend import BLEND, BlendPlan, plan_blend
 from hypic_agent.runtime.hypic.build import ColdBatch
 from hypic_agent.runtime.hypic.cache import EntryCache, MemoryEntryCache
 from hypic_agent.runtime.hypic.cold_graphs import enable_cold_graphs
@@ -222,13 +222,13 @@ class Engine:
         seams, keys, _ = self.seam_plan(p, tenant)
         return seams, keys
 
-    def seam_plan(self, p: PromptPieces, tenant: str) -> tuple[list[int], list[str | None], list[list[int]] | None]:
-        """``seams_and_keys`` and, with ``seam="blend"``, the body offsets recomputed per segment
-        (``hypic.blend``; None otherwise)."""
+    def seam_plan(self, p: PromptPieces, tenant: str) -> tuple[list[int], list[str | None], BlendPlan | None]:
+        """``seams_and_keys`` and, with ``seam="blend"``, the plan that picks the body tokens recomputed
+        once the entries are there (``hypic.blend``; None otherwise)."""
         auto = p.w in (AUTO, BLEND) and p.spec.seams
         eff = 0.0 if not p.spec.seams or auto else float(p.w)
         seams = [seam_tokens(eff, len(s)) for s in p.segs]
-        blend: list[list[int]] | None = None
+        blend: BlendPlan | None = None
         if auto:
             base = [
                 self.entry_key(s, tenant, 0) if k != "bos" and len(s) >= self.settings.min_cached_tokens else None
@@ -237,8 +237,10 @@ class Engine:
             budget = self.settings.seam_budget
             with self.lock:  # profiles not seen yet run on the model
                 if p.w == BLEND:
-                    bp = plan_blend(self.model, self.seam_profiles, self.tokenizer, p.segs, base, budget)
-                    seams, blend = bp.seams, bp.offsets
+                    blend = plan_blend(
+                        self.model, self.seam_profiles, self.tokenizer, p.segs, base, budget, len(p.suffix)
+                    )
+                    seams = blend.seams
                 else:
                     seams = plan_seams(self.model, self.seam_profiles, self.tokenizer, p.segs, base, budget)
         cacheable = [
@@ -285,12 +287,12 @@ class Engine:
         self, segs: list[tuple[int, ...]], kinds: list[str], suffix: list[int], spec: Any, w: float | str, tenant: str
     ) -> Prepared:
         t0 = time.perf_counter()
-        seams, keys, blend = self.seam_plan(PromptPieces(segs, kinds, suffix, spec, w, 0), tenant)
+        seams, keys, bp = self.seam_plan(PromptPieces(segs, kinds, suffix, spec, w, 0), tenant)
         r = route(keys, self.cache)  # lookup
         t_lookup = _ms(t0)
         t1 = time.perf_counter()
         hits = [r.entries[i] is not None for i in range(len(segs))]
-        cold = self._cold_batch(r, segs, seams)
+        cold = self._cold_batch(r, segs, seams) if bp is None else None  # blend: the scout reads the entries
         if cold is None:
             entries = self._fill_cold(r, segs, kinds, seams, tenant)  # scatter prefill + store
         else:  # built inside the combine forward below, stored after it
@@ -298,6 +300,7 @@ class Engine:
         entries = [e.to(self.device) if e is not None else None for e in entries]
         t_scatter = _ms(t1)
         t2 = time.perf_counter()
+        blend = bp.pick(self.model, segs, entries, suffix) if bp is not None else None  # seam="blend"
         lay = plan_layout(segs, entries, seams, suffix, self.device, blend)
         state = combine(self.model, lay, entries, spec, cold=cold, kernels=self.kernels)
         if cold is not None:

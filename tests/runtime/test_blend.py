@@ -7,7 +7,7 @@ import torch
 
 from hypic_agent.runtime.forward import prefill
 from hypic_agent.runtime.hypic.auto_seams import SeamProfile
-from hypic_agent.runtime.hypic.blend import allocate_tokens, measure_tokens
+from hypic_agent.runtime.hypic.blend import BlendPlan, measure_tokens, sink_seams
 from hypic_agent.runtime.hypic.build import build_entries
 from hypic_agent.runtime.hypic.combine import combine
 from hypic_agent.runtime.hypic.layout import plan_layout
@@ -76,23 +76,27 @@ def test_blend_rows_leave_the_hybrid_chain_alone():
     assert torch.allclose(rows.logits[-1], got.last_logits.float(), atol=1e-5)
 
 
-def test_allocate_tokens_takes_the_largest_deviation_and_respects_the_budget():
+def test_sink_seams_go_to_the_largest_offset_zero_deviation_while_the_budget_lasts():
     zero = SeamProfile((), 0.0)
-    p = SeamProfile((9.0, 1.0, 1.0, 5.0, 0.5, 7.0), 0.0)
-    q = SeamProfile((8.0, 6.0, 0.2, 0.2), 0.0)
-    plan = allocate_tokens([6, 6, 4], [zero, p, q], 5)
-    assert plan.seams == [0, 1, 2] and plan.offsets == [[], [3, 5], []]
-    assert plan.tokens() == 5
-    # a hybrid's seam covers the conv window: offset 0 comes with 1..floor-1
-    plan = allocate_tokens([6, 6, 4], [zero, p, q], 5, floor=3)
-    assert plan.seams == [0, 3, 0] and plan.offsets == [[], [5], [1]]
-    # uncacheable segments take nothing; the first (zero) only once the others are whole
-    assert allocate_tokens([6, 6, 4], [zero, None, q], 4).seams == [0, 0, 4]
-    assert allocate_tokens([6, 6, 4], [zero, p, q], 16).seams == [6, 6, 4]
-    for budget in range(17):
-        got = allocate_tokens([6, 6, 4], [zero, p, q], budget, floor=3)
-        assert got.tokens() <= budget
-        assert got == allocate_tokens([6, 6, 4], [zero, p, q], budget, floor=3)
+    p, q, r = SeamProfile((9.0, 1.0), 0.0), SeamProfile((8.0,), 0.0), SeamProfile((8.0,), 0.0)
+    assert sink_seams([6, 6, 4, 5], [zero, p, q, r], 10, 1) == [0, 1, 1, 1]  # the first: exact, none
+    assert sink_seams([6, 6, 4, 5], [zero, p, q, r], 2, 1) == [0, 1, 1, 0]  # ties: the earlier one
+    assert sink_seams([6, 6, 2, 5], [zero, p, None, r], 7, 3) == [0, 3, 0, 3]  # a hybrid's conv window
+    assert sink_seams([6, 6, 2, 5], [zero, p, q, r], 7, 3) == [0, 3, 2, 0]  # a short segment: whole
+
+
+def test_pick_takes_the_top_scores_inside_the_bodies_and_is_deterministic():
+    model, _, _ = make_model("llama")
+    segs, suffix = _prompt()
+    entries = build_entries(model, segs, [1, 1, 1])
+    profiles = [SeamProfile((), 0.0), SeamProfile((1.0,) * 17, 0.0), SeamProfile((1.0,) * 25, 0.0)]
+    plan = BlendPlan([0, 1, 1], profiles, 9, len(model.layers), 2 + len(suffix), len(model.layers))
+    got = plan.pick(model, segs, entries, suffix)
+    assert got[0] == [] and sum(map(len, got)) == 9  # the first segment predicts no deviation
+    assert all(1 <= j < len(s) for o, s in zip(got, segs, strict=True) for j in o)
+    assert all(o == sorted(set(o)) for o in got)
+    assert got == plan.pick(model, segs, entries, suffix)
+    assert plan.recomputed([True, True, True]) == 2 + 9 + 2 + len(suffix)
 
 
 def test_token_profile_is_zero_without_context_and_covers_the_segment():
@@ -118,18 +122,15 @@ def test_blend_is_deterministic_and_inside_the_budget(arch):
     eng = engine(arch, 0.2)
     plan = Plan(docs())
     p = eng.pieces(plan, mode="hypic", seam="blend")
-    seams, keys, blend = eng.seam_plan(p, "default")
-    assert blend is not None and seams[0] == 0 and blend[0] == []
+    seams, keys, bp = eng.seam_plan(p, "default")
+    assert bp is not None and seams[0] == 0 and all(w == (3 if arch != "llama" else 1) for w in seams[1:])
     total = sum(len(s) for s in p.segs)
-    assert 0 < sum(seams) + sum(map(len, blend)) <= int(0.2 * total)
-    if arch != "llama":
-        assert all(w == 0 or w >= 3 for w in seams)
-    assert eng.seam_plan(p, "default") == (seams, keys, blend)
+    assert 0 < bp.tokens and bp.recomputed([k is not None for k in keys]) <= int(0.2 * total)
+    assert eng.seam_plan(p, "default") == (seams, keys, bp)
     a = eng.prepare(plan, mode="hypic", seam="blend")
     b = eng.prepare(plan, mode="hypic", seam="blend")  # now from the cache
     assert torch.equal(a.state.last_logits, b.state.last_logits)
-    recomputed = sum(seams) + sum(map(len, blend))
-    assert b.cached_tokens == total - recomputed
+    assert b.cached_tokens == total - sum(seams) - bp.tokens
 
 
 def test_validate_seam_accepts_blend():

@@ -2,34 +2,40 @@
 
 Seams recompute the first tokens of every segment; past the sink token the deviation of a model not
 trained for cached prefill sits inside the bodies (``benchmarks/deviation.py``), where seams do not
-reach. ``blend`` spends the same budget (``Settings.seam_budget``: a share of the cacheable
-segments' tokens) on the individual tokens predicted to deviate most, wherever they are.
+reach. ``blend`` spends the budget (``Settings.seam_budget``: a share of the cacheable segments'
+tokens, as for ``auto``) on the body tokens that matter most to this request, wherever they are.
 
-**Token profile (measured once per segment, at its first sight).** As ``auto_seams.measure_profile``
-but over the whole segment: each token's layer inputs alone vs after a fixed neutral context
-(``auto_seams.PROXY_TEXT``), relative error averaged over layers. It costs one extra prefill of the
-segment (plus the short context), paid once like the entry itself, and keeps no per-layer rows
-(the two forwards run in lockstep, layer by layer). CacheBlend selects at the combine instead (one
-layer recomputed for every token, then the top keys / values by deviation); on SmolLM2 the
-build-time profile selected as well (first-token KL at equal tokens within a few thousandths,
-``docs/benchmarks.md``) without that layer, which would cost 1/30 of the prompt on its own, and a
-hybrid's linear layers could not run it for tokens in a body.
+**Token profile (once per segment, at its first sight).** As ``auto_seams.measure_profile`` but over
+the whole segment: each token's layer inputs alone vs after a fixed neutral context
+(``auto_seams.PROXY_TEXT``), relative error averaged over layers: how far its cached rows are from
+what any context would give. One extra prefill of the segment, paid once like the entry; the two
+forwards run in lockstep and keep no per-layer rows.
 
-**Allocation (per request, deterministic).** The budget's tokens go to the highest-deviation tokens
-over all cacheable segments (ties: earlier segment, then earlier offset). A segment's selected run
-from offset 0 becomes its seam (recomputed exactly, as a fixed seam); the rest are its *blend*
-offsets (``layout.plan_layout(blend=...)``). A hybrid's non-zero seam covers the conv window
-(``floor`` tokens). A segment with nothing before it (the first) predicts no deviation: its tokens
-go last, so a budget of 1 recomputes every segment whole (``full_recompute``).
+**Two stages per request.**
 
-**What is exact.** Attention layers: a blend token's keys / values are recomputed in context and
-replace the cached rows; on an attention-only model (SmolLM2) it is recomputed exactly like a seam
-token. Linear layers: see ``blend_rows`` (the chain stays the pair-composed one; a blend token's
-own output runs from the state entering its body, approximate).
+1. Before the entries (their keys carry the seam): every cacheable segment but the first gets the
+   *sink seam* (1 token; a hybrid's ``floor``, the conv window), highest offset-0 deviation first
+   while the budget lasts. The rest of the budget, less the scout's cost, is the number of body
+   tokens to pick (``BlendPlan.tokens``).
+2. With the entries (``BlendPlan.pick``): the scout (``blend_scout``) runs the seams and the suffix
+   over the cached bodies through the first ``SCOUT_LAYERS`` layers and sums the attention the
+   suffix gives every position; a body token's score is that mass times its profile deviation. The
+   top ``tokens`` scores (ties: earlier position) are the blend offsets (``layout.plan_layout``).
+
+The deviation alone (question-blind, what CacheBlend's layer-1 key/value deviation also measures)
+picked tokens that lowered the first-token KL but not the gold-answer NLL (``docs/benchmarks.md``);
+weighting by the question's attention is what made the picks count. The scout's rows are charged
+to the budget: ``active rows x SCOUT_LAYERS / layers`` token equivalents.
+
+A budget covering every cacheable token recomputes every segment whole (``full_recompute``). What is
+exact: attention layers recompute a blend token's keys / values in context and replace the cached
+rows (on an attention-only model such a token is recomputed exactly like a seam token); linear
+layers keep the pair chain and approximate the blend token's own output (``blend_rows``).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -37,23 +43,66 @@ from typing import Any
 import torch
 
 from hypic_agent.runtime.hypic.auto_seams import ProfileTable, SeamProfile
+from hypic_agent.runtime.hypic.blend_scout import scout_mass
 from hypic_agent.runtime.hypic.combine import _attention, _linear
 from hypic_agent.runtime.hypic.combine_inputs import combine_inputs
+from hypic_agent.runtime.hypic.entry import SegmentEntry
 from hypic_agent.runtime.hypic.layout import CombineLayout, plan_layout
 from hypic_agent.runtime.hypic.modes import mode_spec
 from hypic_agent.runtime.models.hybrid import HybridForCausalLM
 
 BLEND = "blend"
 KEY_PREFIX = "blend:"  # token profiles share the auto profiles' table under their own keys
+SCOUT_LAYERS = 1.0  # share of the layers the scout runs
 
 
 @dataclass(frozen=True)
 class BlendPlan:
-    seams: list[int]  # recomputed head per segment (its length: the whole segment)
-    offsets: list[list[int]]  # body offsets recomputed as well, ascending, per segment
+    """Stage 1 of a request's blend (see module doc)."""
 
-    def tokens(self) -> int:
-        return sum(self.seams) + sum(len(o) for o in self.offsets)
+    seams: list[int]  # recomputed head per segment (its length: the whole segment)
+    profiles: list[SeamProfile | None]  # per segment (None: not cacheable)
+    tokens: int  # body tokens ``pick`` chooses
+    scout_layers: int  # layers the scout runs (0: no scout)
+    scout_rows: int  # its active rows (seams, uncached segments, suffix)
+    n_layers: int
+
+    def recomputed(self, cached: Sequence[bool]) -> float:
+        """Tokens computed in context besides the suffix, in token equivalents: seams of the cached
+        segments (``cached[i]``), picked body tokens, the scout."""
+        seams = sum(w for w, c in zip(self.seams, cached, strict=True) if c)
+        return seams + self.tokens + self.scout_rows * self.scout_layers / max(1, self.n_layers)
+
+    def pick(
+        self,
+        model: HybridForCausalLM,
+        segs: Sequence[Sequence[int]],
+        entries: list[SegmentEntry | None],
+        suffix: list[int],
+    ) -> list[list[int]]:
+        """Body offsets per segment (stage 2): the top ``tokens`` of scout mass x deviation."""
+        out: list[list[int]] = [[] for _ in segs]
+        if not self.tokens:
+            return out
+        dev = next(model.parameters()).device
+        lay = plan_layout(list(map(tuple, segs)), entries, self.seams, suffix, dev)
+        mass = scout_mass(model, lay, entries, len(suffix), self.scout_layers).cpu()
+        score = torch.full((lay.total,), -1.0)
+        at = 0
+        for s, w, e, p in zip(segs, self.seams, entries, self.profiles, strict=True):
+            if e is not None and p is not None and w < len(s):
+                d = torch.tensor([p.dev[j] if j < len(p.dev) else p.tail for j in range(w, len(s))])
+                score[at + w : at + len(s)] = mass[at + w : at + len(s)] * d
+            at += len(s)
+        order = torch.sort(-score, stable=True).indices[: self.tokens]
+        chosen = sorted(int(x) for x in order if score[x] >= 0)
+        starts = [0]
+        for s in segs:
+            starts.append(starts[-1] + len(s))
+        for pos in chosen:
+            i = next(k for k in range(len(segs)) if starts[k + 1] > pos)
+            out[i].append(pos - starts[i])
+        return out
 
 
 def _rows(model: HybridForCausalLM, lay: CombineLayout) -> Any:
@@ -93,37 +142,19 @@ def measure_tokens(model: HybridForCausalLM, tokens: Sequence[int], context: Seq
     return SeamProfile(tuple((err / max(1, n)).tolist()), 0.0)
 
 
-def allocate_tokens(
-    lengths: Sequence[int], profiles: Sequence[SeamProfile | None], budget_tokens: int, floor: int = 0
-) -> BlendPlan:
-    """Seams and blend offsets per segment (``lengths``) for at most ``budget_tokens`` tokens;
-    ``profiles[i]`` None: not cacheable (no budget, seam 0); ``floor``: the smallest non-zero seam."""
-    cand = sorted(
-        (-(p.dev[j] if j < len(p.dev) else p.tail), i, j)
-        for i, (n, p) in enumerate(zip(lengths, profiles, strict=True))
-        if p is not None
-        for j in range(n)
-    )
-    chosen: list[set[int]] = [set() for _ in lengths]
+def sink_seams(
+    lengths: Sequence[int], profiles: Sequence[SeamProfile | None], budget_tokens: int, width: int
+) -> list[int]:
+    """Seam ``width`` (or the whole of a shorter segment) for the segments with a positive offset-0
+    deviation, highest first (ties: the earlier one), while ``budget_tokens`` lasts."""
+    seams = [0] * len(lengths)
+    first = [(-(p.dev[0] if p.dev else p.tail), i) for i, p in enumerate(profiles) if p is not None]
     left = budget_tokens
-    for _, i, j in cand:
-        if j in chosen[i]:
-            continue
-        add = {j} if j > 0 or floor <= 1 else set(range(min(floor, lengths[i]))) - chosen[i]
-        if len(add) > left:
-            continue  # a smaller one may still fit
-        chosen[i] |= add
-        left -= len(add)
-        if left == 0:
-            break
-    seams, offsets = [], []
-    for n, picked in zip(lengths, chosen, strict=True):
-        w = 0
-        while w < n and w in picked:
-            w += 1
-        seams.append(w)
-        offsets.append(sorted(j for j in picked if j >= w))
-    return BlendPlan(seams, offsets)
+    for neg, i in sorted(first):
+        w = min(width, lengths[i])
+        if neg < 0 and w <= left:
+            seams[i], left = w, left - w
+    return seams
 
 
 def plan_blend(
@@ -133,9 +164,10 @@ def plan_blend(
     segs: Sequence[Sequence[int]],
     keys: Sequence[str | None],
     budget: float,
+    n_suffix: int,
 ) -> BlendPlan:
-    """A request's blend plan (``keys[i]`` None: not cacheable, recomputed whole); measures the token
-    profiles it has not seen (the caller holds the model)."""
+    """Stage 1 of a request's blend (``keys[i]`` None: not cacheable, recomputed whole); measures the
+    token profiles it has not seen (the caller holds the model)."""
     ctx = table.context(tokenizer)
     profiles: list[SeamProfile | None] = []
     for i, (s, k) in enumerate(zip(segs, keys, strict=True)):
@@ -149,7 +181,21 @@ def plan_blend(
                 p = measure_tokens(model, s, ctx)
                 table.put(KEY_PREFIX + k, p)
             profiles.append(p)
-    total = sum(len(s) for s, k in zip(segs, keys, strict=True) if k is not None)
+    lengths = [len(s) for s in segs]
+    n_layers = len(model.layers)
+    cached = [p is not None for p in profiles]
+    total = sum(n for n, c in zip(lengths, cached, strict=True) if c)
+    budget_tokens = int(budget * total + 1e-9)
+    if budget_tokens >= total:  # every segment whole: full_recompute
+        return BlendPlan(lengths, profiles, 0, 0, 0, n_layers)
     cfg = model.config
-    floor = cfg.linear_conv_kernel_dim - 1 if "linear" in cfg.layer_types else 0
-    return allocate_tokens([len(s) for s in segs], profiles, int(budget * total + 1e-9), floor)
+    width = max(1, cfg.linear_conv_kernel_dim - 1 if "linear" in cfg.layer_types else 1)
+    seams = sink_seams(lengths, profiles, budget_tokens, width)
+    rows = sum(w if c else n for n, w, c in zip(lengths, seams, cached, strict=True)) + n_suffix
+    layers = max(1, math.ceil(SCOUT_LAYERS * n_layers))
+    scout = rows * layers / n_layers
+    body = sum(n - w for n, w, c in zip(lengths, seams, cached, strict=True) if c)
+    tokens = min(body, math.floor(budget_tokens - sum(seams) - scout))
+    if tokens <= 0:
+        return BlendPlan(seams, profiles, 0, 0, 0, n_layers)
+    return BlendPlan(seams, profiles, tokens, layers, rows, n_layers)
