@@ -135,3 +135,13 @@ def test_blend_is_deterministic_and_inside_the_budget(arch):
 
 def test_validate_seam_accepts_blend():
     assert validate_seam("blend") == "blend"
+
+
+def test_a_budget_too_small_for_the_scout_picks_by_deviation_alone():
+    eng = engine("llama", 0.03)
+    p = eng.pieces(Plan(docs()), mode="hypic", seam="blend")
+    _, keys, bp = eng.seam_plan(p, "default")
+    assert bp is not None and bp.scout_layers == 0 and bp.tokens > 0
+    assert bp.recomputed([k is not None for k in keys]) <= int(0.03 * sum(len(s) for s in p.segs))
+    got = eng.prepare(Plan(docs()), mode="hypic", seam="blend")
+    assert got.state.last_logits is not None

@@ -21,7 +21,9 @@ forwards run in lockstep and keep no per-layer rows.
    over the cached bodies through the first quarter of the layers (``SCOUT_LAYERS``; at least to
    the first attention layer) and sums the attention the suffix gives every position; a body
    token's score is that mass times its profile deviation. The top ``tokens`` scores (ties: earlier
-   position) are the blend offsets (``layout.plan_layout``).
+   position) are the blend offsets (``layout.plan_layout``). Where the scout would cost more than
+   the tokens it picks (a small budget, a long question), there is none and the deviation alone
+   picks.
 
 The deviation alone (question-blind, what CacheBlend's layer-1 key/value deviation also measures)
 picked tokens that lowered the first-token KL but not the gold-answer NLL (``docs/benchmarks.md``);
@@ -87,12 +89,14 @@ class BlendPlan:
         out: list[list[int]] = [[] for _ in segs]
         if not self.tokens:
             return out
-        dev = next(model.parameters()).device
-        lay = plan_layout(list(map(tuple, segs)), entries, self.seams, suffix, dev)
-        mass = scout_mass(model, lay, entries, len(suffix), self.scout_layers).cpu()
-        if not mass.any():  # no attention layer read (MLA only): the deviation alone
-            mass = torch.ones_like(mass)
-        score = torch.full((lay.total,), -1.0)
+        total = sum(map(len, segs)) + len(suffix)
+        mass = torch.ones(total)  # no scout: the deviation alone
+        if self.scout_layers:
+            lay = plan_layout(list(map(tuple, segs)), entries, self.seams, suffix, next(model.parameters()).device)
+            mass = scout_mass(model, lay, entries, len(suffix), self.scout_layers).cpu()
+            if not mass.any():  # no attention layer read (MLA only)
+                mass = torch.ones_like(mass)
+        score = torch.full((total,), -1.0)
         at = 0
         for s, w, e, p in zip(segs, self.seams, entries, self.profiles, strict=True):
             if e is not None and p is not None and w < len(s):
@@ -201,7 +205,8 @@ def plan_blend(
     layers = max(1, math.ceil(SCOUT_LAYERS * n_layers), first_attn + 1)  # at least one attention layer
     scout = rows * layers / n_layers
     body = sum(n - w for n, w, c in zip(lengths, seams, cached, strict=True) if c)
-    tokens = min(body, math.floor(budget_tokens - sum(seams) - scout))
-    if tokens <= 0:
-        return BlendPlan(seams, profiles, 0, 0, 0, n_layers)
+    left = budget_tokens - sum(seams)
+    tokens = min(body, math.floor(left - scout))
+    if tokens < scout:  # the scout would cost more than it picks: the deviation alone picks
+        return BlendPlan(seams, profiles, min(body, left), 0, 0, n_layers)
     return BlendPlan(seams, profiles, tokens, layers, rows, n_layers)
