@@ -15,6 +15,8 @@ seams and segments too short to cache for the composed modes), so budgets compar
 
     python benchmarks/quality.py --datasets hotpotqa nq --limit 100 --gen-tokens 0 --modes hypic --seams \
         --auto-budgets 0.03 --data ../shared/data       # hypic w=8 vs seam="auto" at a 3% budget
+    python benchmarks/quality.py --datasets hotpotqa nq --limit 100 --gen-tokens 0 --modes hypic --seams \
+        --blend-budgets 0.05 --data ../shared/data      # vs seam="blend": scattered body recompute
 """
 
 from __future__ import annotations
@@ -45,16 +47,21 @@ SEAM_ABLATION = [0.0, 4.0, 16.0, 32.0]
 
 
 def configs(
-    seams: list[float], modes: list[str] | None = None, budgets: list[float] | None = None
+    seams: list[float],
+    modes: list[str] | None = None,
+    budgets: list[float] | None = None,
+    blend: list[float] | None = None,
 ) -> list[tuple[str, str, float | str]]:
     """(label, mode, seam) per compared config; ``modes`` restricts the mode ladder (seam ablation
     rows are hypic runs and come with ``hypic``); ``budgets``: ``seam="auto"`` rows (label
-    ``hypic auto b=<budget>``), whatever the modes."""
+    ``hypic auto b=<budget>``), ``blend``: ``seam="blend"`` rows (``hypic blend b=<budget>``),
+    whatever the modes."""
     keep = [(m, w) for m, w in MODE_CONFIGS if modes is None or m in modes]
     out: list[tuple[str, str, float | str]] = [(m if m != "hypic" else f"hypic w={w:g}", m, w) for m, w in keep]
     if modes is None or "hypic" in modes:
         out += [(f"hypic w={w:g}", "hypic", w) for w in seams if w != 8.0]
-    return out + [(f"hypic auto b={b:g}", "hypic", "auto") for b in budgets or []]
+    out += [(f"hypic auto b={b:g}", "hypic", "auto") for b in budgets or []]
+    return out + [(f"hypic blend b={b:g}", "hypic", "blend") for b in blend or []]
 
 
 def recompute_fraction(engine: Engine, plan: PromptPlan, mode: str, seam: float | str) -> float:
@@ -64,15 +71,17 @@ def recompute_fraction(engine: Engine, plan: PromptPlan, mode: str, seam: float 
     if mode == "prefix_cache":
         return float("nan")
     p = engine.pieces(plan, mode=mode, seam=seam)
-    seams, keys = engine.seams_and_keys(p, "default")
+    seams, keys, blend = engine.seam_plan(p, "default")
     total = sum(len(s) for s in p.segs)
-    done = sum(len(s) if k is None else w for s, w, k in zip(p.segs, seams, keys, strict=True))
-    return done / max(1, total)
+    whole = sum(len(s) for s, k in zip(p.segs, keys, strict=True) if k is None)
+    if blend is not None:  # seams, picked body tokens and the scout (token equivalents)
+        return (whole + blend.recomputed([k is not None for k in keys])) / max(1, total)
+    return (whole + sum(w for w, k in zip(seams, keys, strict=True) if k is not None)) / max(1, total)
 
 
 def budget_of(label: str) -> float | None:
-    """The seam budget of an ``auto`` config label (None for the others)."""
-    return float(label.split("b=")[1]) if " auto b=" in label else None
+    """The seam budget of an ``auto`` / ``blend`` config label (None for the others)."""
+    return float(label.split("b=")[1]) if " auto b=" in label or " blend b=" in label else None
 
 
 def make_plan(engine: Engine, ex: Example) -> PromptPlan:
@@ -237,6 +246,10 @@ def main() -> None:
         "--auto-budgets", type=float, nargs="*", default=[],
         help='seam="auto" rows at these recompute budgets (Settings.seam_budget)',
     )  # fmt: skip
+    ap.add_argument(
+        "--blend-budgets", type=float, nargs="*", default=[],
+        help='seam="blend" rows (seams and scattered body tokens) at these recompute budgets',
+    )  # fmt: skip
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--skip", type=int, default=0, help="leave out the first N examples (shard a long run)")
     ap.add_argument("--smoke", action="store_true", help="2 examples, 4 tokens: plumbing only")
@@ -250,7 +263,7 @@ def main() -> None:
     engine = load_engine(
         Settings(device="cpu" if not torch.cuda.is_available() else "auto", min_cached_tokens=16), model=args.model
     )
-    cfgs = configs(args.seams, args.modes, args.auto_budgets)
+    cfgs = configs(args.seams, args.modes, args.auto_budgets, args.blend_budgets)
     rows: list[dict[str, Any]] = []
     t0 = time.perf_counter()
 

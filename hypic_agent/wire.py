@@ -103,7 +103,7 @@ def check_top_p(value: float) -> float:
 
 
 def check_seam(value: float | str) -> float | str:
-    if value == "auto":  # widths chosen per segment under the server's seam_budget
+    if value in ("auto", "blend"):  # chosen per request under the server's seam_budget
         return value
     assert not isinstance(value, str)
     check_finite(value)
@@ -146,9 +146,9 @@ Seed = Annotated[
 ]
 _TOKEN_SEAM = {"type": "integer", "minimum": 1, "maximum": INT32_MAX}
 Seam = Annotated[
-    float | Literal["auto"],
+    float | Literal["auto", "blend"],
     AfterValidator(check_seam),
-    Field(json_schema_extra={"anyOf": [{"minimum": 0, "maximum": 1}, _TOKEN_SEAM, {"const": "auto"}]}),
+    Field(json_schema_extra={"anyOf": [{"minimum": 0, "maximum": 1}, _TOKEN_SEAM, {"enum": ["auto", "blend"]}]}),
 ]
 MaxTokens = Annotated[
     int,

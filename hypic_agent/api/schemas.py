@@ -40,7 +40,8 @@ class SamplingIn(BaseModel):
     )
     seam: Seam | None = Field(
         default=None,
-        description='seam width: 0 none, (0,1] fraction, > 1 tokens, or "auto" (per segment, under seam_budget)',
+        description='seam width: 0 none, (0,1] fraction, > 1 tokens, "auto" (per segment, under seam_budget) '
+        'or "blend" (seams and scattered body tokens, under seam_budget)',
     )
 
     @field_validator("stop")

@@ -101,9 +101,10 @@ def canonical_segments(
 
 def put_segments(st: ServerState, req: PutSegmentsRequest, tenant: str) -> dict[str, Any]:
     mode, seam, key_seam = resolve_mode(st, req.mode, req.seam)
-    if seam == "auto":
+    if seam in ("auto", "blend"):
         raise InvalidRequestError(
-            'seam "auto" picks widths per request; pre-warm with a fixed seam (auto shares its entries)', param="seam"
+            f'seam "{seam}" picks widths per request; pre-warm with a fixed seam ({seam} shares its entries)',
+            param="seam",
         )
     if not mode_spec(mode).composed:
         raise InvalidRequestError(

@@ -42,11 +42,11 @@ class GenerateJob:
 
 def resolve_mode(st: ServerState, mode: str | None, seam: float | str | None) -> tuple[str, float | str, float]:
     """``(mode name, seam, key seam)``; raises ``UnknownModeError`` / ``InvalidRequestError``. With
-    ``seam="auto"`` the key seam is 0 (segment ids by content; the engine keys each entry by the
+    ``seam="auto"`` or ``"blend"`` the key seam is 0 (segment ids by content; the engine keys each entry by the
     width it chose)."""
     spec = mode_spec(mode or st.settings.default_mode)
     w = validate_seam(st.settings.default_seam if seam is None else seam)
-    return spec.name, w, (float(w) if spec.composed and spec.seams and w != "auto" else 0.0)
+    return spec.name, w, (float(w) if spec.composed and spec.seams and w not in ("auto", "blend") else 0.0)
 
 
 def sampling_of(st: ServerState, req: SamplingIn) -> SamplingParams:

@@ -28,6 +28,7 @@ from hypic_agent.runtime.forward import prefill
 from hypic_agent.runtime.graphs import bucket_sizes, enable_cuda_graphs
 from hypic_agent.runtime.headroom import AllocatorHeadroom
 from hypic_agent.runtime.hypic.auto_seams import AUTO, ProfileTable, plan_seams
+from hypic_agent.runtime.hypic.blend import BLEND, BlendPlan, plan_blend
 from hypic_agent.runtime.hypic.build import ColdBatch
 from hypic_agent.runtime.hypic.cache import EntryCache, MemoryEntryCache
 from hypic_agent.runtime.hypic.cold_graphs import enable_cold_graphs
@@ -86,7 +87,7 @@ class PromptPieces:
     kinds: list[str]
     suffix: list[int]
     spec: ModeSpec
-    w: float | str  # a fixed seam, or "auto" (``auto_seams``)
+    w: float | str  # a fixed seam, "auto" (``auto_seams``) or "blend" (``hypic.blend``)
     total: int  # prompt tokens
     owners: tuple[int, ...] = ()
 
@@ -236,18 +237,30 @@ class Engine:
     def seams_and_keys(self, p: PromptPieces, tenant: str) -> tuple[list[int], list[str | None]]:
         """A composed prompt's seam width per segment and its entry key (None: not cacheable); with
         ``seam="auto"`` the widths come from ``auto_seams`` (keys carry each segment's width)."""
-        auto = p.w == AUTO and p.spec.seams
+        seams, keys, _ = self.seam_plan(p, tenant)
+        return seams, keys
+
+    def seam_plan(self, p: PromptPieces, tenant: str) -> tuple[list[int], list[str | None], BlendPlan | None]:
+        """``seams_and_keys`` and, with ``seam="blend"``, the plan that picks the body tokens recomputed
+        once the entries are there (``hypic.blend``; None otherwise)."""
+        auto = p.w in (AUTO, BLEND) and p.spec.seams
         eff = 0.0 if not p.spec.seams or auto else float(p.w)
         seams = [seam_tokens(eff, len(s)) for s in p.segs]
+        blend: BlendPlan | None = None
         if auto:
             base = [
                 self.entry_key(s, tenant, 0) if k != "bos" and len(s) >= self.settings.min_cached_tokens else None
                 for s, k in zip(p.segs, p.kinds, strict=True)
             ]
+            budget = self.settings.seam_budget
             with self.lock:  # profiles not seen yet run on the model
-                seams = plan_seams(
-                    self.model, self.seam_profiles, self.tokenizer, p.segs, base, self.settings.seam_budget
-                )
+                if p.w == BLEND:
+                    blend = plan_blend(
+                        self.model, self.seam_profiles, self.tokenizer, p.segs, base, budget, len(p.suffix)
+                    )
+                    seams = blend.seams
+                else:
+                    seams = plan_seams(self.model, self.seam_profiles, self.tokenizer, p.segs, base, budget)
         cacheable = [
             k != "bos" and len(s) >= self.settings.min_cached_tokens and seams[i] < len(s)
             for i, (s, k) in enumerate(zip(p.segs, p.kinds, strict=True))
@@ -256,7 +269,7 @@ class Engine:
             self.entry_key(s, tenant, seams[i] if auto else eff) if c else None
             for i, (s, c) in enumerate(zip(p.segs, cacheable, strict=True))
         ]
-        return seams, keys
+        return seams, keys, blend
 
     def cold_segments(self, p: PromptPieces, tenant: str) -> list[int]:
         """Indices of a composed prompt's cacheable segments that have no entry yet (first occurrence)."""
@@ -292,12 +305,12 @@ class Engine:
         self, segs: list[tuple[int, ...]], kinds: list[str], suffix: list[int], spec: Any, w: float | str, tenant: str
     ) -> Prepared:
         t0 = time.perf_counter()
-        seams, keys = self.seams_and_keys(PromptPieces(segs, kinds, suffix, spec, w, 0), tenant)
+        seams, keys, bp = self.seam_plan(PromptPieces(segs, kinds, suffix, spec, w, 0), tenant)
         r = route(keys, self.cache)  # lookup
         t_lookup = _ms(t0)
         t1 = time.perf_counter()
         hits = [r.entries[i] is not None for i in range(len(segs))]
-        cold = self._cold_batch(r, segs, seams)
+        cold = self._cold_batch(r, segs, seams) if bp is None else None  # blend: the scout reads the entries
         if cold is None:
             entries = self._fill_cold(r, segs, kinds, seams, tenant)  # scatter prefill + store
         else:  # built inside the combine forward below, stored after it
@@ -305,13 +318,14 @@ class Engine:
         entries = [e.to(self.device) if e is not None else None for e in entries]
         t_scatter = _ms(t1)
         t2 = time.perf_counter()
-        lay = plan_layout(segs, entries, seams, suffix, self.device)
+        blend = bp.pick(self.model, segs, entries, suffix) if bp is not None else None  # seam="blend"
+        lay = plan_layout(segs, entries, seams, suffix, self.device, blend)
         state = combine(self.model, lay, entries, spec, cold=cold, kernels=self.kernels)
         if cold is not None:
             share = cold.n_tokens / (cold.n_tokens + lay.active_ids.numel())
             cold.set_cost(_ms(t2) * share)
             self._store(r, cold.entries, kinds, tenant)
-        cached = sum(len(segs[i]) - seams[i] for i in range(len(segs)) if hits[i])
+        cached = sum(len(segs[i]) - seams[i] - (len(blend[i]) if blend else 0) for i in range(len(segs)) if hits[i])
         usage = [
             SegmentUsage(keys[i], kinds[i], len(segs[i]), hits[i], r.tiers[i] if hits[i] else None)
             for i in range(len(segs))
@@ -428,7 +442,7 @@ class Engine:
         cut = self._split(segments, kinds, spec)
         if cut is not None:  # the pieces a request splits these segments into
             segments, kinds = cut.segs, cut.kinds
-        if w == AUTO and spec.seams:
+        if w in (AUTO, BLEND) and spec.seams:
             pieces = PromptPieces([tuple(s) for s in segments], list(kinds), [], spec, w, 0)
             seams, maybe = self.seams_and_keys(pieces, tenant)
             keys = [
@@ -436,7 +450,7 @@ class Engine:
                 for i, (s, k) in enumerate(zip(segments, maybe, strict=True))
             ]
         else:
-            eff = float(w) if spec.seams and w != AUTO else 0.0
+            eff = float(w) if spec.seams and w not in (AUTO, BLEND) else 0.0
             seams = [seam_tokens(eff, len(s)) for s in segments]
             keys = [self.entry_key(s, tenant, eff) for s in segments]
         with self.lock:

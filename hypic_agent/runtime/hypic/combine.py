@@ -27,6 +27,7 @@ import torch
 
 from hypic_agent.kernels.config import DEFAULT_KERNELS, KernelConfig
 from hypic_agent.runtime.graphs import mixer_in, mixer_out
+from hypic_agent.runtime.hypic.blend_rows import blend_linear
 from hypic_agent.runtime.hypic.build import ColdBatch
 from hypic_agent.runtime.hypic.combine_graphs import CombineGraphs
 from hypic_agent.runtime.hypic.combine_inputs import CombineInputs, LayerScan, combine_inputs
@@ -61,15 +62,6 @@ def _conv_init(
     return torch.stack(stacked).to(like.dtype)
 
 
-def _segment_starts(lay: CombineLayout) -> list[int]:
-    """Global position of every segment's first token (host), from ``lay.shape_key``."""
-    starts, at_pos = [], 0
-    for n in lay.shape_key[:-1:2]:
-        starts.append(at_pos)
-        at_pos += n
-    return starts
-
-
 def _linear(
     mixer: LinearMixer,
     inputs: tuple[torch.Tensor, ...],
@@ -81,14 +73,25 @@ def _linear(
     tails: torch.Tensor | None,
     h0: torch.Tensor | None,
     kernels: KernelConfig,
+    record: dict[str, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, LinearLayerState]:
     """``inputs``: the linear mixer's ``inputs`` of the active tokens; ``scan``: the layer's chain for
     the fused scan (GDN only; None: the chunked path); ``tails``: the conv states entering the pieces
     (None: from the entries); ``h0``: the composed leading bodies (None: zero); ``kernels``: the fused
-    scan's kernel choices -> (o before the output projection (GDN ``[T, HV, V]``), state)."""
+    scan's kernel choices -> (o before the output projection (GDN ``[T, HV, V]``), state).
+
+    With blend rows (``lay.blend_rows``) the pieces run here on their rows and ``blend.linear_rows``
+    runs the blend rows from the states entering their bodies (``record``: where this call leaves
+    the chain's states ``"states"`` and the pieces' final conv states ``"conv"``)."""
+    if lay.blend_rows is not None and record is None:
+        assert scan is None, "blend rows run on the chunked path"
+        return blend_linear(mixer, inputs, lay, entries, li, spec, tails, kernels, _linear)
     dev = inputs[0].device
     init = _conv_init(mixer, lay, entries, li, inputs[0], tails)
-    ops, conv_final = mixer.convolve(*inputs, lay.cu_pieces, init, **at(mixer, lay.active_pos))
+    pos = lay.active_pos if lay.piece_rows is None else lay.active_pos[lay.piece_rows]
+    ops, conv_final = mixer.convolve(*inputs, lay.cu_pieces, init, **at(mixer, pos))
+    if record is not None:
+        record["conv"] = conv_final
     if scan is not None:
         assert isinstance(mixer, GatedDeltaNet)
         o, final = mixer.mix_scan(
@@ -97,12 +100,12 @@ def _linear(
         )  # fmt: skip
         return o, LinearLayerState(final, conv_final[-1])
     h0 = torch.zeros(mixer.hv, mixer.dk, mixer.dv, device=dev, dtype=torch.float32)
-    if lay.cu_pieces.numel() == 2 and lay.chain[0].kind == "piece":  # nothing cached before the only piece
+    if lay.cu_pieces.numel() == 2 and lay.chain[0].kind == "piece" and record is None:  # nothing cached before it
         o, finals = mixer.mix(ops, lay.cu_pieces, h0.unsqueeze(0))
         return o, LinearLayerState(finals[-1], conv_final[-1])
 
     place = getattr(mixer, "place", None) if spec.rerotate else None  # RoPE inside: S at its segment's offset
-    starts = _segment_starts(lay) if place is not None else []
+    starts = lay.segment_starts
 
     def enter(Tp: torch.Tensor, Sp: torch.Tensor) -> torch.Tensor:
         """Pieces' own pairs (GDN ``[P, HV, K, K]``, Mamba2 ``[P, HV]``; and ``[P, HV, K, V]``) -> states
@@ -121,6 +124,8 @@ def _linear(
                 Ts.append(le.T.float() if spec.transition else eye)
                 Ss.append(le.S.float() if place is None else place(le.S.float(), starts[item.index]))
         states = mixer.compose(h0, torch.stack(Ts), torch.stack(Ss))  # [n+1, HV, K, V]
+        if record is not None:
+            record["states"] = states  # entering every chain item
         return states[torch.tensor(piece_slot, device=dev)]
 
     o, finals = mixer.mix_after_pairs(ops, lay.cu_pieces, enter)
@@ -144,8 +149,6 @@ def _attention(
     k = attn.rotate(k, lay.active_pos)
     k_full = k.new_empty(lay.total, *attn.k_row)  # MLA: rope keys and latents (rotation: rope dims only)
     v_full = v.new_empty(lay.total, *attn.v_row)
-    k_full[lay.active_pos] = k
-    v_full[lay.active_pos] = v
     rot_pos = lay.body_pos if spec.rerotate else lay.body_local_pos
     if lay.body_segments and splice is not None:
         k_full[lay.body_pos] = attn.rotate(splice.bodies(li, v_full), rot_pos)
@@ -159,6 +162,8 @@ def _attention(
             bv.append(ae.v[-n_body:])
         k_full[lay.body_pos] = attn.rotate(torch.cat(bk).to(k.dtype), rot_pos)
         v_full[lay.body_pos] = torch.cat(bv).to(v.dtype)
+    k_full[lay.active_pos] = k  # after the bodies: blend rows inside them take their fresh keys / values
+    v_full[lay.active_pos] = v
     cu_q = torch.tensor([0, q.shape[0]], dtype=torch.int32)  # host tensors: no device sync
     cu_k = torch.tensor([0, lay.total], dtype=torch.int32)
     o = attn.attend(
@@ -202,6 +207,8 @@ def combine(
     # torch scans read their bounds on the host)
     gdn_only = all(layer.mixer_kind in ("gdn", "attention") for layer in model.layers)
     graphs = model.combine_graphs if cold is None and gdn_only else None
+    if lay.blend_rows is not None and any(layer.linear_attn is not None for layer in model.layers):
+        fused_scan = False  # blend rows of a hybrid run on the chunked path, eagerly (blend_rows)
     if isinstance(graphs, CombineGraphs):
         state = graphs.replay(lay, entries, spec, fused_scan, kernels)
         if state is not None:

@@ -5,11 +5,19 @@ from an entry (its first ``seam`` tokens are *active*, i.e. recomputed in contex
 the cached *body*) or has no entry (all tokens active). The suffix is always active. Active
 tokens form maximal contiguous *pieces*; the linear-layer chain alternates pieces and bodies.
 All index tensors are computed once per request and shared by every layer.
+
+``blend`` (``seam="blend"``, ``runtime.hypic.blend``) adds scattered *body* tokens to the active
+set: they are active rows in prompt order like the others, but no piece holds them (the body's
+cached rows and pair still cover them; attention layers overwrite their rows with the fresh ones).
+``piece_rows`` / ``blend_rows`` index the two kinds of active rows (None without blend tokens:
+every active row is in a piece).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import pairwise
 
 import torch
 
@@ -43,6 +51,13 @@ class CombineLayout:
     # what every tensor above except active_ids follows from: per segment (length, active head or -1
     # without an entry), then the suffix length; equal keys give equal layouts up to the token ids
     shape_key: tuple[int, ...] = ()
+    segment_starts: list[int] = field(default_factory=list)  # global position of every segment's first token
+    piece_rows: torch.Tensor | None = None  # [Tp] active rows in pieces (None: all of them)
+    blend_rows: torch.Tensor | None = None  # [Tx] active rows inside bodies (None: none)
+    blend_pos: list[int] = field(default_factory=list)  # their global positions (host)
+    # per body holding blend rows: (its index in ``chain``, first and end blend row); the rows of one
+    # body are consecutive among the blend rows (prompt order)
+    blend_groups: list[tuple[int, int, int]] = field(default_factory=list)
 
 
 def plan_layout(
@@ -51,8 +66,11 @@ def plan_layout(
     seams: list[int],
     suffix: list[int],
     device: torch.device,
+    blend: Sequence[Sequence[int]] | None = None,
 ) -> CombineLayout:
-    """``seams[i]``: active head of segment i when it has an entry (ignored otherwise)."""
+    """``seams[i]``: active head of segment i when it has an entry (ignored otherwise); ``blend[i]``:
+    offsets in segment i's body (``>= seams[i]``, ascending) recomputed as well (ignored without an
+    entry)."""
     active_ids: list[int] = []
     active_spans: list[tuple[int, int]] = []
     piece_lens: list[int] = []
@@ -63,6 +81,10 @@ def plan_layout(
     chain: list[ChainItem] = []
     conv_from: list[int | None] = []
     tokens: list[int] = []
+    starts: list[int] = []
+    kinds: list[bool] = []  # per active row: in a piece (True) or a blend row inside a body
+    blend_pos: list[int] = []
+    groups: list[tuple[int, int, int]] = []
     offset = 0
     prev_body: int | None = None
     in_piece = False
@@ -79,6 +101,7 @@ def plan_layout(
         active_ids.extend(ids)
         active_spans.append((start, start + len(ids)))
         piece_lens[-1] += len(ids)
+        kinds.extend([True] * len(ids))
 
     shape_key: list[int] = []
     for i, seg in enumerate(segments):
@@ -86,7 +109,16 @@ def plan_layout(
         e = entries[i]
         w = n if e is None else min(seams[i], n)
         shape_key += [n, -1 if e is None else w]
+        starts.append(offset)
         add_active(seg[:w], offset)
+        extra = [j for j in (blend[i] if blend is not None and e is not None else ()) if w <= j < n]
+        if extra:
+            assert all(a < b for a, b in pairwise(extra)), "blend offsets must ascend"
+            active_ids.extend(seg[j] for j in extra)
+            active_spans.extend((offset + j, offset + j + 1) for j in extra)
+            groups.append((len(chain), len(blend_pos), len(blend_pos) + len(extra)))  # the body comes next
+            blend_pos.extend(offset + j for j in extra)
+            kinds.extend([False] * len(extra))
         if w < n:
             body_segments.append(i)
             body_lens.append(n - w)
@@ -100,6 +132,12 @@ def plan_layout(
     add_active(list(suffix), offset)
     tokens.extend(suffix)
     offset += len(suffix)
+    key = (*shape_key, len(suffix))
+    rows: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None)
+    if blend_pos:  # the offsets are part of the layout (a graph of it reads those rows)
+        key = (*key, -2, *blend_pos)
+        flags = torch.tensor(kinds)
+        rows = (to_device_async(flags.nonzero()[:, 0], device), to_device_async((~flags).nonzero()[:, 0], device))
     cu_host = [0]
     for n in piece_lens:
         cu_host.append(cu_host[-1] + n)
@@ -117,6 +155,11 @@ def plan_layout(
         piece_conv_from=conv_from,
         tokens=tokens,
         body_starts=[a for a, _ in body_spans],
-        shape_key=(*shape_key, len(suffix)),
+        shape_key=key,
         all_pos=torch.arange(offset, device=device),
+        segment_starts=starts,
+        piece_rows=rows[0],
+        blend_rows=rows[1],
+        blend_pos=blend_pos,
+        blend_groups=groups,
     )

@@ -50,13 +50,13 @@ def mode_spec(name: str) -> ModeSpec:
 
 
 def validate_seam(w: float | str) -> float | str:
-    """A fixed seam as a float, or ``"auto"`` (``auto_seams``: widths chosen per segment under
-    ``Settings.seam_budget``)."""
-    if w == "auto":
-        return "auto"
+    """A fixed seam as a float, ``"auto"`` (``auto_seams``: widths chosen per segment under
+    ``Settings.seam_budget``) or ``"blend"`` (``blend``: seams and scattered body tokens under it)."""
+    if w in ("auto", "blend"):
+        return w
     if not isinstance(w, int | float) or math.isnan(w) or w < 0:
         raise InvalidRequestError(
-            'seam must be "auto" or >= 0 (0 = none, (0,1] = fraction, > 1 = tokens)', param="seam"
+            'seam must be "auto", "blend" or >= 0 (0 = none, (0,1] = fraction, > 1 = tokens)', param="seam"
         )
     if w > 1 and float(w) != int(w):
         raise InvalidRequestError("seam > 1 is a token count and must be an integer", param="seam")
