@@ -145,3 +145,16 @@ def test_a_budget_too_small_for_the_scout_picks_by_deviation_alone():
     assert bp.recomputed([k is not None for k in keys]) <= int(0.03 * sum(len(s) for s in p.segs))
     got = eng.prepare(Plan(docs()), mode="hypic", seam="blend")
     assert got.state.last_logits is not None
+
+
+@pytest.mark.parametrize("arch", ["lfm2", "granitemoehybrid", "kimi_linear", "bailing_hybrid", "falcon_h1"])
+def test_blend_runs_on_every_family_and_is_deterministic(arch):
+    """Short conv, Mamba2, KDA + MLA, Lightning with RoPE, parallel Falcon-H1 halves: blend rows
+    through each kind's linear layers, and (on MLA) the scout without a mass read."""
+    eng = engine(arch, 0.3)
+    plan = Plan(docs())
+    a = eng.prepare(plan, mode="hypic", seam="blend")
+    b = eng.prepare(plan, mode="hypic", seam="blend")
+    _, _, bp = eng.seam_plan(eng.pieces(plan, mode="hypic", seam="blend"), "default")
+    assert bp is not None and bp.tokens > 0
+    assert torch.equal(a.state.last_logits, b.state.last_logits) and torch.isfinite(a.state.last_logits).all()

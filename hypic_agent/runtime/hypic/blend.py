@@ -119,8 +119,9 @@ def _rows(model: HybridForCausalLM, lay: CombineLayout) -> Any:
     spec = mode_spec("hypic")
     inputs = combine_inputs(model, lay, [None], spec.transition, fused_scan=False)
     h = model.embed(lay.active_ids)
+    width = model.config.hidden_size  # the residual (a Falcon-H1 SSM half passes [h | x | m] on)
     for li, layer in enumerate(model.layers):
-        yield h
+        yield h[:, :width]
         xs = layer.mixer_in(h)
         if layer.linear_attn is not None:
             o, _ = _linear(layer.linear_attn, xs, lay, [None], li, spec, None, None, None, inputs.kernels)
@@ -131,7 +132,7 @@ def _rows(model: HybridForCausalLM, lay: CombineLayout) -> Any:
             o, _ = _attention(layer.self_attn, q, k, v, lay, [None], li, spec, None)
             extra = xs[3:]
         h = layer.mixer_out(h, o, *extra)
-    yield h
+    yield h[:, :width]
 
 
 @torch.no_grad()

@@ -21,6 +21,7 @@ from hypic_agent.runtime.hypic.layout import CombineLayout
 from hypic_agent.runtime.hypic.modes import mode_spec
 from hypic_agent.runtime.models.attention import FullAttention
 from hypic_agent.runtime.models.hybrid import HybridForCausalLM
+from hypic_agent.runtime.models.mla import MLAttention
 
 CHUNK = 1 << 24  # scores per chunk of suffix rows
 
@@ -66,7 +67,7 @@ def scout_mass(
             assert attn is not None
             q, k, v = xs[:3]
             o, st = _attention(attn, q, k, v, lay, entries, li, spec, None)
-            if isinstance(attn, FullAttention):  # MLA layers: no mass read (their keys are latent)
+            if not isinstance(attn, MLAttention):  # MLA layers: no mass read (their keys are latent)
                 mass += _suffix_mass(attn, q, st.k, lay, n_suffix)
             extra = xs[3:]
         if li + 1 < n_layers:
