@@ -28,7 +28,7 @@ from __future__ import annotations
 import heapq
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -163,6 +163,33 @@ class ProfileTable:
         return len(self._items)
 
 
+def segment_profiles(
+    model: HybridForCausalLM,
+    table: ProfileTable,
+    tokenizer: Any,
+    segs: Sequence[Sequence[int]],
+    keys: Sequence[str | None],
+    measure: Callable[[HybridForCausalLM, Sequence[int], Sequence[int]], SeamProfile],
+    prefix: str = "",
+) -> list[SeamProfile | None]:
+    """Each segment's profile (None: not cacheable; the first: exact, nothing before it), from
+    ``table`` under ``prefix + key`` or measured by ``measure`` against the table's context and kept."""
+    ctx = table.context(tokenizer)
+    profiles: list[SeamProfile | None] = []
+    for i, (s, k) in enumerate(zip(segs, keys, strict=True)):
+        if k is None:
+            profiles.append(None)
+        elif i == 0:  # nothing before it in the prompt: cached rows are exact
+            profiles.append(SeamProfile((), 0.0))
+        else:
+            p = table.get(prefix + k)
+            if p is None:
+                p = measure(model, s, ctx)
+                table.put(prefix + k, p)
+            profiles.append(p)
+    return profiles
+
+
 def plan_seams(
     model: HybridForCausalLM,
     table: ProfileTable,
@@ -173,19 +200,7 @@ def plan_seams(
 ) -> list[int]:
     """Seam widths of a request's segments (``keys[i]`` None: not cacheable, recomputed whole);
     measures the profiles it has not seen (the caller holds the model)."""
-    ctx = table.context(tokenizer)
-    profiles: list[SeamProfile | None] = []
-    for i, (s, k) in enumerate(zip(segs, keys, strict=True)):
-        if k is None:
-            profiles.append(None)
-        elif i == 0:  # nothing before it in the prompt: cached rows are exact
-            profiles.append(SeamProfile((), 0.0))
-        else:
-            p = table.get(k)
-            if p is None:
-                p = measure_profile(model, s, ctx)
-                table.put(k, p)
-            profiles.append(p)
+    profiles = segment_profiles(model, table, tokenizer, segs, keys, measure_profile)
     total = sum(len(s) for s, k in zip(segs, keys, strict=True) if k is not None)
     cfg = model.config
     floor = cfg.linear_conv_kernel_dim - 1 if "linear" in cfg.layer_types else 0  # conv window of the pieces

@@ -47,7 +47,7 @@ from typing import Any
 
 import torch
 
-from hypic_agent.runtime.hypic.auto_seams import ProfileTable, SeamProfile
+from hypic_agent.runtime.hypic.auto_seams import ProfileTable, SeamProfile, segment_profiles
 from hypic_agent.runtime.hypic.blend_scout import scout_mass
 from hypic_agent.runtime.hypic.combine import _attention, _linear
 from hypic_agent.runtime.hypic.combine_inputs import combine_inputs
@@ -178,19 +178,7 @@ def plan_blend(
 ) -> BlendPlan:
     """Stage 1 of a request's blend (``keys[i]`` None: not cacheable, recomputed whole); measures the
     token profiles it has not seen (the caller holds the model)."""
-    ctx = table.context(tokenizer)
-    profiles: list[SeamProfile | None] = []
-    for i, (s, k) in enumerate(zip(segs, keys, strict=True)):
-        if k is None:
-            profiles.append(None)
-        elif i == 0:  # nothing before it in the prompt: cached rows are exact
-            profiles.append(SeamProfile((), 0.0))
-        else:
-            p = table.get(KEY_PREFIX + k)
-            if p is None:
-                p = measure_tokens(model, s, ctx)
-                table.put(KEY_PREFIX + k, p)
-            profiles.append(p)
+    profiles = segment_profiles(model, table, tokenizer, segs, keys, measure_tokens, KEY_PREFIX)
     lengths = [len(s) for s in segs]
     n_layers = len(model.layers)
     cached = [p is not None for p in profiles]
