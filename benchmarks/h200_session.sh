@@ -21,7 +21,10 @@ fi
 # The device tool returns at most 8 files of 16 MiB from $OUT: logs and JSON go into one
 # results.tgz, the Triton cache (xz) into 15 MiB parts.
 pack_cache() { (cd "$OUT" && ls *.log *.json >/dev/null 2>&1 && tar -czf results.tgz *.log *.json && rm -f *.log *.json)
-  (cd "$TRITON_CACHE_DIR" && tar -cf - . | xz -T0 -6) | split -b 15m -d - "$OUT/triton-cache.txz."; ls -la "$OUT"; }
+  # a cache hit loads only a kernel's metadata JSON and its cubin (and the launchers' .so): the IR texts
+  # (llir, ptx, ttgir, ttir, source) are two thirds of the cache and stay behind
+  (cd "$TRITON_CACHE_DIR" && tar -cf - --exclude='*.llir' --exclude='*.ptx' --exclude='*.ttgir' --exclude='*.ttir' \
+    --exclude='*.source' . | xz -T0 -6) | split -b 15m -d - "$OUT/triton-cache.txz."; ls -la "$OUT"; }
 trap pack_cache EXIT
 step() { local t=$1 name=$2; shift 2; echo "== $name (limit ${t}s)"; local s=$SECONDS
   timeout "$t" "$@" > "$OUT/$name.log" 2>&1; echo "rc=$? in $((SECONDS - s))s"; tail -n ${TAIL_N:-25} "$OUT/$name.log"; }

@@ -48,6 +48,12 @@ def build_model(
     builder = BUILDERS.get(cfg.family)
     if builder is None:
         raise ModelConfigError(f"no builder registered for family {cfg.family!r}")
-    with torch.device(device):
-        model = builder(cfg)
+    # parameters are created in ``dtype`` (a 48B model would not fit a GPU in fp32 before the cast)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(dtype if dtype.is_floating_point else default)
+    try:
+        with torch.device(device):
+            model = builder(cfg)
+    finally:
+        torch.set_default_dtype(default)
     return model.to(dtype=dtype).eval()
