@@ -261,14 +261,17 @@ def decode_ms_per_token(model: str, n: int = 32) -> float:
     from hypic_agent.runtime.loader import load_engine
     from hypic_agent.runtime.results import FinishEvent
     from hypic_agent.runtime.sampling import SamplingParams
+    from hypic_agent.runtime.serving import Serving
     from hypic_agent.segments.keys import KeyContext
     from hypic_agent.segments.plan import build_plan
 
-    engine = load_engine(Settings(device="cpu"), model=model)
-    plan: Any = build_plan([], "Write a long story about a lighthouse.", engine.tokenizer, KeyContext("bench", "t", 0))
+    serving = Serving(load_engine(Settings(device="cpu"), model=model))
+    tok = serving.engine.tokenizer
+    plan: Any = build_plan([], "Write a long story about a lighthouse.", tok, KeyContext("bench", "t", 0))
     fin = None
-    for ev in engine.generate(plan, SamplingParams(max_tokens=n, ignore_eos=True), mode="full_recompute"):
+    for ev in serving.generate(plan, SamplingParams(max_tokens=n, ignore_eos=True), mode="full_recompute"):
         fin = ev if isinstance(ev, FinishEvent) else fin
+    serving.close()
     assert fin is not None
     return (fin.total_ms - fin.ttft_ms) / max(1, fin.completion_tokens - 1)
 

@@ -30,6 +30,7 @@ from hypic_agent.runtime.engine import Engine
 from hypic_agent.runtime.results import FinishEvent
 from hypic_agent.runtime.sampling import SamplingParams
 from hypic_agent.runtime.scheduler.request import GenerationRequest
+from hypic_agent.runtime.serving import Serving
 
 
 class Trace:
@@ -54,7 +55,7 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, round(q * (len(xs) - 1)))] if xs else float("nan")
 
 
-def run_load(engine: Engine, trace: Trace, mode: str, rate: float, n: int, max_tokens: int, seed: int) -> dict:
+def run_load(serving: Serving, trace: Trace, mode: str, rate: float, n: int, max_tokens: int, seed: int) -> dict:
     rng = random.Random(seed)
     sampling = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
     results: list[dict[str, float]] = []
@@ -73,7 +74,7 @@ def run_load(engine: Engine, trace: Trace, mode: str, rate: float, n: int, max_t
                     results.append({"ttft_ms": (first - t_arr) * 1e3, "tpot_ms": tpot, "end": end})
 
     plans = [trace.request() for _ in range(n)]
-    before = engine.scheduler.stats.as_dict()
+    before = serving.scheduler.stats.as_dict()
     threads = []
     t_start = time.perf_counter()
     t_next = t_start
@@ -83,7 +84,7 @@ def run_load(engine: Engine, trace: Trace, mode: str, rate: float, n: int, max_t
         if delay > 0:
             time.sleep(delay)
         t_arr = time.perf_counter()
-        handle = engine.scheduler.submit(GenerationRequest(plan, sampling, mode, t0=t_arr))
+        handle = serving.scheduler.submit(GenerationRequest(plan, sampling, mode, t0=t_arr))
         th = threading.Thread(target=consume, args=(handle, t_arr), daemon=True)
         th.start()
         threads.append(th)
@@ -92,7 +93,7 @@ def run_load(engine: Engine, trace: Trace, mode: str, rate: float, n: int, max_t
     if not results:
         raise SystemExit(f"{mode} at {rate} QPS: every request failed (see the log)")
     span = max(r["end"] for r in results) - t_start
-    after = engine.scheduler.stats.as_dict()
+    after = serving.scheduler.stats.as_dict()
     ttft = [r["ttft_ms"] for r in results]
     return {
         "mode": mode,
@@ -139,12 +140,13 @@ def main() -> None:
         )
         engine = Engine(model, None, "qps-bench", settings)
         engine.tokenizer = _NoText()
+        serving = Serving(engine)
         trace = Trace(args, model.config.vocab_size)
-        run_load(engine, trace, mode, 0.0, args.warm_requests, args.max_tokens, args.seed)
+        run_load(serving, trace, mode, 0.0, args.warm_requests, args.max_tokens, args.seed)
         best = 0.0
         for rate in args.loads:
             n = args.per_load or max(12, round(rate * 12))
-            row = run_load(engine, trace, mode, rate, n, args.max_tokens, args.seed + int(rate * 100))
+            row = run_load(serving, trace, mode, rate, n, args.max_tokens, args.seed + int(rate * 100))
             rows.append(row)
             print({k: round(v, 2) if isinstance(v, float) else v for k, v in row.items()}, flush=True)
             write_json(args.out, {"args": vars(args), "rows": rows, "partial": True})
@@ -153,8 +155,8 @@ def main() -> None:
             else:
                 break
         summary[mode] = best
-        engine.close()
-        del engine, trace
+        serving.close()
+        del serving, engine, trace
         gc.collect()  # the engine's pool, entry cache and prefix cache go before the next mode's
         if args.device.startswith("cuda"):
             torch.cuda.empty_cache()

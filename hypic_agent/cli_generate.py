@@ -229,6 +229,7 @@ def raw_completion(engine: Any, req: GenerateRequest, seed: int, out: TextIO) ->
     """``--raw``: the prompt's own tokens (no template) completed by full recompute."""
     from hypic_agent.runtime.results import FinishEvent
     from hypic_agent.runtime.sampling import SamplingParams
+    from hypic_agent.runtime.serving import Serving
 
     ids = tuple(engine.tokenizer.encode(req.prompt, add_special_tokens=True))
 
@@ -241,14 +242,18 @@ def raw_completion(engine: Any, req: GenerateRequest, seed: int, out: TextIO) ->
         max_tokens=req.max_tokens, temperature=req.temperature, top_p=req.top_p, top_k=req.top_k, seed=seed
     )
     t0 = time.perf_counter()
-    for ev in engine.generate(_Plan(), params, mode="full_recompute"):
-        if isinstance(ev, FinishEvent):
-            out.write("\n")
+    serving = Serving(engine)
+    try:
+        for ev in serving.generate(_Plan(), params, mode="full_recompute"):
+            if isinstance(ev, FinishEvent):
+                out.write("\n")
+                out.flush()
+                return (
+                    f"{ev.completion_tokens} tokens in {time.perf_counter() - t0:.1f} s (ttft {ev.ttft_ms:.0f} ms, "
+                    f"finish={ev.finish_reason}); prompt {len(ids)} tokens, raw"
+                )
+            out.write(ev.text)
             out.flush()
-            return (
-                f"{ev.completion_tokens} tokens in {time.perf_counter() - t0:.1f} s (ttft {ev.ttft_ms:.0f} ms, "
-                f"finish={ev.finish_reason}); prompt {len(ids)} tokens, raw"
-            )
-        out.write(ev.text)
-        out.flush()
+    finally:
+        serving.scheduler.shutdown()  # the engine is the caller's
     return ""

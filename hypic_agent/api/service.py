@@ -119,7 +119,7 @@ def submit_job(st: ServerState, job: GenerateJob, sink: EventSink | None = None)
     """Queue ``job`` on the engine's scheduler (raises 4xx / 429 before anything runs); with ``sink``
     its events go there (``api.job_stream``) instead of ``handle.events()``."""
     req = GenerationRequest(job.plan, job.sampling, job.mode, job.seam, job.tenant, t0=job.t0)
-    return st.engine.scheduler.submit(req, sink)
+    return st.serving.scheduler.submit(req, sink)
 
 
 def run_job(st: ServerState, job: GenerateJob) -> Iterator[Timed]:

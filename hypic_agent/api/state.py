@@ -1,4 +1,5 @@
-"""``ServerState``: what one app instance holds (engine, store, cache adapter, metrics, auth).
+"""``ServerState``: what one app instance holds (engine and its serving side, store, cache adapter,
+metrics, auth).
 
 Built by the app's lifespan (``app.py``) and reached from routes via ``request.app.state.hypic``.
 """
@@ -20,6 +21,7 @@ from hypic_agent.api.metrics_serving import ServingCollector
 from hypic_agent.config import Settings
 from hypic_agent.runtime.engine import Engine
 from hypic_agent.runtime.hypic.store_cache import StoreEntryCache
+from hypic_agent.runtime.serving import Serving
 from hypic_agent.segments.framing import Framer
 from hypic_agent.segments.store import SegmentStore
 
@@ -28,6 +30,7 @@ from hypic_agent.segments.store import SegmentStore
 class ServerState:
     settings: Settings
     engine: Engine
+    serving: Serving  # the engine's state pool, runner and scheduler (one per app)
     store: SegmentStore
     cache: StoreEntryCache
     metrics: Metrics
@@ -40,17 +43,29 @@ class ServerState:
     _depth_lock: threading.Lock = field(default_factory=threading.Lock)
 
     @classmethod
-    def build(cls, settings: Settings, engine: Engine, store: SegmentStore, metrics: Metrics, owns_store: bool) -> Any:
+    def build(
+        cls,
+        settings: Settings,
+        engine: Engine,
+        store: SegmentStore,
+        metrics: Metrics,
+        owns_store: bool,
+        serving: Serving | None = None,
+    ) -> Any:
+        """The app's state over ``engine``; ``serving``: its serving side if already built (one per
+        engine: its state pool holds a share of the device memory), else built now."""
         cache = engine.cache
         if not (isinstance(cache, StoreEntryCache) and cache.store is store):
             cache = StoreEntryCache(store, engine.model.config.layer_types, engine.fingerprint)
             engine.cache = cache
         cache.on_insert = lambda _key: metrics.cold.inc()
-        # the state pool is allocated now, at start-up (not on the first request)
-        metrics.registry.register(ServingCollector(engine.scheduler, engine.scatter_pool))
+        if serving is None:  # the state pool is allocated now, at start-up (not on the first request)
+            serving = Serving(engine)
+        metrics.registry.register(ServingCollector(serving.scheduler, engine.scatter_pool))
         return cls(
             settings=settings,
             engine=engine,
+            serving=serving,
             store=store,
             cache=cache,
             metrics=metrics,
@@ -80,7 +95,7 @@ class ServerState:
                 self.metrics.queue_depth.set(self._depth)
 
     def close(self) -> None:
-        self.engine.close()
+        self.serving.close()  # the engine thread, then the engine's scatter workers
         if self.owns_store:
             self.store.close()
         else:

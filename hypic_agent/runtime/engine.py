@@ -6,17 +6,19 @@ stored after it: same entries and logits, one read of the weights per layer inst
 ``Settings.scatter_workers > 1`` they are built on a ``WorkerPool`` of worker processes, each with
 a replica of the model on its own device (``runtime.workers``), and stored as they come back.
 
-``Engine.prepare`` turns a prompt plan into a ``RequestState`` in the requested mode;
-``Engine.generate`` decodes from it and streams events. One model stream: requests are
-serialized by a lock, which also makes concurrent requests needing the same cold segment share
-one prefill (the second finds the entry the first stored).
+``Engine.prepare`` turns a prompt plan into a ``RequestState`` in the requested mode (served
+through the scheduler, a composed request's state goes straight into the state pool: ``into``).
+The engine serves nothing itself: ``runtime.serving.Serving`` puts one to serve (state pool, model
+runner, scheduler). Model work is serialized by the engine's lock, which also makes concurrent
+requests needing the same cold segment share one prefill (the second finds the entry the first
+stored).
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -39,16 +41,15 @@ from hypic_agent.runtime.hypic.layout import plan_layout
 from hypic_agent.runtime.hypic.modes import ModeSpec, mode_spec, seam_tokens, validate_seam
 from hypic_agent.runtime.hypic.prefix_cache import PrefixCache
 from hypic_agent.runtime.models.hybrid import HybridForCausalLM
-from hypic_agent.runtime.results import FinishEvent, Prepared, SegmentUsage, TokenEvent, fold_pieces
+from hypic_agent.runtime.results import Prepared, SegmentUsage, fold_pieces
 from hypic_agent.runtime.router import Route, route
-from hypic_agent.runtime.sampling import SamplingParams
+from hypic_agent.runtime.runner.destination import StateDestination
 from hypic_agent.runtime.scatter import scatter_prefill
 from hypic_agent.runtime.state import RequestState
 from hypic_agent.segments.keys import segment_key
 from hypic_agent.segments.split import Split, split_segments
 
 if TYPE_CHECKING:
-    from hypic_agent.runtime.scheduler.scheduler import Scheduler
     from hypic_agent.runtime.workers.pool import WorkerPool
 
 
@@ -130,8 +131,6 @@ class Engine:
         if self.settings.cuda_graphs and self.device.type == "cuda" and model.cold_graphs is None:
             enable_cold_graphs(model, self.settings.cold_graph_after, self.settings.cold_graphs_max)
         self.headroom = AllocatorHeadroom(self.device, self.settings.cuda_headroom_bytes)
-        self._scheduler: Scheduler | None = None
-        self._scheduler_lock = threading.Lock()
         self.scatter_pool: WorkerPool | None = None
         if self.settings.scatter_workers > 1:
             self.scatter_pool = self._start_pool(model_spec)
@@ -222,14 +221,20 @@ class Engine:
         """The prompt as a standalone ``RequestState`` (with ``last_logits``) in ``mode``."""
         return self.prepare_pieces(self.pieces(plan, mode=mode, seam=seam, max_new_tokens=max_new_tokens), tenant)
 
-    def prepare_pieces(self, p: PromptPieces, tenant: str = "default") -> Prepared:
+    def prepare_pieces(
+        self, p: PromptPieces, tenant: str = "default", into: StateDestination | None = None
+    ) -> Prepared:
+        """``p`` prepared in its mode. ``into`` (composed modes only): the combine writes the state
+        into the request's slot and pages of the state pool; ``Prepared.state`` then has no layers."""
+        if into is not None and not p.spec.composed:
+            raise ValueError(f"{p.spec.name} prepares no state into the pool here (the scheduler runs its chunks)")
         with self.lock:
             if p.spec.name == "full_recompute":
                 out = self._full(p.segs, p.kinds, p.suffix)
             elif p.spec.name == "prefix_cache":
                 out = self._prefix(p.segs, p.kinds, p.suffix, tenant)
             else:
-                out = self._composed(p.segs, p.kinds, p.suffix, p.spec, p.w, tenant)
+                out = self._composed(p.segs, p.kinds, p.suffix, p.spec, p.w, tenant, into)
                 out.segments = fold_pieces(out.segments, p.owners)
             self.headroom.top_up()  # the forward is queued: the GPU is busy while the host refills
             return out
@@ -302,7 +307,14 @@ class Engine:
         return prefix_prepared(keys, segs, kinds, depth, reused, state.length, state, {"prefill_ms": _ms(t0)})
 
     def _composed(
-        self, segs: list[tuple[int, ...]], kinds: list[str], suffix: list[int], spec: Any, w: float | str, tenant: str
+        self,
+        segs: list[tuple[int, ...]],
+        kinds: list[str],
+        suffix: list[int],
+        spec: Any,
+        w: float | str,
+        tenant: str,
+        into: StateDestination | None = None,
     ) -> Prepared:
         t0 = time.perf_counter()
         seams, keys, bp = self.seam_plan(PromptPieces(segs, kinds, suffix, spec, w, 0), tenant)
@@ -320,7 +332,7 @@ class Engine:
         t2 = time.perf_counter()
         blend = bp.pick(self.model, segs, entries, suffix) if bp is not None else None  # seam="blend"
         lay = plan_layout(segs, entries, seams, suffix, self.device, blend)
-        state = combine(self.model, lay, entries, spec, cold=cold, kernels=self.kernels)
+        state = combine(self.model, lay, entries, spec, cold=cold, kernels=self.kernels, into=into)
         if cold is not None:
             share = cold.n_tokens / (cold.n_tokens + lay.active_ids.numel())
             cold.set_cost(_ms(t2) * share)
@@ -374,55 +386,8 @@ class Engine:
             assert key is not None
             self.cache.insert(key, e, kind=kinds[i], tenant=tenant)
 
-    # ------------------------------------------------------------------ serving
-    @property
-    def scheduler(self) -> Scheduler:
-        """The engine thread's scheduler over a state pool (created, and its pool allocated, on first use)."""
-        with self._scheduler_lock:
-            if self._scheduler is None:
-                from hypic_agent.runtime.runner.pool import StatePool
-                from hypic_agent.runtime.runner.runner import ModelRunner
-                from hypic_agent.runtime.runner.sizing import pool_sizes
-                from hypic_agent.runtime.scheduler.scheduler import Scheduler
-
-                p = next(self.model.parameters())
-                slots, kv_tokens = pool_sizes(self.model.config, self.settings, self.max_context, p.device, p.dtype)
-                pool = StatePool(
-                    self.model.config,
-                    slots=slots,
-                    kv_tokens=kv_tokens,
-                    page_size=self.settings.kv_page_size,
-                    device=p.device,
-                    dtype=p.dtype,
-                    max_seq_tokens=self.max_context,
-                )
-                graphs = self.settings.cuda_graphs and p.device.type == "cuda"
-                runner = ModelRunner(
-                    self.model, pool, decode_graphs=graphs, max_batch=self.settings.decode_graph_max_batch
-                )
-                self._scheduler = Scheduler(self, runner, self.settings)
-            return self._scheduler
-
-    def generate(
-        self,
-        plan: PlanLike,
-        sampling: SamplingParams,
-        *,
-        mode: str | None = None,
-        seam: float | str | None = None,
-        tenant: str = "default",
-    ) -> Iterator[TokenEvent | FinishEvent]:
-        """Submit to the scheduler and stream its events: ``TokenEvent``s then one ``FinishEvent``
-        (closing the iterator early cancels the request)."""
-        from hypic_agent.runtime.scheduler.request import GenerationRequest
-
-        req = GenerationRequest(plan, sampling, mode, seam, tenant)
-        yield from self.scheduler.generate(req)
-
     def close(self) -> None:
-        """Stop the engine thread (if it was started) and the scatter workers (if any)."""
-        if self._scheduler is not None:
-            self._scheduler.shutdown()
+        """Stop the scatter workers (if any); the scheduler is its ``Serving``'s to stop."""
         if self.scatter_pool is not None:
             self.scatter_pool.close()
 

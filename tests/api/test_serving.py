@@ -44,22 +44,22 @@ def test_eight_concurrent_streams_each_get_their_own_answer(client):
         for i in range(8)
     ]
     alone = [client.post("/v1/generate", json=b).json()["text"] for b in bodies]
-    forwards = state(client).engine.scheduler.stats.forwards
+    forwards = state(client).serving.scheduler.stats.forwards
     with ThreadPoolExecutor(8) as pool:
         together = list(pool.map(lambda b: _stream_text(client, b), bodies))
     assert together == alone
-    sched = state(client).engine.scheduler
+    sched = state(client).serving.scheduler
     tokens = sum(len(t) for t in alone)  # byte-level tiny tokenizer: about a token per character
     assert sched.stats.forwards - forwards < tokens  # decode steps were shared between streams
     assert sched.snapshot()["slots_used"] == 0
 
 
 def test_short_request_is_not_held_behind_a_long_one(client, monkeypatch):
-    engine = state(client).engine
+    serving = state(client).serving
     monkeypatch.setattr(Engine, "eos_ids", property(lambda self: ()))  # the long one runs to max_tokens
     seg = type("Seg", (), {"token_ids": tuple(range(40, 90)), "kind": "document"})()
     plan = type("Plan", (), {"segments": [seg], "suffix_ids": [5, 6, 7], "bos_id": None})()
-    handle = engine.scheduler.submit(GenerationRequest(plan, SamplingParams(max_tokens=600)))
+    handle = serving.scheduler.submit(GenerationRequest(plan, SamplingParams(max_tokens=600)))
     events = handle.events(timeout=120)
     next(events)  # decoding has started
     t0 = time.perf_counter()
@@ -90,7 +90,7 @@ def test_full_queue_is_429_and_a_request_that_never_fits_is_400(small_engine, tm
         seg = type("Seg", (), {"token_ids": (1, 2, 3), "kind": "document"})()
         plan = type("Plan", (), {"segments": [seg], "suffix_ids": [4], "bos_id": None})()
         with small_engine.lock:  # the engine thread cannot step: the one queued request stays queued
-            small_engine.scheduler.submit(GenerationRequest(plan, SamplingParams(max_tokens=2)))
+            state(client).serving.scheduler.submit(GenerationRequest(plan, SamplingParams(max_tokens=2)))
             r = client.post("/v1/generate", json={"segments": [doc(PARIS)], "query": "q", "max_tokens": 2})
         assert r.status_code == 429 and r.json()["error"]["type"] == "queue_full"
         assert int(r.headers["retry-after"]) >= 1
@@ -116,7 +116,7 @@ def test_disconnected_non_streaming_client_stops_the_decode(engine, tmp_path, mo
             if server.started:
                 break
             time.sleep(0.05)
-        sched = engine.scheduler
+        sched = app.state.hypic.serving.scheduler
         before = sched.stats.cancelled
         body = {"segments": [doc(PARIS)], "query": "q", "max_tokens": 3000}
         with pytest.raises(httpx.ReadTimeout):

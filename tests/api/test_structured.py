@@ -147,7 +147,7 @@ def test_constrained_requests_decoded_in_one_batch_each_validate(client):
 
     from tests.api.conftest import state
 
-    sched = state(client).engine.scheduler
+    sched = state(client).serving.scheduler
     alone = chat(client, response_format=SCHEMA_FORMAT, max_tokens=200)["choices"][0]["message"]["content"]
     forwards = sched.stats.forwards
 

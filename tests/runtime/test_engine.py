@@ -11,6 +11,7 @@ from hypic_agent.runtime.engine import Engine
 from hypic_agent.runtime.models.tokenizer import tiny_tokenizer
 from hypic_agent.runtime.results import FinishEvent, TokenEvent
 from hypic_agent.runtime.sampling import SamplingParams
+from hypic_agent.runtime.serving import Serving
 
 from .conftest import Plan, Seg, make_model, rand_tokens
 
@@ -62,7 +63,9 @@ def test_hypic_reuses_segments_in_any_order(engine):
 
 
 def test_generate_streams_and_finishes(engine):
-    events = list(engine.generate(Plan(docs(2)), SamplingParams(max_tokens=5), mode="hypic"))
+    serving = Serving(engine)
+    events = list(serving.generate(Plan(docs(2)), SamplingParams(max_tokens=5), mode="hypic"))
+    serving.close()
     assert isinstance(events[-1], FinishEvent)
     assert all(isinstance(e, TokenEvent) for e in events[:-1])
     assert events[-1].completion_tokens <= 5

@@ -14,6 +14,7 @@ from hypic_agent.config import MODES, Settings
 from hypic_agent.runtime.engine import Engine
 from hypic_agent.runtime.results import TokenEvent
 from hypic_agent.runtime.sampling import SamplingParams
+from hypic_agent.runtime.serving import Serving
 
 from .conftest import Plan, Seg, rand_tokens
 
@@ -38,7 +39,9 @@ def docs(n: int = 3, length: int = 24, seed: int = 300) -> list[Seg]:
 
 
 def greedy(engine: Engine, plan: Plan, mode: str, seam: float | None = None) -> list[int]:
-    events = engine.generate(plan, SamplingParams(max_tokens=6, temperature=0.0), mode=mode, seam=seam)
+    serving = Serving(engine)
+    events = list(serving.generate(plan, SamplingParams(max_tokens=6, temperature=0.0), mode=mode, seam=seam))
+    serving.scheduler.shutdown()  # the engine is the fixture's
     return [e.token_id for e in events if isinstance(e, TokenEvent) and e.token_id is not None]
 
 

@@ -16,15 +16,17 @@ from hypic_agent.runtime.models.tokenizer import tiny_tokenizer
 from hypic_agent.runtime.results import FinishEvent, TokenEvent
 from hypic_agent.runtime.sampling import SamplingParams
 from hypic_agent.runtime.scheduler.request import GenerationRequest
+from hypic_agent.runtime.serving import Serving
 
 from .conftest import make_model, rand_tokens
 from .test_engine import Plan, Seg
 
 
-def _engine(**kw) -> Engine:
+def _engine(**kw) -> Serving:
+    """A tiny engine put to serve (``Serving``: its pool, runner and scheduler)."""
     model, _, _ = make_model("qwen3_5_text")
     base = dict(min_cached_tokens=4, kv_page_size=8, prefill_chunk_tokens=32, max_running=8, kv_pool_tokens=2048)
-    return Engine(model, tiny_tokenizer(), "tiny-test", Settings(**(base | kw)))
+    return Serving(Engine(model, tiny_tokenizer(), "tiny-test", Settings(**(base | kw))))
 
 
 def _docs(n: int, seed: int, length: int = 24) -> list[Seg]:
@@ -116,7 +118,7 @@ def test_refusals_before_admission():
     eng = _engine(max_waiting=1, max_running=1)
     sched = eng.scheduler
     gate = threading.Event()
-    with eng.lock:  # hold the engine: nothing is admitted, the queue fills
+    with eng.engine.lock:  # hold the engine: nothing is admitted, the queue fills
         sched.submit(GenerationRequest(Plan(_docs(1, 6100)), SamplingParams(max_tokens=2)))
         with pytest.raises(QueueFullError) as err:
             sched.submit(GenerationRequest(Plan(_docs(1, 6200)), SamplingParams(max_tokens=2)))

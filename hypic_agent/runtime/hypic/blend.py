@@ -49,8 +49,9 @@ import torch
 
 from hypic_agent.runtime.hypic.auto_seams import ProfileTable, SeamProfile, segment_profiles
 from hypic_agent.runtime.hypic.blend_scout import scout_mass
-from hypic_agent.runtime.hypic.combine import _attention, _linear
+from hypic_agent.runtime.hypic.combine import _attention
 from hypic_agent.runtime.hypic.combine_inputs import combine_inputs
+from hypic_agent.runtime.hypic.combine_linear import _linear
 from hypic_agent.runtime.hypic.entry import SegmentEntry
 from hypic_agent.runtime.hypic.layout import CombineLayout, plan_layout
 from hypic_agent.runtime.hypic.modes import mode_spec

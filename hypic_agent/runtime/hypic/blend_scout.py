@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import torch
 
-from hypic_agent.runtime.hypic.combine import _attention, _linear
+from hypic_agent.runtime.hypic.combine import _attention
 from hypic_agent.runtime.hypic.combine_inputs import combine_inputs
+from hypic_agent.runtime.hypic.combine_linear import _linear
 from hypic_agent.runtime.hypic.entry import SegmentEntry
 from hypic_agent.runtime.hypic.layout import CombineLayout
 from hypic_agent.runtime.hypic.modes import mode_spec

@@ -12,11 +12,18 @@ conv state is preloaded with the tail of the body before it. Two ways to run it,
   ``chain_scan`` gives the state entering every piece, and the pieces' outputs follow from those
   states with the same WY factors (``GatedDeltaNet.mix_after_pairs``).
 
+(Both live in ``combine_linear``.)
+
 Attention layers: active tokens attend over spliced KV (cached bodies rotated to their global
 positions, or left at their local positions without ``rerotate``) and write fresh KV for the
 active rows. A linear mixer with RoPE inside (Ring-linear's ``lightning_rope``) gets the same
 treatment of its cached states: ``place(S, P)`` = ``R(P) S`` for a body whose segment starts at P.
 Feed-forward blocks replay from CUDA graphs where enabled (``runtime.graphs``).
+
+Served through the scheduler, the combine writes its result straight into the request's slot and
+pages of the state pool (``into``: ``runner.destination.StateDestination``): each attention layer
+assembles its K/V in the pool's rows (a contiguous run of pages), each linear layer's final state
+is copied into the slot; no standalone state of the whole prompt is built and then loaded.
 """
 
 from __future__ import annotations
@@ -27,109 +34,18 @@ import torch
 
 from hypic_agent.kernels.config import DEFAULT_KERNELS, KernelConfig
 from hypic_agent.runtime.graphs import mixer_in, mixer_out
-from hypic_agent.runtime.hypic.blend_rows import blend_linear
 from hypic_agent.runtime.hypic.build import ColdBatch
 from hypic_agent.runtime.hypic.combine_graphs import CombineGraphs
-from hypic_agent.runtime.hypic.combine_inputs import CombineInputs, LayerScan, combine_inputs
-from hypic_agent.runtime.hypic.entry import AttentionEntry, LinearEntry, SegmentEntry
+from hypic_agent.runtime.hypic.combine_inputs import CombineInputs, combine_inputs
+from hypic_agent.runtime.hypic.combine_linear import _linear
+from hypic_agent.runtime.hypic.entry import AttentionEntry, SegmentEntry
 from hypic_agent.runtime.hypic.layout import CombineLayout
 from hypic_agent.runtime.hypic.modes import ModeSpec
 from hypic_agent.runtime.hypic.splice import SpliceTables
 from hypic_agent.runtime.models.attention import FullAttention
-from hypic_agent.runtime.models.gated_deltanet import GatedDeltaNet
 from hypic_agent.runtime.models.hybrid import HybridForCausalLM
-from hypic_agent.runtime.models.linear_mixer import LinearMixer, at
-from hypic_agent.runtime.state import AttentionLayerState, LayerState, LinearLayerState, RequestState
-
-
-def _conv_init(
-    mixer: LinearMixer,
-    lay: CombineLayout,
-    entries: list[SegmentEntry | None],
-    li: int,
-    like: torch.Tensor,
-    tails: torch.Tensor | None,
-) -> torch.Tensor:
-    """Conv state entering each piece ``[P, C, W-1]``: the tail of the body before it, or zeros;
-    ``tails``: this layer's row of ``SpliceTables.conv_tails`` (None: stacked from the entries)."""
-    if tails is not None:
-        return tails.to(like.dtype)
-    zero = like.new_zeros(mixer.conv_dim, mixer.kernel - 1)
-    stacked = [
-        zero if seg is None else entries[seg].layers[li].conv_tail  # type: ignore[union-attr]
-        for seg in lay.piece_conv_from
-    ]
-    return torch.stack(stacked).to(like.dtype)
-
-
-def _linear(
-    mixer: LinearMixer,
-    inputs: tuple[torch.Tensor, ...],
-    lay: CombineLayout,
-    entries: list[SegmentEntry | None],
-    li: int,
-    spec: ModeSpec,
-    scan: LayerScan | None,
-    tails: torch.Tensor | None,
-    h0: torch.Tensor | None,
-    kernels: KernelConfig,
-    record: dict[str, torch.Tensor] | None = None,
-) -> tuple[torch.Tensor, LinearLayerState]:
-    """``inputs``: the linear mixer's ``inputs`` of the active tokens; ``scan``: the layer's chain for
-    the fused scan (GDN only; None: the chunked path); ``tails``: the conv states entering the pieces
-    (None: from the entries); ``h0``: the composed leading bodies (None: zero); ``kernels``: the fused
-    scan's kernel choices -> (o before the output projection (GDN ``[T, HV, V]``), state).
-
-    With blend rows (``lay.blend_rows``) the pieces run here on their rows and ``blend.linear_rows``
-    runs the blend rows from the states entering their bodies (``record``: where this call leaves
-    the chain's states ``"states"`` and the pieces' final conv states ``"conv"``)."""
-    if lay.blend_rows is not None and record is None:
-        assert scan is None, "blend rows run on the chunked path"
-        return blend_linear(mixer, inputs, lay, entries, li, spec, tails, kernels, _linear)
-    dev = inputs[0].device
-    init = _conv_init(mixer, lay, entries, li, inputs[0], tails)
-    pos = lay.active_pos if lay.piece_rows is None else lay.active_pos[lay.piece_rows]
-    ops, conv_final = mixer.convolve(*inputs, lay.cu_pieces, init, **at(mixer, pos))
-    if record is not None:
-        record["conv"] = conv_final
-    if scan is not None:
-        assert isinstance(mixer, GatedDeltaNet)
-        o, final = mixer.mix_scan(
-            ops, scan.chain, transition=spec.transition, tables=scan.tables, h0=h0,
-            precise_for_half=kernels.precise_for_half,
-        )  # fmt: skip
-        return o, LinearLayerState(final, conv_final[-1])
-    h0 = torch.zeros(mixer.hv, mixer.dk, mixer.dv, device=dev, dtype=torch.float32)
-    if lay.cu_pieces.numel() == 2 and lay.chain[0].kind == "piece" and record is None:  # nothing cached before it
-        o, finals = mixer.mix(ops, lay.cu_pieces, h0.unsqueeze(0))
-        return o, LinearLayerState(finals[-1], conv_final[-1])
-
-    place = getattr(mixer, "place", None) if spec.rerotate else None  # RoPE inside: S at its segment's offset
-    starts = lay.segment_starts
-
-    def enter(Tp: torch.Tensor, Sp: torch.Tensor) -> torch.Tensor:
-        """Pieces' own pairs (GDN ``[P, HV, K, K]``, Mamba2 ``[P, HV]``; and ``[P, HV, K, V]``) -> states
-        entering them ``[P, HV, K, V]``."""
-        eye = mixer.pair_identity(h0)
-        Ts: list[torch.Tensor] = []
-        Ss: list[torch.Tensor] = []
-        piece_slot: list[int] = []
-        for item in lay.chain:
-            if item.kind == "piece":
-                piece_slot.append(len(Ts))
-                Ts.append(Tp[item.index])
-                Ss.append(Sp[item.index])
-            else:
-                le: LinearEntry = entries[item.index].layers[li]  # type: ignore[union-attr,assignment]
-                Ts.append(le.T.float() if spec.transition else eye)
-                Ss.append(le.S.float() if place is None else place(le.S.float(), starts[item.index]))
-        states = mixer.compose(h0, torch.stack(Ts), torch.stack(Ss))  # [n+1, HV, K, V]
-        if record is not None:
-            record["states"] = states  # entering every chain item
-        return states[torch.tensor(piece_slot, device=dev)]
-
-    o, finals = mixer.mix_after_pairs(ops, lay.cu_pieces, enter)
-    return o, LinearLayerState(finals[-1], conv_final[-1])
+from hypic_agent.runtime.runner.destination import StateDestination
+from hypic_agent.runtime.state import AttentionLayerState, LayerState, RequestState
 
 
 def _attention(
@@ -142,13 +58,17 @@ def _attention(
     li: int,
     spec: ModeSpec,
     splice: SpliceTables | None,
+    into: StateDestination | None = None,
 ) -> tuple[torch.Tensor, AttentionLayerState]:
     """Un-rotated q, k, v of the active tokens -> (o ``[T, Hq, D]`` before the output projection,
-    state); the bodies' keys and values by ``splice`` (None: from the entries)."""
+    state: K/V ``[L, Hkv, D]``); the bodies' keys and values by ``splice`` (None: from the entries).
+    ``into``: the K/V is assembled in the request's pool rows where they are one run (``kv_buffers``)."""
     q = attn.rotate(q, lay.active_pos)
     k = attn.rotate(k, lay.active_pos)
-    k_full = k.new_empty(lay.total, *attn.k_row)  # MLA: rope keys and latents (rotation: rope dims only)
-    v_full = v.new_empty(lay.total, *attn.v_row)
+    if into is not None:
+        k_full, v_full = into.kv_buffers(li, attn.k_row, attn.v_row, k)
+    else:  # MLA: rope keys and latents (rotation: rope dims only)
+        k_full, v_full = k.new_empty(lay.total, *attn.k_row), v.new_empty(lay.total, *attn.v_row)
     rot_pos = lay.body_pos if spec.rerotate else lay.body_local_pos
     if lay.body_segments and splice is not None:
         k_full[lay.body_pos] = attn.rotate(splice.bodies(li, v_full), rot_pos)
@@ -188,8 +108,12 @@ def combine(
     fused_scan: bool | None = None,
     cold: ColdBatch | None = None,
     kernels: KernelConfig = DEFAULT_KERNELS,
+    into: StateDestination | None = None,
 ) -> RequestState:
     """Build the request's working state from entries + active tokens; sets ``last_logits``.
+
+    ``into``: write the state into the request's slot and pages of the state pool as the forward
+    runs (``runner.destination``); the state returned then has no layers (length, logits, tokens).
 
     ``fused_scan``: run linear layers through the fused combine scan (True), the chunked path
     (False) or pick (None: fused on CUDA for few active tokens). ``kernels``: the kernel choices the
@@ -209,23 +133,26 @@ def combine(
     graphs = model.combine_graphs if cold is None and gdn_only else None
     if lay.blend_rows is not None and any(layer.linear_attn is not None for layer in model.layers):
         fused_scan = False  # blend rows of a hybrid run on the chunked path, eagerly (blend_rows)
+    if into is not None and into.length != lay.total:
+        raise ValueError(f"a combine of {lay.total} tokens into a destination of {into.length}")
     if isinstance(graphs, CombineGraphs):
-        state = graphs.replay(lay, entries, spec, fused_scan, kernels)
+        state = graphs.replay(lay, entries, spec, fused_scan, kernels, into)
         if state is not None:
             return state
     if cold is not None:  # planned once the GPU has the first layer's work (see forward_steps)
         *_, state = forward_steps(
             model, lay, entries, spec,
             lambda: combine_inputs(model, lay, entries, spec.transition, fused_scan, cold, kernels=kernels), cold,
+            into=into,
         )  # fmt: skip
         assert isinstance(state, RequestState)
         return state
     inputs = combine_inputs(model, lay, entries, spec.transition, fused_scan, cold, kernels=kernels)
     if isinstance(graphs, CombineGraphs) and graphs.should_capture(lay, spec, fused_scan, kernels):
-        state = graphs.capture(lay, entries, spec, fused_scan, kernels, inputs, forward_steps)
+        state = graphs.capture(lay, entries, spec, fused_scan, kernels, inputs, forward_steps, into)
         if state is not None:
             return state
-    *_, state = forward_steps(model, lay, entries, spec, inputs, cold)
+    *_, state = forward_steps(model, lay, entries, spec, inputs, cold, into=into)
     assert isinstance(state, RequestState)
     return state
 
@@ -238,9 +165,11 @@ def forward_steps(
     inputs: CombineInputs | Callable[[], CombineInputs],
     cold: ColdBatch | None = None,
     every: int = 0,
+    into: StateDestination | None = None,
 ) -> Iterator[RequestState | None]:
     """The combine forward on planned ``inputs`` (``combine_inputs``), in steps: yields None after
-    every ``every`` layers (0: never), then the request's state. With ``inputs.by_pointer()`` it reads
+    every ``every`` layers (0: never), then the request's state (``into``: written layer by layer
+    into the pool, the state yielded has no layers). With ``inputs.by_pointer()`` it reads
     no entry tensor directly: every cached tensor comes through a pointer table, which is what lets
     ``combine_graphs`` capture it (as a few graphs, one per step: the GPU starts on the first while
     the host launches the rest).
@@ -280,9 +209,13 @@ def forward_steps(
         else:
             assert layer.self_attn is not None
             q, k, v = xs[:3]
-            o, st = _attention(layer.self_attn, q, k, v, lay, entries, li, spec, planned.splice)
+            o, st = _attention(layer.self_attn, q, k, v, lay, entries, li, spec, planned.splice, into)
             extra = both[3:]  # the output gate, if any
-        layers.append(st)
+        if into is None:
+            layers.append(st)
+        else:  # in the pool already (K/V assembled in place) or written there now
+            into.put(li, st)
+        del st
         h = mixer_out(model, li, h, o if o_cold is None else (o_cold, o), *extra, keep=True)
     logits = model.logits(h[-1:])[0]  # a copy: h may be a view of a graph buffer
     yield RequestState(layers, lay.total, logits, tokens=list(lay.tokens))

@@ -13,7 +13,9 @@ one memory pool, replayed in order) and replayed with
 1. the new active token ids copied into the captured layout's ``active_ids``,
 2. the pointer tables rewritten in place (``CombineInputs.refresh``), and
 3. the outputs (per-layer states, logits) cloned out of the graph's memory into the request's
-   ``RequestState``: the next replay overwrites them.
+   ``RequestState``, or, served through the scheduler, copied straight into the request's slot and
+   pages of the state pool (``StateDestination.absorb``): the next replay overwrites them. The
+   captured forward itself never writes into the pool (its addresses are another request's).
 
 A layout is captured once it has been seen ``capture_after`` times (its first run is eager: it
 autotunes the Triton kernels, which cannot happen inside a capture); up to ``max_graphs`` layouts
@@ -41,6 +43,7 @@ from hypic_agent.runtime.hypic.entry import SegmentEntry
 from hypic_agent.runtime.hypic.layout import CombineLayout
 from hypic_agent.runtime.hypic.modes import ModeSpec
 from hypic_agent.runtime.models.hybrid import HybridForCausalLM
+from hypic_agent.runtime.runner.destination import StateDestination
 from hypic_agent.runtime.state import RequestState
 
 log = logging.getLogger(__name__)
@@ -93,8 +96,10 @@ class CombineGraphs:
         spec: ModeSpec,
         fused_scan: bool | None,
         kernels: KernelConfig,
+        into: StateDestination | None = None,
     ) -> RequestState | None:
-        """The request's state from its layout's graph, or None (no graph yet, or one it cannot use)."""
+        """The request's state from its layout's graph, or None (no graph yet, or one it cannot use);
+        ``into``: its layers are written into the pool (the state returned has none)."""
         if not self.usable(lay):
             return None
         key = self.key(lay, spec, fused_scan, kernels)
@@ -111,7 +116,7 @@ class CombineGraphs:
         for graph in cap.graphs:
             graph.replay()
         self.replays += 1
-        out = cap.out.clone()
+        out = cap.out.clone() if into is None else into.absorb(cap.out)
         out.length, out.tokens = lay.total, list(lay.tokens)
         return out
 
@@ -152,9 +157,11 @@ class CombineGraphs:
         kernels: KernelConfig,
         inputs: CombineInputs,
         forward_steps: ForwardSteps,
+        into: StateDestination | None = None,
     ) -> RequestState | None:
         """Capture ``forward_steps`` on ``inputs`` (planned for ``lay`` with ``kernels``) and replay it;
-        None when the inputs are not all by pointer or the capture fails (the caller runs eagerly)."""
+        None when the inputs are not all by pointer or the capture fails (the caller runs eagerly);
+        ``into``: as in ``replay``."""
         if not inputs.by_pointer() or not self.usable(lay):
             return None
         dev = lay.active_ids.device
@@ -178,7 +185,7 @@ class CombineGraphs:
         self.graphs[self.key(lay, spec, fused_scan, kernels)] = _Captured(graphs, lay, inputs, out)
         for graph in graphs:
             graph.replay()
-        return out.clone()
+        return out.clone() if into is None else into.absorb(out)
 
 
 def enable_combine_graphs(model: HybridForCausalLM, capture_after: int = 2, max_graphs: int = 4) -> CombineGraphs:

@@ -21,8 +21,9 @@ from dataclasses import dataclass
 
 import torch
 
-from hypic_agent.runtime.hypic.combine import _attention, _linear
+from hypic_agent.runtime.hypic.combine import _attention
 from hypic_agent.runtime.hypic.combine_inputs import combine_inputs
+from hypic_agent.runtime.hypic.combine_linear import _linear
 from hypic_agent.runtime.hypic.entry import SegmentEntry
 from hypic_agent.runtime.hypic.layout import CombineLayout
 from hypic_agent.runtime.hypic.modes import ModeSpec

@@ -85,7 +85,9 @@ class StatePool:
         self.k = torch.zeros(n_att, self.n_pages + 1, page_size, *k_row, device=device, dtype=dtype)
         self.v = torch.zeros(n_att, self.n_pages + 1, page_size, *v_row, device=device, dtype=dtype)
         self._free_slots = list(range(slots, 0, -1))  # pop() hands out low numbers first
-        self._free_pages = list(range(self.n_pages, 0, -1))
+        self._page_free = torch.ones(self.n_pages + 1, dtype=torch.bool)  # host mask; page 0 is scratch
+        self._page_free[0] = False
+        self._n_free_pages = self.n_pages
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ sizes
@@ -102,7 +104,7 @@ class StatePool:
             return PoolUsage(
                 self.n_slots - len(self._free_slots),
                 self.n_slots,
-                self.n_pages - len(self._free_pages),
+                self.n_pages - self._n_free_pages,
                 self.n_pages,
                 self.page_size,
                 total,
@@ -110,23 +112,52 @@ class StatePool:
 
     # ------------------------------------------------------------------ alloc / free
     def alloc(self, tokens: int) -> PoolSeq | None:
-        """A slot and the pages for ``tokens`` rows, zeroed linear state; None when they are not free."""
+        """A slot and the pages for ``tokens`` rows, zeroed linear state; None when they are not free.
+        The pages are the lowest run of consecutive free pages where there is one (a combine then
+        assembles each attention layer's K/V in place: ``StateDestination``), else the lowest free."""
         need = self.pages_for(tokens)
         with self._lock:
-            if not self._free_slots or need > len(self._free_pages):
+            if not self._free_slots or need > self._n_free_pages:
                 return None
             slot = self._free_slots.pop()
-            pages = [self._free_pages.pop() for _ in range(need)]
+            pages = self._take_pages(need)
         self.recurrent[:, slot].zero_()
         self.conv[:, slot].zero_()
         return PoolSeq(slot, pages, need * self.page_size)
+
+    def _take_pages(self, need: int) -> list[int]:
+        """Mark ``need`` free pages used (caller holds the lock): the first run of ``need`` consecutive
+        free pages, or the lowest free pages when no run is that long."""
+        free = self._page_free
+        counts = torch.cumsum(free, 0)  # [n_pages + 1]: free pages among 0..i
+        window = counts[need:] - counts[:-need]  # [m]: free pages among m+1..m+need
+        run = torch.nonzero(window == need)
+        if run.numel():
+            first = int(run[0, 0]) + 1
+            pages = list(range(first, first + need))
+        else:
+            pages = torch.nonzero(free).flatten()[:need].tolist()
+        free[pages] = False
+        self._n_free_pages -= need
+        return pages
 
     def free(self, seq: PoolSeq) -> None:
         with self._lock:
             if seq.slot:
                 self._free_slots.append(seq.slot)
-            self._free_pages.extend(reversed(seq.pages))
+            if seq.pages:
+                self._page_free[seq.pages] = True
+                self._n_free_pages += len(seq.pages)
         seq.slot, seq.pages, seq.capacity = 0, [], 0
+
+    def first_row(self, seq: PoolSeq, length: int) -> int | None:
+        """The flat row of position 0 when positions ``0..length-1`` of ``seq`` sit in consecutive
+        pages (one slice of a layer's ``k.view(-1, Hkv, D)`` holds them), else None."""
+        n = self.pages_for(length)
+        first = seq.pages[0] if seq.pages else 0
+        if n > len(seq.pages) or seq.pages[:n] != list(range(first, first + n)):
+            return None
+        return first * self.page_size
 
     # ------------------------------------------------------------------ addressing
     def rows(self, seq: PoolSeq, start: int, end: int) -> torch.Tensor:

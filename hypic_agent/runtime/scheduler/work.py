@@ -7,8 +7,8 @@ Prepare work by mode:
   the chunk that ends the request's segments stops exactly there, so the boundary state can be
   exported into the prefix cache;
 * composed modes (``hypic`` and its ablations): the engine's combine forward (cold segments built
-  inside it, or, while others decode, a bounded batch of cold segments per step first); its
-  state is then loaded into the pool.
+  inside it, or, while others decode, a bounded batch of cold segments per step first), writing
+  its state straight into the request's slot and pages (``runner.destination``: no ``pool.load``).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import torch
 from hypic_agent.runtime.engine import Engine, PromptPieces, full_prepared, prefix_prepared
 from hypic_agent.runtime.output import OutputStream
 from hypic_agent.runtime.results import Prepared
+from hypic_agent.runtime.runner.destination import StateDestination
 from hypic_agent.runtime.runner.pool import PoolSeq, StatePool
 from hypic_agent.runtime.scheduler.request import RequestHandle
 from hypic_agent.runtime.scheduler.stats import SchedulerStats
@@ -111,12 +112,13 @@ class LiveRequest:
                 stats.cold_build_ms += (time.perf_counter() - t0) * 1e3
                 stats.cold_built_tokens += used
                 return used
-        prepared = engine.prepare_pieces(p, self.tenant)
+        into = StateDestination.of(pool, self.seq, p.total)
+        prepared = engine.prepare_pieces(p, self.tenant, into)
         state = prepared.state
         assert state is not None and state.last_logits is not None
-        pool.load(self.seq, state)
+        into.commit(state)
         self.first_logits = state.last_logits
-        prepared.state = None  # the pool holds it now
+        prepared.state = None  # the pool holds it
         self.prepared = prepared
         stats.combine_ms += (time.perf_counter() - t0) * 1e3
         return prepared.recomputed_tokens

@@ -1,0 +1,71 @@
+"""``Serving``: an engine put to serve requests: its state pool, model runner and scheduler.
+
+The engine prepares prompts (plan -> lookup -> cold builds -> combine) and knows nothing of
+serving; whoever serves (the app's ``ServerState``, the CLI, a benchmark, a test) builds ONE
+``Serving`` over it at start-up:
+
+    engine -> Serving(engine) -> StatePool (allocated now) -> ModelRunner -> Scheduler
+
+and submits requests to ``scheduler`` (or iterates ``generate``). The scheduler's engine thread
+starts on the first submit; ``close`` stops it and the engine's scatter workers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from hypic_agent.runtime.engine import Engine, PlanLike
+from hypic_agent.runtime.results import FinishEvent, TokenEvent
+from hypic_agent.runtime.runner.pool import StatePool
+from hypic_agent.runtime.runner.runner import ModelRunner
+from hypic_agent.runtime.runner.sizing import pool_sizes
+from hypic_agent.runtime.sampling import SamplingParams
+from hypic_agent.runtime.scheduler.request import GenerationRequest
+from hypic_agent.runtime.scheduler.scheduler import Scheduler
+
+
+def build_pool(engine: Engine) -> StatePool:
+    """The state pool for ``engine``'s model, sized by its settings (``runner.sizing``)."""
+    p = next(engine.model.parameters())
+    s = engine.settings
+    slots, kv_tokens = pool_sizes(engine.model.config, s, engine.max_context, p.device, p.dtype)
+    return StatePool(
+        engine.model.config,
+        slots=slots,
+        kv_tokens=kv_tokens,
+        page_size=s.kv_page_size,
+        device=p.device,
+        dtype=p.dtype,
+        max_seq_tokens=engine.max_context,
+    )
+
+
+class Serving:
+    """One engine's serving side: ``pool``, ``runner`` and ``scheduler`` (one engine thread)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.pool = build_pool(engine)
+        graphs = engine.settings.cuda_graphs and self.pool.device.type == "cuda"
+        self.runner = ModelRunner(
+            engine.model, self.pool, decode_graphs=graphs, max_batch=engine.settings.decode_graph_max_batch
+        )
+        self.scheduler = Scheduler(engine, self.runner, engine.settings)
+
+    def generate(
+        self,
+        plan: PlanLike,
+        sampling: SamplingParams,
+        *,
+        mode: str | None = None,
+        seam: float | str | None = None,
+        tenant: str = "default",
+    ) -> Iterator[TokenEvent | FinishEvent]:
+        """Submit to the scheduler and stream its events: ``TokenEvent``s then one ``FinishEvent``
+        (closing the iterator early cancels the request)."""
+        yield from self.scheduler.generate(GenerationRequest(plan, sampling, mode, seam, tenant))
+
+    def close(self) -> None:
+        """Stop the engine thread (if it was started), then the engine's scatter workers (if any)."""
+        self.scheduler.shutdown()
+        self.engine.close()
