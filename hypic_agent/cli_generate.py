@@ -255,5 +255,5 @@ def raw_completion(engine: Any, req: GenerateRequest, seed: int, out: TextIO) ->
             out.write(ev.text)
             out.flush()
     finally:
-        serving.scheduler.shutdown()  # the engine is the caller's
+        serving.stop()  # the engine is the caller's
     return ""

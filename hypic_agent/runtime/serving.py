@@ -6,8 +6,10 @@ serving; whoever serves (the app's ``ServerState``, the CLI, a benchmark, a test
 
     engine -> Serving(engine) -> StatePool (allocated now) -> ModelRunner -> Scheduler
 
-and submits requests to ``scheduler`` (or iterates ``generate``). The scheduler's engine thread
-starts on the first submit; ``close`` stops it and the engine's scatter workers.
+and submits requests to ``scheduler`` (or iterates ``generate``). One ``Serving`` per engine at a
+time (its pool holds a share of the device memory; a second raises until the first is stopped).
+The scheduler's engine thread starts on the first submit; ``stop`` ends it and releases the engine,
+``close`` also stops the engine's scatter workers.
 """
 
 from __future__ import annotations
@@ -44,8 +46,16 @@ class Serving:
     """One engine's serving side: ``pool``, ``runner`` and ``scheduler`` (one engine thread)."""
 
     def __init__(self, engine: Engine) -> None:
+        with engine.lock:
+            if engine.served:
+                raise RuntimeError("this engine is already served: stop its Serving first (one state pool per engine)")
+            engine.served = True
         self.engine = engine
-        self.pool = build_pool(engine)
+        try:
+            self.pool = build_pool(engine)
+        except BaseException:
+            engine.served = False
+            raise
         graphs = engine.settings.cuda_graphs and self.pool.device.type == "cuda"
         self.runner = ModelRunner(
             engine.model, self.pool, decode_graphs=graphs, max_batch=engine.settings.decode_graph_max_batch
@@ -65,7 +75,14 @@ class Serving:
         (closing the iterator early cancels the request)."""
         yield from self.scheduler.generate(GenerationRequest(plan, sampling, mode, seam, tenant))
 
-    def close(self) -> None:
-        """Stop the engine thread (if it was started), then the engine's scatter workers (if any)."""
+    def stop(self) -> None:
+        """Stop the engine thread (if it was started) and release the engine (another ``Serving`` may
+        serve it); the engine stays usable."""
         self.scheduler.shutdown()
+        with self.engine.lock:
+            self.engine.served = False
+
+    def close(self) -> None:
+        """``stop``, then the engine's scatter workers (if any)."""
+        self.stop()
         self.engine.close()

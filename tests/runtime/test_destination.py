@@ -192,4 +192,9 @@ def test_serving_builds_one_pool_sized_by_the_settings():
     serving = Serving(eng)
     assert serving.scheduler.pool is serving.pool and serving.runner.pool is serving.pool
     assert not hasattr(eng, "scheduler")  # the engine serves nothing itself
-    serving.close()
+    with pytest.raises(RuntimeError, match="already served"):
+        Serving(eng)  # one pool per engine
+    serving.stop()
+    again = Serving(eng)  # released: served again
+    assert again.pool is not serving.pool
+    again.close()
