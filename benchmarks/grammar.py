@@ -265,7 +265,7 @@ def decode_ms_per_token(model: str, n: int = 32) -> float:
     from hypic_agent.segments.keys import KeyContext
     from hypic_agent.segments.plan import build_plan
 
-    serving = Serving(load_engine(Settings(device="cpu"), model=model))
+    serving = Serving.of(load_engine(Settings(device="cpu"), model=model))
     tok = serving.engine.tokenizer
     plan: Any = build_plan([], "Write a long story about a lighthouse.", tok, KeyContext("bench", "t", 0))
     fin = None

@@ -140,7 +140,7 @@ def main() -> None:
         )
         engine = Engine(model, None, "qps-bench", settings)
         engine.tokenizer = _NoText()
-        serving = Serving(engine)
+        serving = Serving.of(engine)
         trace = Trace(args, model.config.vocab_size)
         run_load(serving, trace, mode, 0.0, args.warm_requests, args.max_tokens, args.seed)
         best = 0.0

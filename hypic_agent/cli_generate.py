@@ -242,7 +242,7 @@ def raw_completion(engine: Any, req: GenerateRequest, seed: int, out: TextIO) ->
         max_tokens=req.max_tokens, temperature=req.temperature, top_p=req.top_p, top_k=req.top_k, seed=seed
     )
     t0 = time.perf_counter()
-    serving = Serving(engine)
+    serving = Serving.of(engine)
     try:
         for ev in serving.generate(_Plan(), params, mode="full_recompute"):
             if isinstance(ev, FinishEvent):

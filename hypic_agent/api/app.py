@@ -26,7 +26,6 @@ from hypic_agent.api.routes import chat, completions, generate, segments, system
 from hypic_agent.api.state import ServerState
 from hypic_agent.config import Settings, get_settings
 from hypic_agent.runtime.engine import Engine
-from hypic_agent.runtime.serving import Serving
 from hypic_agent.segments.store import SegmentStore
 
 log = logging.getLogger("hypic.api")
@@ -39,10 +38,8 @@ def create_app(
     *,
     model: str | None = None,
     close_store: bool | None = None,
-    serving: Serving | None = None,
 ) -> FastAPI:
-    """A FastAPI app. ``engine`` / ``store`` are built in the lifespan when not given; ``serving``:
-    the engine's serving side when already built (else built in the lifespan: ``ServerState.build``);
+    """A FastAPI app. ``engine`` / ``store`` are built in the lifespan when not given;
     ``model`` overrides ``settings.model`` for the engine built there. The store is closed on
     shutdown when the app built it (or ``close_store=True``); an injected one is only flushed."""
     settings = settings or get_settings()
@@ -58,19 +55,14 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         from hypic_agent.runtime.loader import load_engine
 
-        eng = serving.engine if serving is not None else engine
+        eng = engine
         if eng is None:
             eng = await run_in_threadpool(lambda: load_engine(settings, model=model))
         if eng.name.startswith("tiny"):
             log_event(log, "serving the tiny random model: its answers are noise", logging.WARNING, model=eng.name)
         st_store = store if store is not None else await run_in_threadpool(SegmentStore.from_settings, settings)
         state = ServerState.build(
-            settings,
-            eng,
-            st_store,
-            metrics,
-            owns_store=store is None if close_store is None else close_store,
-            serving=serving,
+            settings, eng, st_store, metrics, owns_store=store is None if close_store is None else close_store
         )
         holder["state"] = state
         app.state.hypic = state

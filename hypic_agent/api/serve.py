@@ -35,7 +35,6 @@ def run_server(settings: Settings, *, prewarm: Path | None = None, tenant: str =
     from hypic_agent.api.segments_service import put_segments
     from hypic_agent.api.state import ServerState
     from hypic_agent.runtime.loader import load_engine
-    from hypic_agent.runtime.serving import Serving
     from hypic_agent.segments.store import SegmentStore
 
     configure_logging(settings.log_level)
@@ -45,15 +44,14 @@ def run_server(settings: Settings, *, prewarm: Path | None = None, tenant: str =
         engine = load_engine(settings, progress=progress)
         progress(f"opening the segment store under {settings.resolved_store_dir()}")
         store = SegmentStore.from_settings(settings)
-        serving = Serving(engine)  # one state pool, used by the pre-warm and then by the app
         if items is not None:
-            state = ServerState.build(settings, engine, store, Metrics(), owns_store=False, serving=serving)
+            state = ServerState.build(settings, engine, store, Metrics(), owns_store=False)
             for i, item in enumerate(items):
                 progress(f"pre-warming {len(items)} segments", done=i, total=len(items), unit="segments")
                 put_segments(state, PutSegmentsRequest.model_validate({"segments": [item]}), tenant)
             progress(f"pre-warming {len(items)} segments", done=len(items), total=len(items), unit="segments")
         progress.done(f"model {engine.name} ready, {store.stats().entries} stored entries")
-    app = create_app(settings, store=store, close_store=True, serving=serving)  # closed by the lifespan
+    app = create_app(settings, engine=engine, store=store, close_store=True)  # closed by the lifespan
     log_event(log, "listening", host=settings.host, port=settings.port, url=f"http://{settings.host}:{settings.port}")
     # NOTE: uvicorn re-raises SIGTERM/SIGINT after a graceful shutdown, so nothing after run() is reached
     uvicorn.run(app, host=settings.host, port=settings.port, log_config=None, access_log=False)

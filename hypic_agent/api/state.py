@@ -50,17 +50,15 @@ class ServerState:
         store: SegmentStore,
         metrics: Metrics,
         owns_store: bool,
-        serving: Serving | None = None,
     ) -> Any:
-        """The app's state over ``engine``; ``serving``: its serving side if already built (one per
-        engine: its state pool holds a share of the device memory), else built now."""
+        """The app's state over ``engine`` and its one ``Serving`` (built now, at start-up, if no
+        earlier app or pre-warm built it: ``Serving.of``)."""
         cache = engine.cache
         if not (isinstance(cache, StoreEntryCache) and cache.store is store):
             cache = StoreEntryCache(store, engine.model.config.layer_types, engine.fingerprint)
             engine.cache = cache
         cache.on_insert = lambda _key: metrics.cold.inc()
-        if serving is None:  # the state pool is allocated now, at start-up (not on the first request)
-            serving = Serving(engine)
+        serving = Serving.of(engine)  # the state pool is allocated now (not on the first request)
         metrics.registry.register(ServingCollector(serving.scheduler, engine.scatter_pool))
         return cls(
             settings=settings,

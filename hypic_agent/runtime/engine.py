@@ -131,7 +131,7 @@ class Engine:
         if self.settings.cuda_graphs and self.device.type == "cuda" and model.cold_graphs is None:
             enable_cold_graphs(model, self.settings.cold_graph_after, self.settings.cold_graphs_max)
         self.headroom = AllocatorHeadroom(self.device, self.settings.cuda_headroom_bytes)
-        self.served = False  # a ``runtime.serving.Serving`` serves this engine (one at a time)
+        self.serving: object | None = None  # its ``runtime.serving.Serving`` (one per engine), set there
         self.scatter_pool: WorkerPool | None = None
         if self.settings.scatter_workers > 1:
             self.scatter_pool = self._start_pool(model_spec)

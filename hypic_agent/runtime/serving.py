@@ -4,12 +4,14 @@ The engine prepares prompts (plan -> lookup -> cold builds -> combine) and knows
 serving; whoever serves (the app's ``ServerState``, the CLI, a benchmark, a test) builds ONE
 ``Serving`` over it at start-up:
 
-    engine -> Serving(engine) -> StatePool (allocated now) -> ModelRunner -> Scheduler
+    engine -> Serving.of(engine) -> StatePool (allocated now) -> ModelRunner -> Scheduler
 
-and submits requests to ``scheduler`` (or iterates ``generate``). One ``Serving`` per engine at a
-time (its pool holds a share of the device memory; a second raises until the first is stopped).
-The scheduler's engine thread starts on the first submit; ``stop`` ends it and releases the engine,
-``close`` also stops the engine's scatter workers.
+and submits requests to ``scheduler`` (or iterates ``generate``). One ``Serving`` per engine:
+``Serving.of(engine)`` builds it on first use and hands the same one to every later caller (two
+apps over one engine share its pool and scheduler); the engine only keeps the reference
+(``Engine.serving``), it imports nothing of this. The scheduler's engine thread starts on a submit;
+``stop`` ends it (the next submit starts it again), ``close`` also stops the engine's scatter
+workers.
 """
 
 from __future__ import annotations
@@ -46,16 +48,25 @@ class Serving:
     """One engine's serving side: ``pool``, ``runner`` and ``scheduler`` (one engine thread)."""
 
     def __init__(self, engine: Engine) -> None:
+        """Use ``Serving.of``: a second ``Serving`` of one engine raises ``RuntimeError``."""
         with engine.lock:
-            if engine.served:
-                raise RuntimeError("this engine is already served: stop its Serving first (one state pool per engine)")
-            engine.served = True
+            if engine.serving is not None:
+                raise RuntimeError("this engine is served already: Serving.of(engine) returns its Serving")
+            self._build(engine)
+            engine.serving = self
+
+    @classmethod
+    def of(cls, engine: Engine) -> Serving:
+        """``engine``'s one ``Serving``, built (its pool allocated) on first use; thread-safe."""
+        with engine.lock:
+            if engine.serving is None:
+                return cls(engine)
+            assert isinstance(engine.serving, Serving)
+            return engine.serving
+
+    def _build(self, engine: Engine) -> None:
         self.engine = engine
-        try:
-            self.pool = build_pool(engine)
-        except BaseException:
-            engine.served = False
-            raise
+        self.pool = build_pool(engine)
         graphs = engine.settings.cuda_graphs and self.pool.device.type == "cuda"
         self.runner = ModelRunner(
             engine.model, self.pool, decode_graphs=graphs, max_batch=engine.settings.decode_graph_max_batch
@@ -76,11 +87,8 @@ class Serving:
         yield from self.scheduler.generate(GenerationRequest(plan, sampling, mode, seam, tenant))
 
     def stop(self) -> None:
-        """Stop the engine thread (if it was started) and release the engine (another ``Serving`` may
-        serve it); the engine stays usable."""
+        """Stop the engine thread (if it was started; a later submit starts it again)."""
         self.scheduler.shutdown()
-        with self.engine.lock:
-            self.engine.served = False
 
     def close(self) -> None:
         """``stop``, then the engine's scatter workers (if any)."""

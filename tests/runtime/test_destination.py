@@ -126,7 +126,7 @@ def _old_composed_step(self, engine, pool, budget, alone, stats):
 
 
 def _serve(model) -> Serving:
-    return Serving(Engine(model, tiny_tokenizer(), "t", Settings(**SETTINGS)))
+    return Serving.of(Engine(model, tiny_tokenizer(), "t", Settings(**SETTINGS)))
 
 
 def _final(events) -> FinishEvent:
@@ -189,12 +189,14 @@ def test_serving_builds_one_pool_sized_by_the_settings():
     eng = Engine(model, tiny_tokenizer(), "t", Settings(**SETTINGS))
     pool = build_pool(eng)
     assert (pool.n_slots, pool.n_pages, pool.page_size) == (4, 1024 // 4, 4)
-    serving = Serving(eng)
+    serving = Serving.of(eng)
     assert serving.scheduler.pool is serving.pool and serving.runner.pool is serving.pool
     assert not hasattr(eng, "scheduler")  # the engine serves nothing itself
-    with pytest.raises(RuntimeError, match="already served"):
-        Serving(eng)  # one pool per engine
+    assert Serving.of(eng) is serving  # one pool and scheduler per engine
+    with pytest.raises(RuntimeError, match="served already"):
+        Serving(eng)
     serving.stop()
-    again = Serving(eng)  # released: served again
-    assert again.pool is not serving.pool
-    again.close()
+    assert Serving.of(eng) is serving  # stopped: the next submit restarts the same scheduler
+    got = _final(serving.generate(_plan(400), SamplingParams(max_tokens=2, ignore_eos=True), mode="hypic"))
+    assert len(got.token_ids) == 2
+    serving.close()

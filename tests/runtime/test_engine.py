@@ -63,7 +63,7 @@ def test_hypic_reuses_segments_in_any_order(engine):
 
 
 def test_generate_streams_and_finishes(engine):
-    serving = Serving(engine)
+    serving = Serving.of(engine)
     events = list(serving.generate(Plan(docs(2)), SamplingParams(max_tokens=5), mode="hypic"))
     serving.close()
     assert isinstance(events[-1], FinishEvent)

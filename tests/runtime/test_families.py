@@ -39,7 +39,7 @@ def docs(n: int = 3, length: int = 24, seed: int = 300) -> list[Seg]:
 
 
 def greedy(engine: Engine, plan: Plan, mode: str, seam: float | None = None) -> list[int]:
-    serving = Serving(engine)
+    serving = Serving.of(engine)
     events = list(serving.generate(plan, SamplingParams(max_tokens=6, temperature=0.0), mode=mode, seam=seam))
     serving.stop()  # the engine is the fixture's
     return [e.token_id for e in events if isinstance(e, TokenEvent) and e.token_id is not None]

@@ -84,10 +84,10 @@ def test_scheduler_batched_equals_alone_on_cuda():
 
     plans = [P(100 * i) for i in range(5)]
     for mode in ("hypic", "prefix_cache", "full_recompute"):
-        alone = Serving(Engine(model, tiny_tokenizer(), "t", settings))
+        alone = Serving.of(Engine(model, tiny_tokenizer(), "t", settings))
         ref = [next(e for e in alone.generate(p, sampling, mode=mode) if isinstance(e, FinishEvent)) for p in plans]
         alone.close()
-        eng = Serving(Engine(model, tiny_tokenizer(), "t", settings))
+        eng = Serving.of(Engine(model, tiny_tokenizer(), "t", settings))
         hs = [eng.scheduler.submit(GenerationRequest(p, sampling, mode)) for p in plans]
         got = [next(e for e in h.events(timeout=120) if isinstance(e, FinishEvent)) for h in hs]
         eng.close()

@@ -26,7 +26,7 @@ def _engine(**kw) -> Serving:
     """A tiny engine put to serve (``Serving``: its pool, runner and scheduler)."""
     model, _, _ = make_model("qwen3_5_text")
     base = dict(min_cached_tokens=4, kv_page_size=8, prefill_chunk_tokens=32, max_running=8, kv_pool_tokens=2048)
-    return Serving(Engine(model, tiny_tokenizer(), "tiny-test", Settings(**(base | kw))))
+    return Serving.of(Engine(model, tiny_tokenizer(), "tiny-test", Settings(**(base | kw))))
 
 
 def _docs(n: int, seed: int, length: int = 24) -> list[Seg]:
