@@ -63,10 +63,11 @@ for st in $STEPS; do case $st in
           --reps 2 --out "$OUT/prefill_next.json" ;;
   # issue 24: the new families' fla kernels (KDA, decay-only) and their real shapes, ~400 s in all; the tests
   # run first so that fla's autotuning of the shapes' head dims is done (and cached) before the timed runs
+  # FAM_HF=--transformers-own-weights times transformers beside ours (its own random init, built and freed first)
   families) (cd .. && step ${FAM_TESTS_S:-140} gputests_families python3 -m pytest -q -rfE -p no:cacheprovider -m gpu \
               tests/kernels/test_gpu_kda.py tests/kernels/test_gpu_decay_attention.py tests/runtime/test_gpu_families.py)
             for sh in ${FAM_SHAPES:-kimi_linear_48b_a3b granite_4_0_h_small}; do
-              step ${FAM_PREFILL_S:-85} "prefill_$sh" python3 prefill.py --shape $sh --no-transformers \
+              step ${FAM_PREFILL_S:-85} "prefill_$sh" python3 prefill.py --shape $sh ${FAM_HF:---no-transformers} \
                 ${FAM_LAYERS:+--layers $FAM_LAYERS} --lengths ${FAM_LENGTHS:-4096 16384 32768} --reps ${FAM_REPS:-2} \
                 --out "$OUT/prefill_$sh.json"
             done
