@@ -146,7 +146,7 @@ def resolve_model(
         arch = canonical_arch(name.partition(":")[2] or "qwen3_5_text")
         return ModelSource(name=f"tiny:{arch}", kind="tiny", arch=arch)
     if name.startswith("random:"):
-        path = Path(name.partition(":")[2]).expanduser()
+        path = Path(name.partition(":")[2]).expanduser().resolve()
         if not path.is_file():
             raise ModelNotAvailableError(
                 f"{name!r}: random:<path> needs a transformers config.json file; {path} is not a file", param="model"
