@@ -24,7 +24,14 @@ import torch
 import triton
 import triton.language as tl
 
-from ..paged_attention.paged_attention_triton import _dot, _merge_kernel, default_num_splits
+from ..paged_attention.paged_attention_triton import (
+    _dot,
+    _key_range,
+    _merge_kernel,
+    _softmax_step,
+    _write_out,
+    default_num_splits,
+)
 
 
 @triton.jit
@@ -47,10 +54,7 @@ def _paged_mla_kernel(
                    other=0.0)  # fmt: skip  # [BM, BR]
     b_qr = tl.load(q_rope + i_n * sqr_n + head[:, None] * sqr_h + o_e[None, :], mask=m_row[:, None] & m_e[None, :],
                    other=0.0)  # fmt: skip  # [BM, BE]
-    L = tl.load(context_lens + i_n).to(tl.int32)
-    per = tl.cdiv(tl.cdiv(L, NS), BN) * BN  # keys per split, whole tiles
-    lo = i_s * per
-    hi = tl.minimum(lo + per, L)
+    lo, hi = _key_range(context_lens, i_n, i_s, NS, BN)
     bt_row = block_table + i_n * sbt_n
     m_i = tl.full([BM], float("-inf"), tl.float32)
     l_i = tl.zeros([BM], tl.float32)
@@ -66,23 +70,9 @@ def _paged_mla_kernel(
                       other=0.0)  # fmt: skip  # [BN, BE]
         s = (_dot(b_ql, tl.trans(b_l), IEEE) + _dot(b_qr, tl.trans(b_k), IEEE)) * qk_scale  # [BM, BN], log2 units
         s = tl.where(m_col[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))  # finite: the tile has at least one key
-        p = tl.exp2(s - m_new[:, None])
-        alpha = tl.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
+        p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i)
         acc = acc * alpha[:, None] + _dot(p.to(b_l.dtype), b_l, IEEE)
-        m_i = m_new
-    seen = l_i > 0
-    out = acc / tl.where(seen, l_i, 1.0)[:, None]  # zeros for an empty range
-    row_out = i_n * H + head  # [N, H] row-major
-    if NS == 1:
-        tl.store(o + row_out[:, None] * R + o_r[None, :], out.to(o.dtype.element_ty),
-                 mask=m_row[:, None] & m_r[None, :])  # fmt: skip
-    else:
-        lse = tl.where(seen, m_i + tl.log2(tl.where(seen, l_i, 1.0)), float("-inf"))
-        tl.store(lse_part + row_out * NS + i_s, lse, mask=m_row)
-        tl.store(o_part + (row_out[:, None] * NS + i_s) * R + o_r[None, :], out,
-                 mask=m_row[:, None] & m_r[None, :])  # fmt: skip
+    _write_out(o, o_part, lse_part, acc, m_i, l_i, i_n * H + head, i_s, m_row, o_r, m_r, R, NS)
 
 
 def default_block(n_seqs: int) -> tuple[int, int, int]:
