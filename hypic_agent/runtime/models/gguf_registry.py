@@ -1,7 +1,8 @@
 """The GGUF architectures ``load_gguf`` reads: ``general.architecture`` -> ``GGUFFamily``.
 
 The mappings live one family (or family group) per module: ``gguf_families`` (``llama``, ``lfm2``,
-``granitehybrid``, ``nemotron_h``), ``gguf_falcon`` (``falcon-h1``).
+``granitehybrid``, ``nemotron_h``), ``gguf_falcon`` (``falcon-h1``), ``gguf_qwen`` (``qwen3next``,
+``qwen35``, ``qwen35moe``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from hypic_agent.runtime.models.gguf_families import (
     nemotron_hub,
 )
 from hypic_agent.runtime.models.gguf_meta import GGUFFamily
+from hypic_agent.runtime.models.gguf_qwen import QWEN_FAMILIES
 
 GGUF_FAMILIES: dict[str, GGUFFamily] = {
     f.arch: f
@@ -34,6 +36,7 @@ GGUF_FAMILIES: dict[str, GGUFFamily] = {
         ),
         GGUFFamily("nemotron_h", "nemotron_h", "NEMOTRON_H", config=nemotron_config, hub=nemotron_hub, permute_qk=True),
         FALCON_H1,
+        *QWEN_FAMILIES,
     )
 }
 """GGUF ``general.architecture`` -> how to load it (see the family modules)."""
