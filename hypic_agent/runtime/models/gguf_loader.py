@@ -8,15 +8,16 @@ Supported ``general.architecture`` values (``gguf_registry.GGUF_FAMILIES``):
   SSM tensor conventions mapped by us (``gguf_families``), since transformers cannot read them;
 * ``falcon-h1`` (``gguf_falcon``: µP multipliers folded into the weights by the converter);
 * ``qwen3next``, ``qwen35``, ``qwen35moe`` (``gguf_qwen``: ``1 + w`` norms, split ``in_proj_qkvz``,
-  Qwen3.5's tiled value-head order).
+  Qwen3.5's tiled value-head order);
+* ``kimi-linear`` (``gguf_kimi``: split q/k/v convs, MLA's ``kv_b_proj`` split for the absorbed form).
 
 Tensor names go through gguf-py's name map for the architecture, values through gguf-py's
 dequantizer. We read the file once and map names for our own expected tensor set, instead of
 ``load_gguf_checkpoint(..., return_tensors=True)``, which parses the metadata twice and builds a
 name map per submodule (3x slower on SmolLM2-135M).
 
-Families we serve without GGUF loading: ``minimax``, ``kimi_linear``, ``bailing_moe_linear`` and
-``bailing_hybrid``: use their HF folders.
+Families we serve without GGUF loading: ``minimax``, ``bailing_moe_linear`` and ``bailing_hybrid``:
+use their HF folders.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 The mappings live one family (or family group) per module: ``gguf_families`` (``llama``, ``lfm2``,
 ``granitehybrid``, ``nemotron_h``), ``gguf_falcon`` (``falcon-h1``), ``gguf_qwen`` (``qwen3next``,
-``qwen35``, ``qwen35moe``).
+``qwen35``, ``qwen35moe``), ``gguf_kimi`` (``kimi-linear``).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from hypic_agent.runtime.models.gguf_families import (
     nemotron_config,
     nemotron_hub,
 )
+from hypic_agent.runtime.models.gguf_kimi import KIMI_LINEAR
 from hypic_agent.runtime.models.gguf_meta import GGUFFamily
 from hypic_agent.runtime.models.gguf_qwen import QWEN_FAMILIES
 
@@ -37,6 +38,7 @@ GGUF_FAMILIES: dict[str, GGUFFamily] = {
         GGUFFamily("nemotron_h", "nemotron_h", "NEMOTRON_H", config=nemotron_config, hub=nemotron_hub, permute_qk=True),
         FALCON_H1,
         *QWEN_FAMILIES,
+        KIMI_LINEAR,
     )
 }
 """GGUF ``general.architecture`` -> how to load it (see the family modules)."""
