@@ -149,3 +149,30 @@ def test_falcon_h1_gguf_q8_0_close_to_hf_weights(tmp_path: Path) -> None:
 
 def test_falcon_h1_is_a_supported_arch() -> None:
     assert "falcon-h1" in supported_archs()
+
+
+def test_new_family_ggufs_serve_as_model_sources(tmp_path: Path) -> None:
+    """What ``serve --model x.gguf`` does, for the families added with Falcon-H1, Qwen3.5 and Kimi
+    Linear: resolve, load weights (the family's fingerprint), read the embedded tokenizer."""
+    from hypic_agent.config import Settings
+    from hypic_agent.runtime.models.catalog import resolve_model
+    from hypic_agent.runtime.models.loading import load_weights
+    from hypic_agent.runtime.models.tokenizer import load_tokenizer
+
+    from .test_loading_gguf_kimi import write_kimi_gguf
+    from .test_loading_gguf_qwen import write_qwen_gguf
+
+    writers = {
+        "falcon_h1": lambda p: write_falcon_gguf(p),
+        "qwen3_5_text": lambda p: write_qwen_gguf(p, "qwen3_5_text"),
+        "kimi_linear": lambda p: write_kimi_gguf(p),
+    }
+    for family, write in writers.items():
+        path = tmp_path / f"{family}.gguf"
+        write(path)
+        source = resolve_model(str(path), Settings(), fetch=False)
+        assert source.kind == "gguf"
+        loaded = load_weights(source)
+        assert loaded.config.model_type == family and loaded.fingerprint.startswith(f"{family}:float32:"), family
+        tok = load_tokenizer(source)
+        assert tok("a   b", add_special_tokens=False)["input_ids"] == [97, 256, 32, 98] and tok.eos_token_id == 258
