@@ -107,17 +107,19 @@ def write_falcon_gguf(path: Path, *, q8: bool = False, **overrides: Any) -> tupl
     return model, d
 
 
-def test_falcon_h1_gguf_matches_hf_weights(tmp_path: Path) -> None:
+@pytest.mark.parametrize("rms_norm", [True, False], ids=["grouped-norm", "no-norm"])
+def test_falcon_h1_gguf_matches_hf_weights(tmp_path: Path, rms_norm: bool) -> None:
     """Folded multipliers, no stored ones: the config has them all at 1 and the logits are the HF
-    model's (whose multipliers are all away from 1, so dropping or double-applying one shows)."""
+    model's (whose multipliers are all away from 1, so dropping or double-applying one shows). With
+    and without the Mamba2 grouped norm (released Falcon-H1 checkpoints differ)."""
     path = tmp_path / "falcon.gguf"
-    ref, d = write_falcon_gguf(path)
+    ref, d = write_falcon_gguf(path, mamba_rms_norm=rms_norm)
     cfg, raw, tensors = load_gguf(path)
     assert raw["model_type"] == "falcon_h1" and cfg.family == "falcon_h1"
     assert cfg.num_layers == 2 * d["num_hidden_layers"] and cfg.linear_kind == "mamba2"
     assert cfg.embedding_multiplier == 1.0 and cfg.logits_scaling == 1.0 and cfg.attention_scale == 32**-0.5
     assert cfg.parallel is not None and cfg.parallel.ssm_sections == (1.0,) * 5
-    assert cfg.parallel.ssm_norm == "gate_then_norm"
+    assert cfg.parallel.ssm_norm == ("gate_then_norm" if rms_norm else "none")
     # folded: embeddings x 2, attention-half layer 1's k_proj x 0.8 x 1.1
     sd = ref.state_dict()
     assert torch.allclose(tensors["model.embed_tokens.weight"], 2.0 * sd["model.embed_tokens.weight"])
