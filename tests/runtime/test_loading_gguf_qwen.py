@@ -101,13 +101,16 @@ def _tensors(arch: str, d: dict[str, Any], sd: dict[str, torch.Tensor]) -> list[
     return [(g, np.ascontiguousarray(v)) for g, v in out]
 
 
-def write_qwen_gguf(path: Path, arch: str, *, q8: bool = False, **overrides: Any) -> tuple[Any, dict[str, Any]]:
-    """The tiny ``arch`` as the converter writes it; returns (our model from transformers' weights, HF config)."""
+def write_qwen_gguf(
+    path: Path, arch: str, *, q8: bool = False, mtp: bool = False, **overrides: Any
+) -> tuple[Any, dict[str, Any]]:
+    """The tiny ``arch`` as the converter writes it; returns (our model from transformers' weights, HF config).
+    ``mtp``: with one multi-token-prediction block appended, as ``_Qwen35MtpMixin`` writes it."""
     model, sd, d = make_model(arch, **overrides)
-    hd, rope = d["head_dim"], d["rope_parameters"]
+    hd, rope, n = d["head_dim"], d["rope_parameters"], d["num_hidden_layers"]
     w = gguf.GGUFWriter(str(path), gguf.MODEL_ARCH_NAMES[gguf.MODEL_ARCH[ARCH[arch]]])
     w.add_name(f"tiny-{arch}")
-    w.add_block_count(d["num_hidden_layers"])  # TextModel.set_gguf_parameters
+    w.add_block_count(n + int(mtp))  # TextModel.set_gguf_parameters
     w.add_context_length(d["max_position_embeddings"])
     w.add_embedding_length(d["hidden_size"])
     w.add_feed_forward_length(d["intermediate_size"])
@@ -131,6 +134,11 @@ def write_qwen_gguf(path: Path, arch: str, *, q8: bool = False, **overrides: Any
     w.add_rope_dimension_count(int(hd * rope["partial_rotary_factor"]))
     if arch != "qwen3_next":
         w.add_rope_dimension_sections([11, 11, 10, 0])  # _Qwen35MRopeMixin's default
+    if mtp:
+        w.add_nextn_predict_layers(1)
+        g = torch.Generator().manual_seed(5)
+        w.add_tensor(f"blk.{n}.nextn.eh_proj.weight", torch.randn(64, 128, generator=g).numpy())
+        w.add_tensor(f"blk.{n}.attn_norm.weight", np.ones(64, dtype=np.float32))
     _tokenizer(w)
     for g, v in _tensors(arch, d, sd):
         if q8 and v.ndim >= 2 and v.shape[-1] % 32 == 0 and "conv" not in g and "norm" not in g:
@@ -145,10 +153,13 @@ def write_qwen_gguf(path: Path, arch: str, *, q8: bool = False, **overrides: Any
     return model, d
 
 
-@pytest.mark.parametrize("arch", list(ARCH))
-def test_qwen_gguf_roundtrip_matches_hf_weights(tmp_path: Path, arch: str) -> None:
+@pytest.mark.parametrize(
+    ("arch", "mtp"), [*((a, False) for a in ARCH), ("qwen3_5_text", True)], ids=[*ARCH, "qwen3_5_text-mtp"]
+)
+def test_qwen_gguf_roundtrip_matches_hf_weights(tmp_path: Path, arch: str, mtp: bool) -> None:
+    """(With an appended MTP block: ``block_count`` counts it, ``nextn_predict_layers`` takes it off.)"""
     path = tmp_path / f"{arch}.gguf"
-    ref, d = write_qwen_gguf(path, arch)
+    ref, d = write_qwen_gguf(path, arch, mtp=mtp)
     cfg, raw, tensors = load_gguf(path)
     want = HybridConfig.from_hf(d)
     assert raw["model_type"] == arch

@@ -8,7 +8,8 @@ of it) does, and how we read it back:
   heads x value head dim), ``full_attention_interval`` (the layer pattern: every n-th layer is full
   attention; ``layer_types`` is not stored), ``rope.dimension_count`` (the rotary part of a head);
   experts as ``expert_*`` keys. Qwen3.5's MRoPE sections are stored too: with text-only positions
-  MRoPE is plain RoPE on the rotary part, which is what we run.
+  MRoPE is plain RoPE on the rotary part, which is what we run. Qwen3.5's multi-token-prediction
+  block is appended as extra blocks (``block_count`` includes ``nextn_predict_layers``): skipped.
 * values: ``A = -exp(A_log)``; ``dt_bias`` as ``ssm_dt.bias``; the conv kernel squeezed to
   ``[C, W]``; **every zero-centred RMSNorm weight stored as ``1 + w``** (input / post-attention /
   final norms and the Q/K norms; not the gated DeltaNet norm) - we subtract the 1 back.
@@ -45,7 +46,8 @@ _FUSED = re.compile(
 
 
 def _config(meta: GGUFMeta, model_type: str) -> dict[str, Any]:
-    n = int(meta.require("block_count"))
+    # Qwen3.5's converter appends its multi-token-prediction block(s) to block_count: not ours to run
+    n = int(meta.require("block_count")) - int(meta.get("nextn_predict_layers", 0) or 0)
     heads = int(meta.require("attention.head_count"))
     hidden = int(meta.require("embedding_length"))
     head_dim = int(meta.get("attention.key_length", hidden // heads))
