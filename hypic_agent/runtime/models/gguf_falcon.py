@@ -19,6 +19,11 @@ read it back:
   tensor exists), so that is what we build. A checkpoint trained with the norm before the gate runs
   differently under llama.cpp and under us from its GGUF than from its HF folder.
 
+* a checkpoint with tied embeddings has no ``lm_head`` to carry ``lm_head_multiplier``: its GGUF has
+  only the embedding (x ``embedding_multiplier``), used as the output too, by llama.cpp and by us,
+  which differs from the HF model unless the two multipliers agree (released Falcon-H1 models
+  untie them).
+
 Each checkpoint layer holds a Mamba2 mixer and attention in parallel; we serve layer ``i`` as our
 layers ``2i`` (Mamba2 half) and ``2i + 1`` (attention half and MLP), see ``parallel_layer``.
 """
