@@ -17,9 +17,9 @@ ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
 sys.path.insert(0, str(ROOT))
 
+from hypic_agent.runtime.models import random_weights  # noqa: E402
 from hypic_agent.runtime.models.config import HybridConfig  # noqa: E402
 from hypic_agent.runtime.models.hybrid import HybridForCausalLM  # noqa: E402
-from hypic_agent.runtime.models.registry import build_model  # noqa: E402
 
 
 def model_args(ap: argparse.ArgumentParser, layers: int | None = None) -> argparse.ArgumentParser:
@@ -54,23 +54,10 @@ def load_shape(name_or_path: str, layers: int | None = None) -> dict[str, Any]:
     return raw
 
 
-@torch.no_grad()
 def random_model(raw: dict[str, Any], device: str, dtype: torch.dtype, seed: int = 0) -> HybridForCausalLM:
-    """Our model at the config's real size with seeded random weights (initialized on the device)."""
-    torch.manual_seed(seed)
-    model = build_model(raw, dtype=dtype, device=device)
-    for name, p in model.named_parameters():
-        if name.endswith("A_log"):
-            p.copy_(torch.empty_like(p, dtype=torch.float32).uniform_(0.01, 16).log())
-        elif name.endswith("dt_bias") or name.endswith("linear_attn.norm.weight"):
-            p.fill_(1.0)
-        elif name.endswith("norm.weight"):
-            p.fill_(0.0 if model.config.norm_zero_centered else 1.0)
-        elif name.endswith("conv1d.weight"):
-            p.normal_(0, 0.5)
-        else:
-            p.normal_(0, 0.02)
-    return model
+    """Our model at the config's real size with seeded random weights drawn on the device
+    (``runtime/models/random_weights.py``: what ``--model random:<config.json>`` serves)."""
+    return random_weights.random_model(raw, seed=seed, dtype=dtype, device=torch.device(device))[0]
 
 
 def sync() -> None:

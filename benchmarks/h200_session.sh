@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # H200 calls that check the GPU kernels and re-measure every GPU table of docs/benchmarks.md.
-# Usage (repo root, device machine): bash benchmarks/h200_session.sh [tests] [serving] [decode] [decode_ab] [qps] [http] [http_si] [ttft] [prefill] [overhead] [profile] [next] [families]
+# Usage (repo root, device machine): bash benchmarks/h200_session.sh [tests] [serving] [decode] [decode_ab] [qps] [http] [http_si] [http_il] [ttft] [prefill] [overhead] [profile] [next] [families]
 # Run from the repo root on the device machine, fla-core etc. on PYTHONPATH; results land in $OUT.
 # Each step has its own time limit (TESTS_S, TTFT_S, PROFILE_S override three of them) so that a slow
 # step cannot take the others' results with it.
@@ -49,6 +49,8 @@ for st in $STEPS; do case $st in
          --out "$OUT/qps.json" ;;
   http|http_si) step ${HTTP_S:-240} $st python3 http_overhead.py --shape qwen3_5_35b_a3b --segments 20 --seg-len 1024 \
           --rate 2 $([ $st = http_si ] && echo "--switch-interval-ms ${SWITCH_MS:-0.5}") --out "$OUT/$st.json" ;;
+  http_il) step ${HTTP_S:-300} http_il python3 http_overhead.py --shape qwen3_5_35b_a3b --segments 20 --seg-len 1024 \
+             --rate 2 --interleave --requests ${HTTP_N:-48} --passes ${HTTP_PASSES:-3} --out "$OUT/http_il.json" ;;
   ttft) step ${TTFT_S:-300} ttft python3 ttft.py --shape qwen3_5_35b_a3b --pool 120 --segments 20 --seg-len 1024 \
           --requests 5 --warmup 1 --hit-rates 1.0 0.8 --out "$OUT/ttft.json" ;;
   prefill) step 150 prefill python3 prefill.py --shape qwen3_5_35b_a3b --lengths 4096 16384 32768 --reps 2 \
@@ -61,10 +63,11 @@ for st in $STEPS; do case $st in
           --reps 2 --out "$OUT/prefill_next.json" ;;
   # issue 24: the new families' fla kernels (KDA, decay-only) and their real shapes, ~400 s in all; the tests
   # run first so that fla's autotuning of the shapes' head dims is done (and cached) before the timed runs
+  # FAM_HF=--transformers-own-weights times transformers beside ours (its own random init, built and freed first)
   families) (cd .. && step ${FAM_TESTS_S:-140} gputests_families python3 -m pytest -q -rfE -p no:cacheprovider -m gpu \
               tests/kernels/test_gpu_kda.py tests/kernels/test_gpu_decay_attention.py tests/runtime/test_gpu_families.py)
             for sh in ${FAM_SHAPES:-kimi_linear_48b_a3b granite_4_0_h_small}; do
-              step ${FAM_PREFILL_S:-85} "prefill_$sh" python3 prefill.py --shape $sh --no-transformers \
+              step ${FAM_PREFILL_S:-85} "prefill_$sh" python3 prefill.py --shape $sh ${FAM_HF:---no-transformers} \
                 ${FAM_LAYERS:+--layers $FAM_LAYERS} --lengths ${FAM_LENGTHS:-4096 16384 32768} --reps ${FAM_REPS:-2} \
                 --out "$OUT/prefill_$sh.json"
             done
@@ -72,5 +75,5 @@ for st in $STEPS; do case $st in
               step ${FAM_TTFT_S:-45} "ttft_$sh" python3 ttft.py --shape $sh --pool 16 --segments 8 --seg-len 1024 \
                 --requests 3 --warmup 1 --hit-rates 1.0 --modes full_recompute hypic --out "$OUT/ttft_$sh.json"
             done ;;
-  *) echo "unknown step $st (tests serving decode decode_ab qps http http_si ttft prefill overhead profile next families)"; exit 2 ;;
+  *) echo "unknown step $st (tests serving decode decode_ab qps http http_si http_il ttft prefill overhead profile next families)"; exit 2 ;;
 esac; done

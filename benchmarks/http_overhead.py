@@ -7,8 +7,16 @@ model shape runs; TTFT is the arrival -> first token event (the first SSE ``data
 The HTTP client runs in its own process by default (``--client process``): real clients do not
 share the server's GIL; ``--client thread`` keeps it in this process, as the first runs did.
 
+``--interleave``: one Poisson trace per pass, each arrival sent over HTTP or directly (a seeded
+shuffle, half each), so both paths see the same load at the same time and drift between passes
+(which moved the direct path's p50 by 31% on the H200) cancels; ``--passes`` repeats it with new
+seeds. It reports each path's p50/p90 over all passes and the API's share of p50 TTFT with a 95%
+bootstrap interval.
+
     python benchmarks/http_overhead.py --shape qwen3_5_35b_a3b --segments 20 --seg-len 1024 --rate 4
     python benchmarks/http_overhead.py --shape tiny:qwen3_5_text --device cpu --seg-len 64 --segments 4 --requests 6
+    python benchmarks/http_overhead.py --shape qwen3_5_35b_a3b --segments 20 --seg-len 1024 --rate 2 --interleave \
+        --requests 48 --passes 3
 """
 
 from __future__ import annotations
@@ -71,6 +79,25 @@ def run(send: Any, reqs: list[dict[str, Any]], rate: float, seed: int) -> list[f
     return ttfts
 
 
+def run_at(send: Any, reqs: list[dict[str, Any]], start: float, offsets: list[float]) -> list[float]:
+    """``send(body, t_sent) -> ttft_ms`` for each of ``reqs`` at ``start + offset`` (``time.monotonic``:
+    the same clock in every process on Linux), each on its own thread; TTFTs in ``reqs``' order."""
+    ttfts = [float("nan")] * len(reqs)
+    threads = []
+    for i, (body, off) in enumerate(zip(reqs, offsets, strict=True)):
+        time.sleep(max(0.0, start + off - time.monotonic()))
+
+        def go(i: int = i, b: dict[str, Any] = body, t: float = time.perf_counter()) -> None:
+            ttfts[i] = send(b, t)
+
+        th = threading.Thread(target=go, daemon=True)
+        th.start()
+        threads.append(th)
+    for th in threads:
+        th.join()
+    return ttfts
+
+
 def post_streamed(client: httpx.Client, url: str, body: dict[str, Any], t0: float) -> float:
     """``POST`` ``body`` streamed; ms from ``t0`` to the first SSE ``data`` event."""
     with client.stream("POST", url, json={**body, "stream": True}) as r:
@@ -87,6 +114,43 @@ def http_client(url: str, reqs: list[dict[str, Any]], rate: float, seed: int) ->
     limits = httpx.Limits(max_connections=len(reqs), max_keepalive_connections=len(reqs))
     with httpx.Client(timeout=600, limits=limits) as client:
         return run(functools.partial(post_streamed, client, url), reqs, rate, seed)
+
+
+def http_client_at(url: str, reqs: list[dict[str, Any]], start: float, offsets: list[float]) -> list[float]:
+    """``run_at`` of ``post_streamed`` on one pooled ``httpx.Client`` (see ``http_client``)."""
+    limits = httpx.Limits(max_connections=len(reqs) or 1, max_keepalive_connections=len(reqs) or 1)
+    with httpx.Client(timeout=600, limits=limits) as client:
+        return run_at(functools.partial(post_streamed, client, url), reqs, start, offsets)
+
+
+def interleaved_pass(
+    direct: Any, http_at: Any, reqs: list[dict[str, Any]], rate: float, seed: int
+) -> tuple[list[float], list[float]]:
+    """One Poisson trace of ``reqs``; a seeded half goes over HTTP (``http_at(reqs, start, offsets)``,
+    in the client process), the rest directly from threads here, on the same clock. -> (direct, http) TTFTs."""
+    rng = random.Random(seed)
+    offsets, t = [], 0.0
+    for _ in reqs:
+        t += rng.expovariate(rate)
+        offsets.append(t)
+    over_http = [i % 2 == 1 for i in range(len(reqs))]
+    rng.shuffle(over_http)
+    start = time.monotonic() + 1.0  # the client process has a second to receive its share
+    pick = [i for i in range(len(reqs)) if over_http[i]]
+    rest = [i for i in range(len(reqs)) if not over_http[i]]
+    http_future = http_at([reqs[i] for i in pick], start, [offsets[i] for i in pick])
+    direct_ttft = run_at(direct, [reqs[i] for i in rest], start, [offsets[i] for i in rest])
+    return direct_ttft, http_future.result()
+
+
+def share_interval(direct: list[float], http: list[float], seed: int, draws: int = 2000) -> tuple[float, float]:
+    """95% bootstrap interval of ``p50(http) / p50(direct) - 1`` (each path resampled on its own)."""
+    rng = random.Random(seed)
+    stats = sorted(
+        pct(rng.choices(http, k=len(http)), 0.5) / pct(rng.choices(direct, k=len(direct)), 0.5) - 1
+        for _ in range(draws)
+    )
+    return stats[int(0.025 * draws)], stats[int(0.975 * draws) - 1]
 
 
 def main() -> None:
@@ -107,6 +171,8 @@ def main() -> None:
         "--switch-interval-ms", type=float, default=None,
         help="HYPIC_SWITCH_INTERVAL_MS for the server (the whole process: both paths); default Python's 5 ms",
     )  # fmt: skip
+    ap.add_argument("--interleave", action="store_true", help="both paths in one trace, half each (see above)")
+    ap.add_argument("--passes", type=int, default=1, help="--interleave: traces, each with its own seed")
     ap.add_argument("--out", default="bench_out/http_overhead.json")
     args = ap.parse_args()
     model = random_model(load_shape(args.shape, args.layers), args.device, getattr(torch, args.dtype))
@@ -149,6 +215,16 @@ def main() -> None:
 
     reqs = bodies(args)
     run(direct, reqs, 1e9, args.seed)  # warm-up (all at once): every document cached, graphs captured
+    if args.interleave:
+        if clients is None:
+            raise SystemExit("--interleave needs --client process")
+        summary = interleaved(args, direct, functools.partial(clients.submit, http_client_at, url), reqs)
+        clients.shutdown()
+        server.should_exit = True
+        engine.close()
+        dev = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
+        write_json(args.out, {"args": vars(args), **summary, "device": dev})
+        return
     rows: list[dict[str, Any]] = []
     for name in ("direct", "http", "direct again", "http again"):
         if name.startswith("http"):
@@ -171,6 +247,32 @@ def main() -> None:
     write_json(
         args.out, {"args": vars(args), "rows": rows, "api_overhead_p50": http_p50 / direct_p50 - 1, "device": dev}
     )
+
+
+def interleaved(args: argparse.Namespace, direct: Any, http_at: Any, reqs: list[dict[str, Any]]) -> dict[str, Any]:
+    """``--passes`` interleaved traces; prints and returns per-path rows and the API's p50 share."""
+    ttft: dict[str, list[float]] = {"direct": [], "http": []}
+    passes = []
+    for k in range(args.passes):
+        d, h = interleaved_pass(direct, http_at, reqs, args.rate, args.seed + 1 + k)
+        ttft["direct"] += d
+        ttft["http"] += h
+        passes.append(
+            {"pass": k, "direct_p50": pct(d, 0.5), "http_p50": pct(h, 0.5), "share": pct(h, 0.5) / pct(d, 0.5) - 1}
+        )
+        print(passes[-1], flush=True)
+    rows = [{"path": p, "p50_ttft_ms": pct(x, 0.5), "p90_ttft_ms": pct(x, 0.9), "n": len(x)} for p, x in ttft.items()]
+    share = rows[1]["p50_ttft_ms"] / rows[0]["p50_ttft_ms"] - 1
+    lo, hi = share_interval(ttft["direct"], ttft["http"], args.seed)
+    print_table(rows, ["path", "p50_ttft_ms", "p90_ttft_ms", "n"])
+    print(f"the API adds {100 * share:.1f}% to p50 TTFT (95% interval {100 * lo:.1f}% .. {100 * hi:.1f}%)")
+    return {
+        "rows": rows,
+        "passes": passes,
+        "api_overhead_p50": share,
+        "api_overhead_p50_ci95": [lo, hi],
+        "ttft_ms": ttft,
+    }
 
 
 if __name__ == "__main__":

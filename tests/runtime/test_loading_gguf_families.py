@@ -235,10 +235,13 @@ def test_granitehybrid_with_rope_is_refused(tmp_path: Path) -> None:
 
 
 def test_unsupported_arch_names_the_supported_ones(tmp_path: Path) -> None:
-    path = write_stub_gguf(tmp_path / "kimi.gguf", "kimi-linear")
-    assert supported_archs() == ["granitehybrid", "lfm2", "llama", "nemotron_h"]
+    path = write_stub_gguf(tmp_path / "rwkv7.gguf", "rwkv7")
+    assert supported_archs() == [
+        "falcon-h1", "granitehybrid", "kimi-linear", "lfm2", "llama", "nemotron_h", "qwen35", "qwen35moe",
+        "qwen3next",
+    ]  # fmt: skip
     with pytest.raises(
-        ModelConfigError, match=r"'kimi-linear' is not supported \(supported: \['granitehybrid', 'lfm2'"
+        ModelConfigError, match=r"'rwkv7' is not supported \(supported: \['falcon-h1', 'granitehybrid', 'kimi-linear'"
     ):
         load_gguf(path)
 

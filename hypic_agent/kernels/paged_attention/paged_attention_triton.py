@@ -43,6 +43,41 @@ def _dot(a, b, IEEE: tl.constexpr):
 
 
 @triton.jit
+def _key_range(context_lens, i_n, i_s, NS: tl.constexpr, BN: tl.constexpr):
+    """Keys ``[lo, hi)`` of split ``i_s`` of sequence ``i_n``: ``NS`` ranges of whole ``BN``-key tiles."""
+    L = tl.load(context_lens + i_n).to(tl.int32)
+    per = tl.cdiv(tl.cdiv(L, NS), BN) * BN
+    lo = i_s * per
+    return lo, tl.minimum(lo + per, L)
+
+
+@triton.jit
+def _softmax_step(s, m_i, l_i):
+    """One tile of online softmax in base 2: scores ``s [BM, BN]`` (-inf where masked) against the
+    running max ``m_i`` and sum ``l_i`` -> (p, alpha (the rescale of what came before), m, l)."""
+    m_new = tl.maximum(m_i, tl.max(s, 1))  # finite: the tile has at least one key
+    p = tl.exp2(s - m_new[:, None])
+    alpha = tl.exp2(m_i - m_new)
+    return p, alpha, m_new, l_i * alpha + tl.sum(p, 1)
+
+
+@triton.jit
+def _write_out(o, o_part, lse_part, acc, m_i, l_i, row_out, i_s, m_row, o_e, m_e, DV: tl.constexpr, NS: tl.constexpr):
+    """A program's result for its rows ``row_out`` (= sequence * heads + head): the output itself with
+    one split, else its partial output and log-sum-exp for the merge kernel; zeros for no keys."""
+    seen = l_i > 0
+    out = acc / tl.where(seen, l_i, 1.0)[:, None]
+    if NS == 1:
+        tl.store(o + row_out[:, None] * DV + o_e[None, :], out.to(o.dtype.element_ty),
+                 mask=m_row[:, None] & m_e[None, :])  # fmt: skip
+    else:
+        lse = tl.where(seen, m_i + tl.log2(tl.where(seen, l_i, 1.0)), float("-inf"))
+        tl.store(lse_part + row_out * NS + i_s, lse, mask=m_row)
+        tl.store(o_part + (row_out[:, None] * NS + i_s) * DV + o_e[None, :], out,
+                 mask=m_row[:, None] & m_e[None, :])  # fmt: skip
+
+
+@triton.jit
 def _paged_decode_kernel(
     q, k, v, block_table, context_lens, o, o_part, lse_part, qk_scale,
     sq_n, sq_h, sk_p, sk_s, sk_h, sv_p, sv_s, sv_h, sbt_n,
@@ -62,10 +97,7 @@ def _paged_decode_kernel(
     m_e = o_e < DV
     b_q = tl.load(q + i_n * sq_n + head[:, None] * sq_h + o_d[None, :], mask=m_row[:, None] & m_d[None, :],
                   other=0.0)  # fmt: skip  # [BM, BD]
-    L = tl.load(context_lens + i_n).to(tl.int32)
-    per = tl.cdiv(tl.cdiv(L, NS), BN) * BN  # keys per split, whole tiles
-    lo = i_s * per
-    hi = tl.minimum(lo + per, L)
+    lo, hi = _key_range(context_lens, i_n, i_s, NS, BN)
     bt_row = block_table + i_n * sbt_n
     m_i = tl.full([BM], float("-inf"), tl.float32)
     l_i = tl.zeros([BM], tl.float32)
@@ -79,25 +111,11 @@ def _paged_decode_kernel(
                       mask=m_col[:, None] & m_d[None, :], other=0.0)  # fmt: skip  # [BN, BD]
         s = _dot(b_q, tl.trans(b_k), IEEE) * qk_scale  # [BM, BN], log2 units
         s = tl.where(m_col[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))  # finite: the tile has at least one key
-        p = tl.exp2(s - m_new[:, None])
-        alpha = tl.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
+        p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i)
         b_v = tl.load(v + (page * sv_p + slot * sv_s + i_hk * sv_h)[:, None] + o_e[None, :],
                       mask=m_col[:, None] & m_e[None, :], other=0.0)  # fmt: skip  # [BN, BDV]
         acc = acc * alpha[:, None] + _dot(p.to(b_v.dtype), b_v, IEEE)
-        m_i = m_new
-    seen = l_i > 0
-    out = acc / tl.where(seen, l_i, 1.0)[:, None]  # zeros for an empty range
-    row_out = i_n * HQ + head  # [N, HQ] row-major
-    if NS == 1:
-        tl.store(o + row_out[:, None] * DV + o_e[None, :], out.to(o.dtype.element_ty),
-                 mask=m_row[:, None] & m_e[None, :])  # fmt: skip
-    else:
-        lse = tl.where(seen, m_i + tl.log2(tl.where(seen, l_i, 1.0)), float("-inf"))
-        tl.store(lse_part + row_out * NS + i_s, lse, mask=m_row)
-        tl.store(o_part + (row_out[:, None] * NS + i_s) * DV + o_e[None, :], out,
-                 mask=m_row[:, None] & m_e[None, :])  # fmt: skip
+    _write_out(o, o_part, lse_part, acc, m_i, l_i, i_n * HQ + head, i_s, m_row, o_e, m_e, DV, NS)
 
 
 @triton.jit

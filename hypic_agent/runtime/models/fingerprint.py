@@ -102,12 +102,14 @@ def model_fingerprint(
     dtype: torch.dtype | str | None = None,
     *,
     seed: int | None = None,
+    init: str | None = None,
     cache_dir: Path | None = None,
 ) -> str:
     """``"<model_type>:<dtype>:<xxh3_128 hex>"`` for a model (see module docstring).
 
     Exactly one of ``weights`` (tensors or weight file paths) and ``seed`` (random weights)
-    must be given. ``dtype`` is the dtype the model runs in.
+    must be given. ``dtype`` is the dtype the model runs in. ``init`` names the random draws behind
+    ``seed`` (default: transformers' init, keyed by its version).
     """
     if (weights is None) == (seed is None):
         raise ValueError("model_fingerprint needs exactly one of `weights` and `seed`")
@@ -117,7 +119,9 @@ def model_fingerprint(
     h.update(f"{FORMAT}|{dt}|{cfg_json}|".encode())
     if layout:
         h.update(f"entries|{layout}|".encode())
-    if seed is not None:  # random init depends on the transformers version too
+    if seed is not None and init is not None:
+        h.update(f"random-seed|{int(seed)}|{init}".encode())
+    elif seed is not None:  # random init depends on the transformers version too
         import transformers
 
         h.update(f"random-seed|{int(seed)}|transformers-{transformers.__version__}".encode())

@@ -22,79 +22,11 @@ Tensor names: our contract name -> the checkpoint ("hub") name the converter rea
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from hypic_agent.errors import ModelConfigError
 from hypic_agent.runtime.models.config import HybridConfig
-
-
-@dataclass
-class GGUFMeta:
-    """What the family mappings read from an open GGUF file: metadata values (``{arch}.`` keys
-    by their suffix) and the logical (numpy) shape of every tensor."""
-
-    arch: str
-    fields: dict[str, Any]
-    shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
-
-    def get(self, key: str, default: Any = None) -> Any:
-        """``{arch}.<key>`` (``general.*`` / ``tokenizer.*`` keys are passed in full)."""
-        full = key if key.startswith(("general.", "tokenizer.")) else f"{self.arch}.{key}"
-        v = self.fields.get(full)
-        return default if v is None else v
-
-    def require(self, key: str) -> Any:
-        v = self.get(key)
-        if v is None:
-            raise ModelConfigError(f"GGUF ({self.arch}) lacks the metadata key {self.arch}.{key}", param="model")
-        return v
-
-    def has(self, tensor: str) -> bool:
-        return tensor in self.shapes
-
-
-def per_layer(value: Any, n: int) -> list[int]:
-    """A per-layer array key (``head_count_kv``, ``feed_forward_length``): a list, or one scalar for all."""
-    if isinstance(value, list):
-        if len(value) != n:
-            raise ModelConfigError(f"GGUF per-layer array has {len(value)} entries for {n} blocks", param="model")
-        return [int(x) for x in value]
-    return [int(value)] * n
-
-
-def _common(meta: GGUFMeta) -> dict[str, Any]:
-    """Keys every family reads the same way: vocab, widths, eps, tokens, tying."""
-    out: dict[str, Any] = {
-        "hidden_size": int(meta.require("embedding_length")),
-        "tie_word_embeddings": not meta.has("output.weight"),
-        "bos_token_id": meta.get("tokenizer.ggml.bos_token_id"),
-        "eos_token_id": meta.get("tokenizer.ggml.eos_token_id"),
-        "pad_token_id": meta.get("tokenizer.ggml.padding_token_id"),
-    }
-    vocab = meta.get("vocab_size")
-    if vocab is None:
-        vocab = meta.shapes.get("token_embd.weight", (0,))[0]
-    out["vocab_size"] = int(vocab)
-    return out
-
-
-def _eps(meta: GGUFMeta) -> float:
-    """RMSNorm eps: the converter writes ``layer_norm_rms_epsilon`` or (configs naming it
-    ``layer_norm_epsilon``, as Nemotron-H's do) ``layer_norm_epsilon``."""
-    eps = meta.get("attention.layer_norm_rms_epsilon", meta.get("attention.layer_norm_epsilon", 1e-5))
-    return float(eps)
-
-
-def _mamba2(meta: GGUFMeta) -> tuple[int, int, int, int, int]:
-    """(heads, head dim, groups, state size, conv kernel) from the ``ssm.*`` keys."""
-    heads = int(meta.require("ssm.time_step_rank"))
-    inner = int(meta.require("ssm.inner_size"))
-    if heads <= 0 or inner % heads:
-        raise ModelConfigError(f"GGUF ssm.inner_size {inner} is not a multiple of ssm.time_step_rank {heads}")
-    groups = int(meta.require("ssm.group_count"))
-    return heads, inner // heads, groups, int(meta.require("ssm.state_size")), int(meta.require("ssm.conv_kernel"))
+from hypic_agent.runtime.models.gguf_meta import GGUFMeta, common_config, mamba2_dims, per_layer, rms_eps
 
 
 # ---------------------------------------------------------------------------- metadata -> HF config
@@ -119,7 +51,7 @@ def granite_config(meta: GGUFMeta) -> dict[str, Any]:
     heads = int(meta.require("attention.head_count"))
     kv = per_layer(meta.get("attention.head_count_kv", 0), n)
     hidden = int(meta.require("embedding_length"))
-    m_heads, _, groups, state, kernel = _mamba2(meta)
+    m_heads, _, groups, state, kernel = mamba2_dims(meta)
     inner = int(meta.require("ssm.inner_size"))
     if inner % hidden:
         raise ModelConfigError(f"GGUF ssm.inner_size {inner} is not a multiple of embedding_length {hidden}")
@@ -137,14 +69,14 @@ def granite_config(meta: GGUFMeta) -> dict[str, Any]:
     attn = [i for i in range(n) if kv[i] > 0]
     cfg: dict[str, Any] = {
         "model_type": "granitemoehybrid",
-        **_common(meta),
+        **common_config(meta),
         "num_hidden_layers": n,
         "layer_types": ["attention" if kv[i] > 0 else "mamba" for i in range(n)],
         "num_attention_heads": heads,
         "num_key_value_heads": max(kv) if attn else heads,
         "head_dim": int(meta.get("attention.key_length", hidden // heads)),
         "max_position_embeddings": int(meta.get("context_length", 2048)),
-        "rms_norm_eps": _eps(meta),
+        "rms_norm_eps": rms_eps(meta),
         "attention_bias": any(k.endswith("attn_q.bias") for k in meta.shapes),
         "position_embedding_type": None,
         "mamba_n_heads": m_heads,
@@ -175,18 +107,18 @@ def nemotron_config(meta: GGUFMeta) -> dict[str, Any]:
     ff = per_layer(meta.get("feed_forward_length", 0), n)
     heads = max(per_layer(meta.require("attention.head_count"), n))
     hidden = int(meta.require("embedding_length"))
-    m_heads, m_head_dim, groups, state, kernel = _mamba2(meta)
+    m_heads, m_head_dim, groups, state, kernel = mamba2_dims(meta)
     pattern = "".join("*" if kv[j] > 0 else "-" if ff[j] > 0 else "M" for j in range(n))
     return {
         "model_type": "nemotron_h",
-        **_common(meta),
+        **common_config(meta),
         "num_hidden_layers": n,
         "hybrid_override_pattern": pattern,
         "num_attention_heads": heads,
         "num_key_value_heads": max(kv) if max(kv) > 0 else heads,
         "head_dim": int(meta.get("attention.key_length", hidden // heads)),
         "max_position_embeddings": int(meta.get("context_length", 4096)),
-        "layer_norm_epsilon": _eps(meta),
+        "layer_norm_epsilon": rms_eps(meta),
         "attention_bias": any(k.endswith("attn_q.bias") for k in meta.shapes),
         "mlp_bias": any(k.endswith("ffn_up.bias") for k in meta.shapes),
         "mamba_num_heads": m_heads,
@@ -211,7 +143,7 @@ def lfm2_hub(cfg: HybridConfig, name: str) -> str:
     return name.replace(".linear_attn.", ".conv.")
 
 
-def _mamba_leaf(leaf: str) -> str:
+def mamba_leaf(leaf: str) -> str:
     """The converter renames ``dt_bias`` to ``dt_proj.bias`` (-> ``ssm_dt.bias``)."""
     return "dt_proj.bias" if leaf == "dt_bias" else leaf
 
@@ -228,7 +160,7 @@ def granite_hub(cfg: HybridConfig, name: str) -> str:
         return name
     pre, block, leaf = f"model.layers.{m[1]}.", m[2], m[3]
     if block == "linear_attn":
-        return pre + "mamba." + _mamba_leaf(leaf)
+        return pre + "mamba." + mamba_leaf(leaf)
     if block == "mlp" and leaf in _GRANITE_MLP:
         return pre + _GRANITE_MLP[leaf]
     return name
@@ -251,7 +183,7 @@ def nemotron_hub(cfg: HybridConfig, name: str) -> str:
         leaf = "norm." + leaf if block == "post_attention_layernorm" else "mixer." + leaf
     else:
         j = mixer_block
-        leaf = "norm." + leaf if block == "input_layernorm" else "mixer." + _mamba_leaf(leaf)
+        leaf = "norm." + leaf if block == "input_layernorm" else "mixer." + mamba_leaf(leaf)
     return f"backbone.layers.{j}.{leaf}"
 
 
@@ -271,41 +203,3 @@ def granite_fused(cfg: HybridConfig, name: str) -> tuple[str, ...] | None:
         "shared_expert.down_proj": (MODEL_TENSOR.FFN_DOWN_SHEXP,),
     }[m[2]]
     return tuple(TENSOR_NAMES[k].format(bid=int(m[1])) + ".weight" for k in kinds)
-
-
-@dataclass(frozen=True)
-class GGUFFamily:
-    """One GGUF architecture we load. ``config``: metadata -> HF config dict (None: transformers'
-    ``GGUF_CONFIG_MAPPING`` table, then ``fixup``); ``hub``: our tensor name -> the checkpoint name
-    llama.cpp's converter reads (then gguf-py's name map); ``fused``: names split into several GGUF
-    tensors; ``permute_qk``: Q/K rows llama-permuted by the converter and undone here (families
-    without a transformers tensor processor)."""
-
-    arch: str  # general.architecture
-    model_type: str
-    gguf_arch: str  # gguf-py's MODEL_ARCH member name
-    config: Callable[[GGUFMeta], dict[str, Any]] | None = None
-    fixup: Callable[[GGUFMeta, dict[str, Any]], dict[str, Any]] | None = None
-    hub: Callable[[HybridConfig, str], str] | None = None
-    fused: Callable[[HybridConfig, str], tuple[str, ...] | None] | None = None
-    permute_qk: bool = False
-
-
-GGUF_FAMILIES: dict[str, GGUFFamily] = {
-    f.arch: f
-    for f in (
-        GGUFFamily("llama", "llama", "LLAMA"),
-        GGUFFamily("lfm2", "lfm2", "LFM2", fixup=lfm2_config, hub=lfm2_hub),
-        GGUFFamily(
-            "granitehybrid",
-            "granitemoehybrid",
-            "GRANITE_HYBRID",
-            config=granite_config,
-            hub=granite_hub,
-            fused=granite_fused,
-            permute_qk=True,
-        ),
-        GGUFFamily("nemotron_h", "nemotron_h", "NEMOTRON_H", config=nemotron_config, hub=nemotron_hub, permute_qk=True),
-    )
-}
-"""GGUF ``general.architecture`` -> how to load it (see the module doc)."""

@@ -1,19 +1,23 @@
 """Load a GGUF file (quantized llama.cpp checkpoint) into the naming contract, dequantized.
 
-Supported ``general.architecture`` values (``gguf_families.GGUF_FAMILIES``):
+Supported ``general.architecture`` values (``gguf_registry.GGUF_FAMILIES``):
 
 * ``llama`` and ``lfm2``: metadata through transformers' GGUF table (``GGUF_CONFIG_MAPPING``) and
   its per-architecture tensor processors (llama's Q/K row permutation undone, LFM2's squeezed conv);
 * ``granitehybrid`` (Granite 4, served as ``granitemoehybrid``) and ``nemotron_h``: metadata and
-  SSM tensor conventions mapped by us (``gguf_families``), since transformers cannot read them.
+  SSM tensor conventions mapped by us (``gguf_families``), since transformers cannot read them;
+* ``falcon-h1`` (``gguf_falcon``: µP multipliers folded into the weights by the converter);
+* ``qwen3next``, ``qwen35``, ``qwen35moe`` (``gguf_qwen``: ``1 + w`` norms, split ``in_proj_qkvz``,
+  Qwen3.5's tiled value-head order);
+* ``kimi-linear`` (``gguf_kimi``: split q/k/v convs, MLA's ``kv_b_proj`` split for the absorbed form).
 
 Tensor names go through gguf-py's name map for the architecture, values through gguf-py's
 dequantizer. We read the file once and map names for our own expected tensor set, instead of
 ``load_gguf_checkpoint(..., return_tensors=True)``, which parses the metadata twice and builds a
 name map per submodule (3x slower on SmolLM2-135M).
 
-Families we serve without GGUF loading: Qwen3.5 / Qwen3-Next (``qwen35`` / ``qwen3next`` GGUFs),
-``minimax``, ``kimi_linear``, ``bailing_moe_linear`` and ``bailing_hybrid``: use their HF folders.
+Families we serve without GGUF loading: ``minimax``, ``bailing_moe_linear`` and ``bailing_hybrid``:
+use their HF folders.
 """
 
 from __future__ import annotations
@@ -26,7 +30,8 @@ import torch
 
 from hypic_agent.errors import ModelConfigError, WeightsError
 from hypic_agent.runtime.models.config import HybridConfig
-from hypic_agent.runtime.models.gguf_families import GGUF_FAMILIES, GGUFFamily, GGUFMeta
+from hypic_agent.runtime.models.gguf_meta import GGUFFamily, GGUFMeta
+from hypic_agent.runtime.models.gguf_registry import GGUF_FAMILIES
 from hypic_agent.runtime.models.loading import expected_shapes, validate_state_dict
 
 # config sections read from the GGUF metadata ("<section>.<key>"); tokenizer ids included
@@ -126,8 +131,12 @@ def _num_blocks(cfg: HybridConfig) -> int:
     return max([cfg.num_layers, *(max(b) + 1 for b in cfg.hf_blocks)])
 
 
-def _name_map(fam: GGUFFamily, cfg: HybridConfig, shapes: dict[str, tuple[int, ...]]) -> dict[str, tuple[str, int]]:
-    """GGUF tensor name -> (contract name, part index), for every tensor we expect."""
+def _name_map(
+    fam: GGUFFamily, cfg: HybridConfig, shapes: dict[str, tuple[int, ...]], present: set[str]
+) -> dict[str, tuple[str, int]]:
+    """GGUF tensor name -> (contract name, part index), for every tensor we expect. A name gguf-py
+    maps with its ``.weight`` included (Falcon-H1's ``pre_ff_layernorm.weight`` -> ``ffn_norm``) is
+    written by the converter without the suffix: the name the file holds wins."""
     from gguf import MODEL_ARCH, get_tensor_name_map
 
     names = get_tensor_name_map(MODEL_ARCH[fam.gguf_arch], _num_blocks(cfg))
@@ -142,8 +151,11 @@ def _name_map(fam: GGUFFamily, cfg: HybridConfig, shapes: dict[str, tuple[int, .
         if suffix not in ("weight", "bias"):
             base, suffix = hub, ""
         g = names.get_name(base)
+        g = g + (f".{suffix}" if suffix else "") if g is not None else names.get_name(hub)
+        if g is not None and g not in present and g.rpartition(".")[0] in present:
+            g = g.rpartition(".")[0]
         if g is not None:
-            out[g + (f".{suffix}" if suffix else "")] = (name, 0)
+            out[g] = (name, 0)
     return out
 
 
@@ -161,7 +173,7 @@ def _convert(fam: GGUFFamily, name: str, w: np.ndarray, raw: dict[str, Any]) -> 
     elif name.endswith(".ssm_a"):  # stored A = -exp(A_log)
         with np.errstate(divide="ignore", invalid="ignore"):
             w = np.log(-w)
-    return w
+    return fam.values(name, w, raw) if fam.values is not None else w
 
 
 def load_gguf(
@@ -180,7 +192,7 @@ def load_gguf(
     raw_cfg = gguf_hf_config(reader)
     cfg = HybridConfig.from_hf(raw_cfg)
     shapes = expected_shapes(cfg)
-    mapping = _name_map(fam, cfg, shapes)
+    mapping = _name_map(fam, cfg, shapes, {rt.name for rt in reader.tensors})
     contract = {g: n for g, (n, _) in mapping.items()}
     processor = TENSOR_PROCESSORS.get(fam.arch, TensorProcessor)(config=raw_cfg) if fam.config is None else None
     parts: dict[str, dict[int, np.ndarray]] = {}
@@ -198,7 +210,10 @@ def load_gguf(
     tensors: dict[str, torch.Tensor] = {}
     for name, by_index in parts.items():
         arrays = [by_index[k] for k in sorted(by_index)]
-        w = arrays[0] if len(arrays) == 1 else np.concatenate(arrays, axis=1)
+        if fam.join is not None and (len(arrays) > 1 or (fam.fused is not None and fam.fused(cfg, name))):
+            w = fam.join(name, arrays, raw_cfg)
+        else:
+            w = arrays[0] if len(arrays) == 1 else np.concatenate(arrays, axis=1)
         t = torch.from_numpy(np.array(w, dtype=np.float32, order="C", copy=True))
         want = shapes[name]
         if tuple(t.shape) != want and name.endswith(_RESHAPED) and t.numel() == int(np.prod(want)):

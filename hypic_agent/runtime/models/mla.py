@@ -13,7 +13,7 @@ keys are re-rotated to their segment's offset like any attention key, on the rop
 ``attend`` expands the latent through ``kv_b_proj`` into per-head keys and values of one width
 (``head_dim = nope + rope``: values zero-padded from ``v_head_dim``, the output sliced back) and runs
 the common attention; ``paged_decode`` runs decode in the absorbed form (``q_nope W_uk`` against the
-latent, ``W_uv`` after) over the gathered pages in torch: the paged Triton kernel does not serve it.
+latent, ``W_uv`` after) through ``kernels.paged_mla`` (a Triton kernel on CUDA, its torch twin on CPU).
 Kimi-Linear-48B: 576 cached values per token and layer instead of 2 x 32 heads x 192.
 """
 
@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hypic_agent.kernels.paged_mla import paged_mla_decode
 from hypic_agent.runtime.models.attention import FullAttention
 from hypic_agent.runtime.models.config import HybridConfig
 from hypic_agent.runtime.models.norms import RMSNorm
@@ -114,15 +115,9 @@ class MLAttention(FullAttention):
         context_lens: torch.Tensor,
     ) -> torch.Tensor:
         """One rotated query per sequence ``[N, H, D]`` over its pages of rope keys ``[P, page, 1, rope]``
-        and latents ``[P, page, 1, r]`` -> ``[N, H, D]``: the absorbed form in fp32, every sequence over
-        the whole block-table width with the keys past ``context_lens`` masked (fixed shapes, no host
-        sync, so a decode graph can capture it; not run on a GPU yet); a row with no context gets
-        zeros. It gathers ``[N, width * page, r]`` fp32 per layer: transient memory grows with batch x
-        block-table width, where the paged kernel reads pages in place."""
-        n = block_table.shape[0]
-        idx = block_table.long()
-        kr = k_pages[idx].reshape(n, -1, self.rope).float()  # [N, S, rope]
-        lat = v_pages[idx].reshape(n, -1, self.rank).float()  # [N, S, r]
+        and latents ``[P, page, 1, r]`` -> ``[N, H, D]``, in the absorbed form: ``q_nope W_uk`` against
+        the latents (``kernels.paged_mla``: Triton on CUDA, reading pages in place; the torch twin on
+        CPU), ``W_uv`` after. No host sync: a decode graph captures it."""
         w = self.kv_b_proj.weight.float().view(self.hq, self.nope + self.v_dim, self.rank)
         qf = q.float()
         if self.rotary_dim:  # q's layout: [rope | nope] (RoPE'd) or [nope | rope] (NoPE)
@@ -130,11 +125,10 @@ class MLAttention(FullAttention):
         else:
             q_rope, q_nope = qf[..., self.nope :], qf[..., : self.nope]
         q_lat = torch.einsum("nhd,hdr->nhr", q_nope, w[:, : self.nope])
-        scores = torch.einsum("nhr,nsr->nhs", q_lat, lat) + torch.einsum("nhd,nsd->nhs", q_rope, kr)
-        valid = torch.arange(kr.shape[1], device=q.device)[None, :] < context_lens[:, None]
-        scores = (scores * self.scale).masked_fill(~valid[:, None, :], float("-inf"))
-        probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)
-        o = torch.einsum("nhr,hvr->nhv", torch.einsum("nhs,nsr->nhr", probs, lat), w[:, self.nope :])
+        o_lat = paged_mla_decode(
+            q_lat, q_rope, v_pages, k_pages, block_table, context_lens, scale=self.scale, backend=self.backend
+        )
+        o = torch.einsum("nhr,hvr->nhv", o_lat.float(), w[:, self.nope :])
         return F.pad(o, (0, self.d - self.v_dim)).to(q.dtype)
 
     def output(self, o: torch.Tensor, gate: torch.Tensor | None) -> torch.Tensor:
