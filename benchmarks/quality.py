@@ -17,6 +17,12 @@ seams and segments too short to cache for the composed modes), so budgets compar
         --auto-budgets 0.03 --data ../shared/data       # hypic w=8 vs seam="auto" at a 3% budget
     python benchmarks/quality.py --datasets hotpotqa nq --limit 100 --gen-tokens 0 --modes hypic --seams \
         --blend-budgets 0.05 --data ../shared/data      # vs seam="blend": scattered body recompute
+    python benchmarks/quality.py --datasets hotpotqa --limit 20 --gen-tokens 0 --modes hypic --seams 1 \
+        --build-prefixes bos template --data ../shared/data   # entries built after a context (sink prefix)
+
+``--build-prefixes``: every fixed-seam ``hypic`` row again with its entries built after that
+context (``Settings.build_prefix``, label ``... ctx=<name>``). The context's tokens are computed at
+build time, once per entry, not per request: ``recompute`` does not count them.
 """
 
 from __future__ import annotations
@@ -51,15 +57,19 @@ def configs(
     modes: list[str] | None = None,
     budgets: list[float] | None = None,
     blend: list[float] | None = None,
+    contexts: list[str] | None = None,
 ) -> list[tuple[str, str, float | str]]:
     """(label, mode, seam) per compared config; ``modes`` restricts the mode ladder (seam ablation
     rows are hypic runs and come with ``hypic``); ``budgets``: ``seam="auto"`` rows (label
     ``hypic auto b=<budget>``), ``blend``: ``seam="blend"`` rows (``hypic blend b=<budget>``),
-    whatever the modes."""
+    whatever the modes; ``contexts``: the fixed-seam hypic rows again per build context (label
+    ``hypic w=<w> ctx=<name>``)."""
     keep = [(m, w) for m, w in MODE_CONFIGS if modes is None or m in modes]
     out: list[tuple[str, str, float | str]] = [(m if m != "hypic" else f"hypic w={w:g}", m, w) for m, w in keep]
     if modes is None or "hypic" in modes:
         out += [(f"hypic w={w:g}", "hypic", w) for w in seams if w != 8.0]
+    fixed = [c for c in out if c[1] == "hypic"]
+    out += [(f"{lab} ctx={ctx}", m, w) for ctx in contexts or [] if ctx != "none" for lab, m, w in fixed]
     out += [(f"hypic auto b={b:g}", "hypic", "auto") for b in budgets or []]
     return out + [(f"hypic blend b={b:g}", "hypic", "blend") for b in blend or []]
 
@@ -82,6 +92,11 @@ def recompute_fraction(engine: Engine, plan: PromptPlan, mode: str, seam: float 
 def budget_of(label: str) -> float | None:
     """The seam budget of an ``auto`` / ``blend`` config label (None for the others)."""
     return float(label.split("b=")[1]) if " auto b=" in label or " blend b=" in label else None
+
+
+def context_of(label: str) -> str:
+    """The build context of a config label (``Settings.build_prefix``; ``none`` without ``ctx=``)."""
+    return label.split(" ctx=")[1] if " ctx=" in label else "none"
 
 
 def make_plan(engine: Engine, ex: Example) -> PromptPlan:
@@ -144,6 +159,7 @@ def run_dataset(
         for label, mode, w in cfgs:
             if (b := budget_of(label)) is not None:
                 engine.settings.seam_budget = b
+            engine.settings.build_prefix = context_of(label)  # type: ignore[assignment]
             acc[label]["recompute"].append(recompute_fraction(engine, plan, mode, w))
             prep = engine.prepare(plan, mode=mode, seam=w)
             assert prep.state.last_logits is not None
@@ -213,7 +229,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
         seam = sorted(
             (float(r["config"].split("=")[1]), r["kl_first_token"])
             for r in rows
-            if r["dataset"] == ds and r["config"].startswith("hypic w=")
+            if r["dataset"] == ds and r["config"].startswith("hypic w=") and " ctx=" not in r["config"]
         )
         axes[0].plot([s for s, _ in seam], [k for _, k in seam], marker="o", label=ds)
         keep = [r for r in rows if r["dataset"] == ds]
@@ -250,6 +266,10 @@ def main() -> None:
         "--blend-budgets", type=float, nargs="*", default=[],
         help='seam="blend" rows (seams and scattered body tokens) at these recompute budgets',
     )  # fmt: skip
+    ap.add_argument(
+        "--build-prefixes", nargs="*", default=[], choices=["none", "bos", "template"],
+        help="fixed-seam hypic rows again with entries built after this context (Settings.build_prefix)",
+    )  # fmt: skip
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--skip", type=int, default=0, help="leave out the first N examples (shard a long run)")
     ap.add_argument("--smoke", action="store_true", help="2 examples, 4 tokens: plumbing only")
@@ -263,7 +283,7 @@ def main() -> None:
     engine = load_engine(
         Settings(device="cpu" if not torch.cuda.is_available() else "auto", min_cached_tokens=16), model=args.model
     )
-    cfgs = configs(args.seams, args.modes, args.auto_budgets, args.blend_budgets)
+    cfgs = configs(args.seams, args.modes, args.auto_budgets, args.blend_budgets, args.build_prefixes)
     rows: list[dict[str, Any]] = []
     t0 = time.perf_counter()
 
