@@ -141,8 +141,9 @@ def run_dataset(
     cfgs: list[tuple[str, str, float | str]],
     gen_tokens: int,
     on_progress: Any = None,
+    every: int = 10,
 ) -> list[dict[str, Any]]:
-    """Every config on every example; ``on_progress(rows)`` gets the rows so far every 10 examples."""
+    """Every config on every example; ``on_progress(rows)`` gets the rows so far every ``every`` examples."""
     acc: dict[str, dict[str, list[float]]] = {
         lab: {"kl": [], "top1": [], "score": [], "nll": [], "recompute": []}
         for lab in ["full_recompute", *(c[0] for c in cfgs)]
@@ -170,7 +171,7 @@ def run_dataset(
             if gen_tokens:
                 acc[label]["score"].append(score(ex, answer(engine, prep, gen_tokens)))
         print(f"{name} {i + 1}/{len(examples)} ({full.prompt_tokens} tokens)", flush=True)
-        if on_progress is not None and (i + 1) % 10 == 0:
+        if on_progress is not None and (i + 1) % every == 0:
             on_progress(summarize(name, acc, i + 1, gen_tokens))
     return summarize(name, acc, len(examples), gen_tokens)
 
@@ -272,12 +273,15 @@ def main() -> None:
     )  # fmt: skip
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--skip", type=int, default=0, help="leave out the first N examples (shard a long run)")
+    ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (shared machines: 1)")
+    ap.add_argument("--write-every", type=int, default=10, help="write the partial JSON every N examples")
     ap.add_argument("--smoke", action="store_true", help="2 examples, 4 tokens: plumbing only")
     ap.add_argument("--out", default="bench_out/quality.json")
     ap.add_argument("--plot", default=None, help="PNG path (default: next to --out)")
     args = ap.parse_args()
     if not args.data.is_dir():
         raise SystemExit(f"no evaluation data at {args.data}: pass --data ../shared/data")
+    torch.set_num_threads(max(1, args.threads))
     if args.smoke:
         args.limit, args.gen_tokens = min(args.limit, 2), 4
     engine = load_engine(
@@ -296,7 +300,7 @@ def main() -> None:
         if args.smoke:  # byte-level tiny tokenizers: keep prompts inside the tiny context
             for ex in examples:
                 ex.docs = [(t, x[:200]) for t, x in ex.docs[:4]]
-        rows += run_dataset(engine, ds, examples, cfgs, args.gen_tokens, partial)
+        rows += run_dataset(engine, ds, examples, cfgs, args.gen_tokens, partial, max(1, args.write_every))
         partial([])
     cols = ["dataset", "config", "n", "score", "delta_vs_full", "kl_first_token", "top1_agreement"]
     print_table(rows, [*cols, "gold_nll", "gold_nll_delta", "recompute"])
