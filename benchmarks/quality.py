@@ -17,6 +17,12 @@ seams and segments too short to cache for the composed modes), so budgets compar
         --auto-budgets 0.03 --data ../shared/data       # hypic w=8 vs seam="auto" at a 3% budget
     python benchmarks/quality.py --datasets hotpotqa nq --limit 100 --gen-tokens 0 --modes hypic --seams \
         --blend-budgets 0.05 --data ../shared/data      # vs seam="blend": scattered body recompute
+    python benchmarks/quality.py --datasets hotpotqa --limit 20 --gen-tokens 0 --modes hypic --seams 1 \
+        --build-prefixes bos template --data ../shared/data   # entries built after a context (sink prefix)
+
+``--build-prefixes``: every fixed-seam ``hypic`` row again with its entries built after that
+context (``Settings.build_prefix``, label ``... ctx=<name>``). The context's tokens are computed at
+build time, once per entry, not per request: ``recompute`` does not count them.
 """
 
 from __future__ import annotations
@@ -51,15 +57,19 @@ def configs(
     modes: list[str] | None = None,
     budgets: list[float] | None = None,
     blend: list[float] | None = None,
+    contexts: list[str] | None = None,
 ) -> list[tuple[str, str, float | str]]:
     """(label, mode, seam) per compared config; ``modes`` restricts the mode ladder (seam ablation
     rows are hypic runs and come with ``hypic``); ``budgets``: ``seam="auto"`` rows (label
     ``hypic auto b=<budget>``), ``blend``: ``seam="blend"`` rows (``hypic blend b=<budget>``),
-    whatever the modes."""
+    whatever the modes; ``contexts``: the fixed-seam hypic rows again per build context (label
+    ``hypic w=<w> ctx=<name>``)."""
     keep = [(m, w) for m, w in MODE_CONFIGS if modes is None or m in modes]
     out: list[tuple[str, str, float | str]] = [(m if m != "hypic" else f"hypic w={w:g}", m, w) for m, w in keep]
     if modes is None or "hypic" in modes:
         out += [(f"hypic w={w:g}", "hypic", w) for w in seams if w != 8.0]
+    fixed = [c for c in out if c[1] == "hypic"]
+    out += [(f"{lab} ctx={ctx}", m, w) for ctx in contexts or [] if ctx != "none" for lab, m, w in fixed]
     out += [(f"hypic auto b={b:g}", "hypic", "auto") for b in budgets or []]
     return out + [(f"hypic blend b={b:g}", "hypic", "blend") for b in blend or []]
 
@@ -82,6 +92,11 @@ def recompute_fraction(engine: Engine, plan: PromptPlan, mode: str, seam: float 
 def budget_of(label: str) -> float | None:
     """The seam budget of an ``auto`` / ``blend`` config label (None for the others)."""
     return float(label.split("b=")[1]) if " auto b=" in label or " blend b=" in label else None
+
+
+def context_of(label: str) -> str:
+    """The build context of a config label (``Settings.build_prefix``; ``none`` without ``ctx=``)."""
+    return label.split(" ctx=")[1] if " ctx=" in label else "none"
 
 
 def make_plan(engine: Engine, ex: Example) -> PromptPlan:
@@ -126,8 +141,9 @@ def run_dataset(
     cfgs: list[tuple[str, str, float | str]],
     gen_tokens: int,
     on_progress: Any = None,
+    every: int = 10,
 ) -> list[dict[str, Any]]:
-    """Every config on every example; ``on_progress(rows)`` gets the rows so far every 10 examples."""
+    """Every config on every example; ``on_progress(rows)`` gets the rows so far every ``every`` examples."""
     acc: dict[str, dict[str, list[float]]] = {
         lab: {"kl": [], "top1": [], "score": [], "nll": [], "recompute": []}
         for lab in ["full_recompute", *(c[0] for c in cfgs)]
@@ -144,6 +160,7 @@ def run_dataset(
         for label, mode, w in cfgs:
             if (b := budget_of(label)) is not None:
                 engine.settings.seam_budget = b
+            engine.settings.build_prefix = context_of(label)  # type: ignore[assignment]
             acc[label]["recompute"].append(recompute_fraction(engine, plan, mode, w))
             prep = engine.prepare(plan, mode=mode, seam=w)
             assert prep.state.last_logits is not None
@@ -154,7 +171,7 @@ def run_dataset(
             if gen_tokens:
                 acc[label]["score"].append(score(ex, answer(engine, prep, gen_tokens)))
         print(f"{name} {i + 1}/{len(examples)} ({full.prompt_tokens} tokens)", flush=True)
-        if on_progress is not None and (i + 1) % 10 == 0:
+        if on_progress is not None and (i + 1) % every == 0:
             on_progress(summarize(name, acc, i + 1, gen_tokens))
     return summarize(name, acc, len(examples), gen_tokens)
 
@@ -213,7 +230,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
         seam = sorted(
             (float(r["config"].split("=")[1]), r["kl_first_token"])
             for r in rows
-            if r["dataset"] == ds and r["config"].startswith("hypic w=")
+            if r["dataset"] == ds and r["config"].startswith("hypic w=") and " ctx=" not in r["config"]
         )
         axes[0].plot([s for s, _ in seam], [k for _, k in seam], marker="o", label=ds)
         keep = [r for r in rows if r["dataset"] == ds]
@@ -250,20 +267,27 @@ def main() -> None:
         "--blend-budgets", type=float, nargs="*", default=[],
         help='seam="blend" rows (seams and scattered body tokens) at these recompute budgets',
     )  # fmt: skip
+    ap.add_argument(
+        "--build-prefixes", nargs="*", default=[], choices=["none", "bos", "template"],
+        help="fixed-seam hypic rows again with entries built after this context (Settings.build_prefix)",
+    )  # fmt: skip
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--skip", type=int, default=0, help="leave out the first N examples (shard a long run)")
+    ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (shared machines: 1)")
+    ap.add_argument("--write-every", type=int, default=10, help="write the partial JSON every N examples")
     ap.add_argument("--smoke", action="store_true", help="2 examples, 4 tokens: plumbing only")
     ap.add_argument("--out", default="bench_out/quality.json")
     ap.add_argument("--plot", default=None, help="PNG path (default: next to --out)")
     args = ap.parse_args()
     if not args.data.is_dir():
         raise SystemExit(f"no evaluation data at {args.data}: pass --data ../shared/data")
+    torch.set_num_threads(max(1, args.threads))
     if args.smoke:
         args.limit, args.gen_tokens = min(args.limit, 2), 4
     engine = load_engine(
         Settings(device="cpu" if not torch.cuda.is_available() else "auto", min_cached_tokens=16), model=args.model
     )
-    cfgs = configs(args.seams, args.modes, args.auto_budgets, args.blend_budgets)
+    cfgs = configs(args.seams, args.modes, args.auto_budgets, args.blend_budgets, args.build_prefixes)
     rows: list[dict[str, Any]] = []
     t0 = time.perf_counter()
 
@@ -276,7 +300,7 @@ def main() -> None:
         if args.smoke:  # byte-level tiny tokenizers: keep prompts inside the tiny context
             for ex in examples:
                 ex.docs = [(t, x[:200]) for t, x in ex.docs[:4]]
-        rows += run_dataset(engine, ds, examples, cfgs, args.gen_tokens, partial)
+        rows += run_dataset(engine, ds, examples, cfgs, args.gen_tokens, partial, max(1, args.write_every))
         partial([])
     cols = ["dataset", "config", "n", "score", "delta_vs_full", "kl_first_token", "top1_agreement"]
     print_table(rows, [*cols, "gold_nll", "gold_nll_delta", "recompute"])

@@ -32,6 +32,7 @@ from hypic_agent.runtime.headroom import AllocatorHeadroom
 from hypic_agent.runtime.hypic.auto_seams import AUTO, ProfileTable, plan_seams
 from hypic_agent.runtime.hypic.blend import BLEND, BlendPlan, plan_blend
 from hypic_agent.runtime.hypic.build import ColdBatch
+from hypic_agent.runtime.hypic.build_context import BuildContext, key_fingerprint, resolve_build_context
 from hypic_agent.runtime.hypic.cache import EntryCache, MemoryEntryCache
 from hypic_agent.runtime.hypic.cold_graphs import enable_cold_graphs
 from hypic_agent.runtime.hypic.combine import combine
@@ -132,8 +133,15 @@ class Engine:
             enable_cold_graphs(model, self.settings.cold_graph_after, self.settings.cold_graphs_max)
         self.headroom = AllocatorHeadroom(self.device, self.settings.cuda_headroom_bytes)
         self.serving: object | None = None  # its ``runtime.serving.Serving`` (one per engine), set there
+        self._build_contexts: dict[str, BuildContext] = {}
+        self.build_context()  # raises now on a prefix this tokenizer has no tokens for
         self.scatter_pool: WorkerPool | None = None
         if self.settings.scatter_workers > 1:
+            if self.build_context().tokens:
+                raise InvalidRequestError(
+                    "build_prefix needs scatter_workers=1: the worker job wire does not carry a build context yet",
+                    param="build_prefix",
+                )
             self.scatter_pool = self._start_pool(model_spec)
 
     def _start_pool(self, model_spec: str | None) -> WorkerPool:
@@ -146,7 +154,7 @@ class Engine:
         devices = worker_devices(s.scatter_workers, s.scatter_devices, self.device)
 
         def local(segs: list[tuple[int, ...]], seams: list[int], dt: torch.dtype) -> list[SegmentEntry]:
-            return build_entries(self.model, segs, seams, pair_dtype=dt)
+            return build_entries(self.model, segs, seams, pair_dtype=dt, prefix=self.build_context().tokens)
 
         return WorkerPool(
             s.model_dump_json(),
@@ -169,8 +177,20 @@ class Engine:
             ids.add(int(tok_eos))
         return tuple(sorted(ids))
 
+    def build_context(self) -> BuildContext:
+        """The tokens cold segments are prefilled after (``Settings.build_prefix``; resolved once per
+        value, so a setting changed between requests takes effect on the next one)."""
+        name = self.settings.build_prefix
+        ctx = self._build_contexts.get(name)
+        if ctx is None:
+            ctx = self._build_contexts[name] = resolve_build_context(name, self.tokenizer)
+        return ctx
+
     def entry_key(self, token_ids: Sequence[int], tenant: str, seam: float) -> str:
-        return segment_key(token_ids, model_fingerprint=self.fingerprint, tenant=tenant, seam=seam)
+        """The key of a segment's entry: its tokens, tenant, seam, and the model fingerprint with the
+        build context's tag (``build_context.key_fingerprint``)."""
+        fp = key_fingerprint(self.fingerprint, self.build_context())
+        return segment_key(token_ids, model_fingerprint=fp, tenant=tenant, seam=seam)
 
     # ------------------------------------------------------------------ prepare
     def pieces(
@@ -365,7 +385,9 @@ class Engine:
             return None
         if sum(len(segs[i]) for i in r.cold) > self.kernels.max_fused_cold_tokens:
             return None
-        return ColdBatch(self.model, [segs[i] for i in r.cold], [seams[i] for i in r.cold], pair_dtype=self.pair_dtype)
+        cold_segs, cold_seams = [segs[i] for i in r.cold], [seams[i] for i in r.cold]
+        prefix = self.build_context().tokens
+        return ColdBatch(self.model, cold_segs, cold_seams, pair_dtype=self.pair_dtype, prefix=prefix)
 
     def _fill_cold(
         self, r: Route, segs: Sequence[Sequence[int]], kinds: Sequence[str], seams: Sequence[int], tenant: str
@@ -376,7 +398,8 @@ class Engine:
         if self.scatter_pool is not None:
             built = self.scatter_pool.build(cold_segs, cold_seams, self.pair_dtype)
         else:
-            built = scatter_prefill([self.model], cold_segs, cold_seams, pair_dtype=self.pair_dtype)
+            prefix = self.build_context().tokens
+            built = scatter_prefill([self.model], cold_segs, cold_seams, pair_dtype=self.pair_dtype, prefix=prefix)
         self._store(r, built, kinds, tenant)
         return _with_built(r, built)
 

@@ -24,8 +24,10 @@ def scatter_prefill(
     *,
     pair_dtype: torch.dtype = torch.float32,
     max_batch_tokens: int = 65536,
+    prefix: Sequence[int] = (),
 ) -> list[SegmentEntry]:
-    """Build entries for ``segments`` on the workers' model replicas; result in input order."""
+    """Build entries for ``segments`` on the workers' model replicas; result in input order.
+    ``prefix``: the build context's tokens (``build_entries``)."""
     if not segments:
         return []
     groups = lpt_assign([float(len(s)) for s in segments], len(models))
@@ -33,7 +35,8 @@ def scatter_prefill(
     home = next(models[0].parameters()).device
     for model, group in zip(models, groups, strict=True):
         for batch in _batches(group, [len(s) for s in segments], max_batch_tokens):
-            built = build_entries(model, [segments[i] for i in batch], [seams[i] for i in batch], pair_dtype=pair_dtype)
+            segs, ws = [segments[i] for i in batch], [seams[i] for i in batch]
+            built = build_entries(model, segs, ws, pair_dtype=pair_dtype, prefix=prefix)
             for i, e in zip(batch, built, strict=True):
                 out[i] = e.to(home)
     return [e for e in out if e is not None]

@@ -181,3 +181,17 @@ def test_scatter_smoke(tmp_path):
     assert all(r["cold_ttft_ms"] > 0 for r in rows.values())
     for key in pooled:
         assert rows[key]["failures"] == 0 and rows[key]["transfer_ms_per_entry"] > 0 and rows[key]["pieces"] == 3
+
+
+@pytest.mark.skipif(not DATA.is_dir(), reason=f"evaluation data not found at {DATA}")
+def test_quality_build_prefix_rows(tmp_path):
+    """``--build-prefixes``: each fixed-seam hypic row again under the context, the same recompute
+    (the context is build-time work), other entries (other logits)."""
+    res = run(
+        "quality.py", "--model", "tiny:qwen3_5_text", "--smoke", "--datasets", "hotpotqa", "--modes", "hypic",
+        "--seams", "--build-prefixes", "template", out=tmp_path / "q.json",
+    )  # fmt: skip
+    by = {r["config"]: r for r in res["rows"]}
+    assert set(by) == {"full_recompute", "hypic w=8", "hypic w=8 ctx=template"}
+    assert by["hypic w=8"]["recompute"] == by["hypic w=8 ctx=template"]["recompute"] < 1
+    assert by["hypic w=8"]["per_example"]["kl"] != by["hypic w=8 ctx=template"]["per_example"]["kl"]

@@ -10,6 +10,11 @@ layer, so it can run on its own (``build_entries``) or inside the combine forwar
 (``combine(..., cold=batch)``): there the cold tokens share every token-local stage with the
 request's active tokens, and the combine's scan tables already point at the pairs the batch
 writes layer by layer.
+
+``prefix`` (a ``BuildContext``'s tokens, ``build_context``): each segment is prefilled after those
+K tokens instead, at positions ``-K..-1`` before its own ``0..n-1``. The prefix is part of every
+segment's seam window in the split (the body pair still covers tokens ``seam..n-1`` from the
+identity / zero state) and its rows never reach the entry.
 """
 
 from __future__ import annotations
@@ -93,6 +98,8 @@ class ColdBatch:
     layers' K/V ``[n, Hkv, D]`` (MLA: ``[n, 1, rope]``, ``[n, 1, r]``) are allocated here and filled
     when their layer runs. ``prep_ms``: the host time of each part of this set-up (tables, seam split,
     entries, pair sinks), which the GPU waits for when the batch is built inside a request.
+    ``prefix``: the build context's tokens ``[K]`` ahead of every segment (module doc); ``lengths``
+    are the segments' own, the packed rows (``ids``, ``n_tokens``) include K per segment.
     """
 
     def __init__(
@@ -102,32 +109,37 @@ class ColdBatch:
         seams: Sequence[int],
         *,
         pair_dtype: torch.dtype = torch.float32,
+        prefix: Sequence[int] = (),
     ) -> None:
         if not segments or any(len(s) == 0 for s in segments):
             raise ValueError("build_entries needs non-empty segments")
+        k = self.prefix_len = len(prefix)
         t0 = time.perf_counter()
         p = next(model.parameters())
         dev = p.device
         self.model = model
         self.serial = new_serial()
-        self.lengths = [len(s) for s in segments]
+        self.lengths = [len(s) for s in segments]  # the segments' own lengths (what the entries hold)
+        packed = [k + n for n in self.lengths]  # with the prefix ahead of each
         # what a cold-core graph is captured for (``cold_graphs``): same key, same tables
-        self.layout_key = (tuple(self.lengths), tuple(seams), pair_dtype, p.dtype)
+        self.layout_key = (tuple(self.lengths), tuple(seams), pair_dtype, p.dtype, k)
         tokens = [tuple(map(int, s)) for s in segments]
-        self.cu_host = cu_seqlens_of(self.lengths, torch.device("cpu"))  # attention reads bounds here: no sync
+        head = tuple(map(int, prefix))
+        self.cu_host = cu_seqlens_of(packed, torch.device("cpu"))  # attention reads bounds here: no sync
         self.bounds = self.cu_host.tolist()
         # ids, bounds and local positions in one pinned upload (the GPU is idle until the forward starts)
         self.ids, cu, self.pos = upload_int64(
             [
-                np.fromiter(itertools.chain(*tokens), np.int64, self.bounds[-1]),
+                np.fromiter(itertools.chain.from_iterable(head + t for t in tokens), np.int64, self.bounds[-1]),
                 self.bounds,
-                concat_ranges([(0, n) for n in self.lengths]),
+                concat_ranges([(-k, n) for n in self.lengths]),
             ],
             dev,
         )
         self.cu = cu.to(self.cu_host.dtype)
         t1 = time.perf_counter()
-        self.split = SeamSplit.build(self.lengths, seams, dev)  # windows / bodies, shared by every linear layer
+        # windows (prefix + seam) / bodies, shared by every linear layer
+        self.split = SeamSplit.build(packed, [k + s for s in seams], dev)
         t2 = time.perf_counter()
         dims = _layer_dims(model)
         self.entries = [
@@ -214,18 +226,23 @@ class ColdBatch:
                 o, conv_final = core(self.sinks[li], *inputs)
             tails = [x.conv_tail for x in self._linear(li)]
             torch._foreach_copy_(tails, list(conv_final.unbind(0)))  # one launch, not one copy per entry
+            if self.prefix_len:  # a segment shorter than the tail: the columns before it stay zero
+                for tail, n in zip(tails, self.lengths, strict=True):
+                    if n < tail.shape[-1]:
+                        tail[:, : tail.shape[-1] - n].zero_()
             return o, inputs[1:2]  # the output stage's extra (GDN: z)
         attn = layer.self_attn
         assert attn is not None
         q, k, v = inputs[:3]
         o = attn.attend(attn.rotate(q, self.pos), attn.rotate(k, self.pos), v, self.cu_host, self.cu_host)
-        spans = list(zip(self.bounds[:-1], self.bounds[1:], strict=True))
+        spans = [(a + self.prefix_len, b) for a, b in zip(self.bounds[:-1], self.bounds[1:], strict=True)]
         dst = [x for e in self.entries for x in vars(e.layers[li]).values()]  # k, v per entry
         torch._foreach_copy_(dst, [x[a:b] for a, b in spans for x in (k, v)])  # one launch
         return o, inputs[3:]  # the output gate, if any
 
     def set_cost(self, ms: float) -> None:
-        """Spread a measured build time over the entries by token count (what a later hit saves)."""
+        """Spread a measured build time (prefix rows included) over the entries by token count (what a
+        later hit saves)."""
         total = sum(self.lengths)
         for e, n in zip(self.entries, self.lengths, strict=True):
             e.prefill_ms = ms * n / total
@@ -238,13 +255,15 @@ def build_entries(
     seams: Sequence[int],
     *,
     pair_dtype: torch.dtype = torch.float32,
+    prefix: Sequence[int] = (),
 ) -> list[SegmentEntry]:
     """Prefill each segment in isolation (one packed batch) and return one entry per segment.
 
     ``seams[i]`` tokens at the start of segment i form its seam window; its body pair covers the
-    rest. Segments must be non-empty; ``0 <= seams[i] <= len(segments[i])``.
+    rest. Segments must be non-empty; ``0 <= seams[i] <= len(segments[i])``. ``prefix``: tokens each
+    segment is prefilled after (``BuildContext.tokens``; their rows are not in the entries).
     """
-    batch = ColdBatch(model, segments, seams, pair_dtype=pair_dtype)
+    batch = ColdBatch(model, segments, seams, pair_dtype=pair_dtype, prefix=prefix)
     dev = batch.ids.device
     _sync(dev)
     t0 = time.perf_counter()

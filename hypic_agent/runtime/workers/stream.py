@@ -38,10 +38,12 @@ def build_streamed(
     emit: Emit,
     *,
     pair_dtype: torch.dtype = torch.float32,
+    prefix: Sequence[int] = (),
 ) -> list[SegmentEntry]:
     """``build_entries``, calling ``emit`` with each of ``groups`` (``protocol.layer_groups``) as soon
-    as the batch's layers of that group are built."""
-    batch = ColdBatch(model, segments, seams, pair_dtype=pair_dtype)
+    as the batch's layers of that group are built (``prefix``: the build context's tokens; the job
+    wire does not carry one yet, so workers build without)."""
+    batch = ColdBatch(model, segments, seams, pair_dtype=pair_dtype, prefix=prefix)
     ends = {end: (g, start) for g, (start, end) in enumerate(groups)}
     last = len(model.layers) - 1
     h = batch.embed()
