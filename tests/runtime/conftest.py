@@ -64,6 +64,24 @@ class Plan:
     bos_id: int | None = None
 
 
+def finish_gguf(w: Any, tensors: Any, q8: bool = False, keep_float: tuple[str, ...] = ("conv", "norm")) -> None:
+    """Add ``(name, array)`` ``tensors`` to the ``GGUFWriter`` ``w`` and write the file; with ``q8``, as
+    llama.cpp's converter quantizes: Q8_0 for matrices whose rows are whole 32-blocks, F32 for the rest
+    and for names containing any of ``keep_float``."""
+    import gguf
+
+    for name, v in tensors:
+        if q8 and v.ndim >= 2 and v.shape[-1] % 32 == 0 and not any(k in name for k in keep_float):
+            q = gguf.quantize(v, gguf.GGMLQuantizationType.Q8_0)
+            w.add_tensor(name, q, raw_shape=q.shape, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+        else:
+            w.add_tensor(name, v)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
 def write_stub_gguf(path: Path, arch: str) -> Path:
     """A GGUF of architecture ``arch`` holding one 4x4 tensor (for the loader's refusals)."""
     import gguf
@@ -71,9 +89,5 @@ def write_stub_gguf(path: Path, arch: str) -> Path:
 
     w = gguf.GGUFWriter(str(path), arch)
     w.add_block_count(1)
-    w.add_tensor("token_embd.weight", np.zeros((4, 4), dtype=np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    finish_gguf(w, [("token_embd.weight", np.zeros((4, 4), dtype=np.float32))])
     return path

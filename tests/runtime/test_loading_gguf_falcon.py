@@ -15,7 +15,7 @@ import torch
 from hypic_agent.runtime.models.gguf_loader import load_gguf, supported_archs
 from hypic_agent.runtime.models.registry import build_model
 
-from .conftest import make_model, rand_tokens
+from .conftest import finish_gguf, make_model, rand_tokens
 from .test_loading_gguf_families import _logits, _tokenizer
 
 gguf = pytest.importorskip("gguf")
@@ -81,6 +81,7 @@ def write_falcon_gguf(path: Path, *, q8: bool = False, **overrides: Any) -> tupl
     w.add_value_length(d["head_dim"])
     w.add_rope_freq_base(d["rope_parameters"]["rope_theta"])
     _tokenizer(w)
+    out = []
     for k, t in sd.items():
         v = _fold(k, t.numpy().astype(np.float32).copy(), d)
         hub = k[: -len("dt_bias")] + "dt_proj.bias" if k.endswith(".dt_bias") else k
@@ -94,16 +95,8 @@ def write_falcon_gguf(path: Path, *, q8: bool = False, **overrides: Any) -> tupl
             v = v.reshape(d["mamba_n_groups"], -1)
         if g.endswith(".ssm_a"):
             v = -np.exp(v)
-        v = np.ascontiguousarray(v)
-        if q8 and v.ndim == 2 and v.shape[-1] % 32 == 0 and "conv" not in g and "ssm_norm" not in g:
-            q = gguf.quantize(v, gguf.GGMLQuantizationType.Q8_0)
-            w.add_tensor(g, q, raw_shape=q.shape, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
-        else:
-            w.add_tensor(g, v)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+        out.append((g, np.ascontiguousarray(v)))
+    finish_gguf(w, out, q8, keep_float=("conv", "ssm_norm"))
     return model, d
 
 

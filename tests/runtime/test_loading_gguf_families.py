@@ -24,7 +24,7 @@ from hypic_agent.runtime.models.loading import load_weights
 from hypic_agent.runtime.models.registry import build_model
 from hypic_agent.runtime.models.tokenizer import _bytes_to_unicode, load_tokenizer
 
-from .conftest import make_model, rand_tokens, write_stub_gguf
+from .conftest import finish_gguf, make_model, rand_tokens, write_stub_gguf
 
 gguf = pytest.importorskip("gguf")
 
@@ -166,16 +166,7 @@ def write_family_gguf(
     w.add_name(f"tiny-{arch}")
     _metadata(w, arch, d, n_blocks, rope)
     _tokenizer(w)
-    for name, v in _tensors(arch, d, _hub_names(arch, sd), n_blocks):
-        if q8 and v.ndim >= 2 and v.shape[-1] % 32 == 0 and "conv" not in name and "ssm_norm" not in name:
-            q = gguf.quantize(v, gguf.GGMLQuantizationType.Q8_0)
-            w.add_tensor(name, q, raw_shape=q.shape, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
-        else:
-            w.add_tensor(name, v)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    finish_gguf(w, _tensors(arch, d, _hub_names(arch, sd), n_blocks), q8, keep_float=("conv", "ssm_norm"))
     return model, d
 
 

@@ -18,7 +18,7 @@ from hypic_agent.runtime.models.config import HybridConfig
 from hypic_agent.runtime.models.gguf_loader import load_gguf
 from hypic_agent.runtime.models.registry import build_model
 
-from .conftest import make_model, rand_tokens
+from .conftest import finish_gguf, make_model, rand_tokens
 from .test_loading_gguf_families import _logits, _tokenizer
 
 gguf = pytest.importorskip("gguf")
@@ -94,16 +94,7 @@ def write_kimi_gguf(
     if gating is not None:
         w.add_expert_gating_func(gguf.ExpertGatingFuncType(gating))
     _tokenizer(w)
-    for g, v in _tensors(d, sd):
-        if q8 and v.ndim >= 2 and v.shape[-1] % 32 == 0 and "conv" not in g and "norm" not in g:
-            q = gguf.quantize(v, gguf.GGMLQuantizationType.Q8_0)
-            w.add_tensor(g, q, raw_shape=q.shape, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
-        else:
-            w.add_tensor(g, v)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    finish_gguf(w, _tensors(d, sd), q8)
     return model, d
 
 
