@@ -19,7 +19,7 @@ from hypic_agent.runtime.models.gguf_loader import load_gguf
 from hypic_agent.runtime.models.registry import build_model
 
 from .conftest import finish_gguf, make_model, rand_tokens
-from .test_loading_gguf_families import _logits, _tokenizer
+from .test_loading_gguf_families import _logits, _tokenizer, assert_same_model
 
 gguf = pytest.importorskip("gguf")
 
@@ -107,16 +107,7 @@ def test_kimi_linear_gguf_roundtrip_matches_hf_weights(tmp_path: Path) -> None:
     assert replace(cfg, max_position_embeddings=want.max_position_embeddings) == want
     assert cfg.layer_types == ("linear", "linear", "attention", "linear")
     expected = {k: v.float() for k, v in ref.state_dict().items()}
-    assert set(tensors) == set(expected)
-    for k, v in expected.items():
-        if k.endswith("A_log"):  # log(-(-exp(a))): not bit-exact
-            assert torch.allclose(tensors[k], v, rtol=0, atol=1e-6), k
-        else:
-            assert torch.equal(tensors[k], v), k
-    model = build_model(cfg)
-    model.load_weights(tensors)
-    ids = rand_tokens(40, seed=11)
-    assert (_logits(model, ids) - _logits(ref, ids)).abs().max().item() <= 1e-5
+    assert_same_model(cfg, tensors, expected, ref, ("A_log",))  # log(-(-exp(a))): not bit-exact
 
 
 def test_kimi_linear_gguf_q8_0_tensors_within_the_q8_0_bound(tmp_path: Path) -> None:

@@ -19,7 +19,7 @@ from hypic_agent.runtime.models.gguf_loader import load_gguf, supported_archs
 from hypic_agent.runtime.models.registry import build_model
 
 from .conftest import finish_gguf, make_model, rand_tokens
-from .test_loading_gguf_families import _logits, _tokenizer
+from .test_loading_gguf_families import _logits, _tokenizer, assert_same_model
 
 gguf = pytest.importorskip("gguf")
 
@@ -158,16 +158,7 @@ def test_qwen_gguf_roundtrip_matches_hf_weights(tmp_path: Path, arch: str, mtp: 
     expected = {k: v.float() for k, v in ref.state_dict().items()}
     if want.tie_word_embeddings:
         expected.pop("lm_head.weight", None)
-    assert set(tensors) == set(expected)
-    for k, v in expected.items():
-        if k.endswith(("A_log", "norm.weight")):  # log(-(-exp(a))), (1 + w) - 1: not bit-exact
-            assert torch.allclose(tensors[k], v, rtol=0, atol=1e-6), k
-        else:
-            assert torch.equal(tensors[k], v), k
-    model = build_model(cfg)
-    model.load_weights(tensors)
-    ids = rand_tokens(40, seed=11)
-    assert (_logits(model, ids) - _logits(ref, ids)).abs().max().item() <= 1e-5
+    assert_same_model(cfg, tensors, expected, ref, ("A_log", "norm.weight"))  # log(-(-exp(a))), (1 + w) - 1
 
 
 @pytest.mark.parametrize("arch", list(ARCH))
