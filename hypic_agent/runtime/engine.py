@@ -26,27 +26,24 @@ import torch
 
 from hypic_agent.config import Settings
 from hypic_agent.errors import ContextLengthError, InvalidRequestError
+from hypic_agent.runtime.cold_builds import ColdBuilds, with_built
 from hypic_agent.runtime.forward import prefill
 from hypic_agent.runtime.graphs import bucket_sizes, enable_cuda_graphs
 from hypic_agent.runtime.headroom import AllocatorHeadroom
 from hypic_agent.runtime.hypic.auto_seams import AUTO, ProfileTable, plan_seams
 from hypic_agent.runtime.hypic.blend import BLEND, BlendPlan, plan_blend
-from hypic_agent.runtime.hypic.build import ColdBatch
 from hypic_agent.runtime.hypic.build_context import BuildContext, key_fingerprint, resolve_build_context
 from hypic_agent.runtime.hypic.cache import EntryCache, MemoryEntryCache
 from hypic_agent.runtime.hypic.cold_graphs import enable_cold_graphs
 from hypic_agent.runtime.hypic.combine import combine
 from hypic_agent.runtime.hypic.combine_graphs import enable_combine_graphs
-from hypic_agent.runtime.hypic.entry import SegmentEntry
 from hypic_agent.runtime.hypic.layout import plan_layout
 from hypic_agent.runtime.hypic.modes import ModeSpec, mode_spec, seam_tokens, validate_seam
 from hypic_agent.runtime.hypic.prefix_cache import PrefixCache
 from hypic_agent.runtime.models.hybrid import HybridForCausalLM
-from hypic_agent.runtime.results import Prepared, SegmentUsage, fold_pieces
-from hypic_agent.runtime.router import Route, route
+from hypic_agent.runtime.results import Prepared, SegmentUsage, fold_pieces, full_prepared, prefix_prepared
+from hypic_agent.runtime.router import route
 from hypic_agent.runtime.runner.destination import StateDestination
-from hypic_agent.runtime.scatter import scatter_prefill
-from hypic_agent.runtime.state import RequestState
 from hypic_agent.segments.keys import segment_key
 from hypic_agent.segments.split import Split, split_segments
 
@@ -135,39 +132,20 @@ class Engine:
         self.serving: object | None = None  # its ``runtime.serving.Serving`` (one per engine), set there
         self._build_contexts: dict[str, BuildContext] = {}
         self.build_context()  # raises now on a prefix this tokenizer has no tokens for
-        self.scatter_pool: WorkerPool | None = None
-        if self.settings.scatter_workers > 1:
-            if self.build_context().tokens:
-                raise InvalidRequestError(
-                    "build_prefix needs scatter_workers=1: the worker job wire does not carry a build context yet",
-                    param="build_prefix",
-                )
-            self.scatter_pool = self._start_pool(model_spec)
-
-    def _start_pool(self, model_spec: str | None) -> WorkerPool:
-        """Start the scatter workers (raises ``DeviceError`` / ``WorkerStartError`` at once on bad input)."""
-        from hypic_agent.runtime.hypic.build import build_entries
-        from hypic_agent.runtime.workers.devices import worker_devices
-        from hypic_agent.runtime.workers.pool import WorkerPool
-
-        s = self.settings
-        devices = worker_devices(s.scatter_workers, s.scatter_devices, self.device)
-
-        def local(segs: list[tuple[int, ...]], seams: list[int], dt: torch.dtype) -> list[SegmentEntry]:
-            return build_entries(self.model, segs, seams, pair_dtype=dt, prefix=self.build_context().tokens)
-
-        return WorkerPool(
-            s.model_dump_json(),
-            devices,
-            model=model_spec,
-            fingerprint=self.fingerprint,
-            layer_kinds=self.model.config.layer_types,
-            home=self.device,
-            local_build=local,
-            policy=s.scatter_policy,
-            timeout_s=s.scatter_timeout_s,
-            stream_layers=s.scatter_stream_layers,
+        self.cold = ColdBuilds(
+            model,
+            self.cache,
+            self.settings,
+            self.kernels,
+            self.build_context,
+            fingerprint=fingerprint,
+            model_spec=model_spec,
         )
+
+    @property
+    def scatter_pool(self) -> WorkerPool | None:
+        """The scatter worker processes, or None (cold segments built in this process)."""
+        return self.cold.pool
 
     @property
     def eos_ids(self) -> tuple[int, ...]:
@@ -309,7 +287,7 @@ class Engine:
         seams, keys = self.seams_and_keys(p, tenant)
         sub = [keys[i] if i in set(indices) else None for i in range(len(keys))]
         with self.lock:
-            self._fill_cold(route(sub, self.cache), p.segs, p.kinds, seams, tenant)
+            self.cold.fill(route(sub, self.cache), p.segs, p.kinds, seams, tenant)
 
     def _full(self, segs: list[tuple[int, ...]], kinds: list[str], suffix: list[int]) -> Prepared:
         t0 = time.perf_counter()
@@ -343,11 +321,11 @@ class Engine:
         t_lookup = _ms(t0)
         t1 = time.perf_counter()
         hits = [r.entries[i] is not None for i in range(len(segs))]
-        cold = self._cold_batch(r, segs, seams) if bp is None else None  # blend: the scout reads the entries
+        cold = self.cold.batch(r, segs, seams) if bp is None else None  # blend: the scout reads the entries
         if cold is None:
-            entries = self._fill_cold(r, segs, kinds, seams, tenant)  # scatter prefill + store
+            entries = self.cold.fill(r, segs, kinds, seams, tenant)  # scatter prefill + store
         else:  # built inside the combine forward below, stored after it
-            entries = _with_built(r, cold.entries)
+            entries = with_built(r, cold.entries)
         entries = [e.to(self.device) if e is not None else None for e in entries]
         t_scatter = _ms(t1)
         t2 = time.perf_counter()
@@ -357,7 +335,7 @@ class Engine:
         if cold is not None:
             share = cold.n_tokens / (cold.n_tokens + lay.active_ids.numel())
             cold.set_cost(_ms(t2) * share)
-            self._store(r, cold.entries, kinds, tenant)
+            self.cold.store(r, cold.entries, kinds, tenant)
         cached = sum(len(segs[i]) - seams[i] - (len(blend[i]) if blend else 0) for i in range(len(segs)) if hits[i])
         usage = [
             SegmentUsage(keys[i], kinds[i], len(segs[i]), hits[i], r.tiers[i] if hits[i] else None)
@@ -378,42 +356,9 @@ class Engine:
             },
         )
 
-    def _cold_batch(self, r: Route, segs: Sequence[Sequence[int]], seams: Sequence[int]) -> ColdBatch | None:
-        """The request's cold segments as a batch for the combine forward, or None (nothing cold,
-        fusing off, several scatter workers, or more cold tokens than ``kernels.max_fused_cold_tokens``)."""
-        if not r.cold or not self.settings.fuse_cold_builds or self.settings.scatter_workers != 1:
-            return None
-        if sum(len(segs[i]) for i in r.cold) > self.kernels.max_fused_cold_tokens:
-            return None
-        cold_segs, cold_seams = [segs[i] for i in r.cold], [seams[i] for i in r.cold]
-        prefix = self.build_context().tokens
-        return ColdBatch(self.model, cold_segs, cold_seams, pair_dtype=self.pair_dtype, prefix=prefix)
-
-    def _fill_cold(
-        self, r: Route, segs: Sequence[Sequence[int]], kinds: Sequence[str], seams: Sequence[int], tenant: str
-    ) -> list[SegmentEntry | None]:
-        """Prefill the routed cold segments into entries, store them, and return every segment's
-        entry (hits and freshly built; None where the segment is not cached)."""
-        cold_segs, cold_seams = [segs[i] for i in r.cold], [seams[i] for i in r.cold]
-        if self.scatter_pool is not None:
-            built = self.scatter_pool.build(cold_segs, cold_seams, self.pair_dtype)
-        else:
-            prefix = self.build_context().tokens
-            built = scatter_prefill([self.model], cold_segs, cold_seams, pair_dtype=self.pair_dtype, prefix=prefix)
-        self._store(r, built, kinds, tenant)
-        return _with_built(r, built)
-
-    def _store(self, r: Route, built: Sequence[SegmentEntry], kinds: Sequence[str], tenant: str) -> None:
-        """Insert the entries built for ``r.cold`` (in that order) into the cache."""
-        for i, e in zip(r.cold, built, strict=True):
-            key = r.keys[i]
-            assert key is not None
-            self.cache.insert(key, e, kind=kinds[i], tenant=tenant)
-
     def close(self) -> None:
         """Stop the scatter workers (if any); the scheduler is its ``Serving``'s to stop."""
-        if self.scatter_pool is not None:
-            self.scatter_pool.close()
+        self.cold.close()
 
     def prewarm(
         self,
@@ -444,56 +389,10 @@ class Engine:
             keys = [self.entry_key(s, tenant, eff) for s in segments]
         with self.lock:
             r = route(keys, self.cache)
-            self._fill_cold(r, segments, kinds, seams, tenant)
+            self.cold.fill(r, segments, kinds, seams, tenant)
             self.headroom.top_up()
         usage = [
             SegmentUsage(keys[i], kinds[i], len(segments[i]), r.entries[i] is not None, r.tiers[i])
             for i in range(len(segments))
         ]
         return fold_pieces(usage, cut.owners if cut is not None else ())
-
-
-def full_prepared(
-    segs: Sequence[Sequence[int]],
-    kinds: Sequence[str],
-    total: int,
-    state: RequestState | None = None,
-    timings_ms: dict[str, float] | None = None,
-) -> Prepared:
-    """How a ``full_recompute`` prompt of ``total`` tokens was built: nothing cached."""
-    usage = [SegmentUsage(None, k, len(s), False, None) for s, k in zip(segs, kinds, strict=True)]
-    return Prepared(state, "full_recompute", usage, total, 0, total, timings_ms=timings_ms or {})
-
-
-def prefix_prepared(
-    keys: Sequence[str],
-    segs: Sequence[Sequence[int]],
-    kinds: Sequence[str],
-    depth: int,
-    reused: int,
-    total: int,
-    state: RequestState | None = None,
-    timings_ms: dict[str, float] | None = None,
-) -> Prepared:
-    """How a ``prefix_cache`` prompt was built: its first ``depth`` segments (``reused`` tokens) came
-    from the prefix cache, the rest was prefilled."""
-    usage = [
-        SegmentUsage(keys[i], kinds[i], len(s), i < depth, "memory" if i < depth else None) for i, s in enumerate(segs)
-    ]
-    return Prepared(
-        state,
-        "prefix_cache",
-        usage,
-        total,
-        reused,
-        total - reused,
-        exact_prefix_tokens=reused,
-        timings_ms=timings_ms or {},
-    )
-
-
-def _with_built(r: Route, built: Sequence[SegmentEntry]) -> list[SegmentEntry | None]:
-    """Every segment's entry: its hit, or the one built for its key (``built`` follows ``r.cold``; a
-    repeated cold document gets the entry of its first occurrence), or None when not cached."""
-    by_key = {r.keys[i]: e for i, e in zip(r.cold, built, strict=True)}
-    return [e if e is not None else by_key.get(r.keys[i]) for i, e in enumerate(r.entries)]

@@ -72,3 +72,42 @@ class FinishEvent:
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
+
+
+def full_prepared(
+    segs: Sequence[Sequence[int]],
+    kinds: Sequence[str],
+    total: int,
+    state: RequestState | None = None,
+    timings_ms: dict[str, float] | None = None,
+) -> Prepared:
+    """How a ``full_recompute`` prompt of ``total`` tokens was built: nothing cached."""
+    usage = [SegmentUsage(None, k, len(s), False, None) for s, k in zip(segs, kinds, strict=True)]
+    return Prepared(state, "full_recompute", usage, total, 0, total, timings_ms=timings_ms or {})
+
+
+def prefix_prepared(
+    keys: Sequence[str],
+    segs: Sequence[Sequence[int]],
+    kinds: Sequence[str],
+    depth: int,
+    reused: int,
+    total: int,
+    state: RequestState | None = None,
+    timings_ms: dict[str, float] | None = None,
+) -> Prepared:
+    """How a ``prefix_cache`` prompt was built: its first ``depth`` segments (``reused`` tokens) came
+    from the prefix cache, the rest was prefilled."""
+    usage = [
+        SegmentUsage(keys[i], kinds[i], len(s), i < depth, "memory" if i < depth else None) for i, s in enumerate(segs)
+    ]
+    return Prepared(
+        state,
+        "prefix_cache",
+        usage,
+        total,
+        reused,
+        total - reused,
+        exact_prefix_tokens=reused,
+        timings_ms=timings_ms or {},
+    )
