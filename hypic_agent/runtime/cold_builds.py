@@ -38,7 +38,6 @@ class ColdBuilds:
     def __init__(
         self,
         model: HybridForCausalLM,
-        cache: EntryCache,
         settings: Settings,
         kernels: KernelConfig,
         build_context: Callable[[], BuildContext],
@@ -50,7 +49,6 @@ class ColdBuilds:
         ``WorkerStartError`` at once on bad input; ``InvalidRequestError`` with a build context, which
         the workers' job wire does not carry yet)."""
         self.model = model
-        self.cache = cache
         self.settings = settings
         self.kernels = kernels
         self.build_context = build_context
@@ -100,25 +98,34 @@ class ColdBuilds:
         return ColdBatch(self.model, cold_segs, cold_seams, pair_dtype=self.pair_dtype, prefix=prefix)
 
     def fill(
-        self, r: Route, segs: Sequence[Sequence[int]], kinds: Sequence[str], seams: Sequence[int], tenant: str
+        self,
+        cache: EntryCache,
+        r: Route,
+        segs: Sequence[Sequence[int]],
+        kinds: Sequence[str],
+        seams: Sequence[int],
+        tenant: str,
     ) -> list[SegmentEntry | None]:
-        """Prefill the routed cold segments into entries, store them, and return every segment's
-        entry (hits and freshly built; None where the segment is not cached)."""
+        """Prefill the routed cold segments into entries, store them in ``cache`` (the engine's: the
+        server swaps in its tiered store), and return every segment's entry (hits and freshly built;
+        None where the segment is not cached)."""
         cold_segs, cold_seams = [segs[i] for i in r.cold], [seams[i] for i in r.cold]
         if self.pool is not None:
             built = self.pool.build(cold_segs, cold_seams, self.pair_dtype)
         else:
             prefix = self.build_context().tokens
             built = scatter_prefill([self.model], cold_segs, cold_seams, pair_dtype=self.pair_dtype, prefix=prefix)
-        self.store(r, built, kinds, tenant)
+        self.store(cache, r, built, kinds, tenant)
         return with_built(r, built)
 
-    def store(self, r: Route, built: Sequence[SegmentEntry], kinds: Sequence[str], tenant: str) -> None:
-        """Insert the entries built for ``r.cold`` (in that order) into the cache."""
+    def store(
+        self, cache: EntryCache, r: Route, built: Sequence[SegmentEntry], kinds: Sequence[str], tenant: str
+    ) -> None:
+        """Insert the entries built for ``r.cold`` (in that order) into ``cache``."""
         for i, e in zip(r.cold, built, strict=True):
             key = r.keys[i]
             assert key is not None
-            self.cache.insert(key, e, kind=kinds[i], tenant=tenant)
+            cache.insert(key, e, kind=kinds[i], tenant=tenant)
 
     def close(self) -> None:
         """Stop the scatter workers (if any)."""

@@ -134,7 +134,6 @@ class Engine:
         self.build_context()  # raises now on a prefix this tokenizer has no tokens for
         self.cold = ColdBuilds(
             model,
-            self.cache,
             self.settings,
             self.kernels,
             self.build_context,
@@ -287,7 +286,7 @@ class Engine:
         seams, keys = self.seams_and_keys(p, tenant)
         sub = [keys[i] if i in set(indices) else None for i in range(len(keys))]
         with self.lock:
-            self.cold.fill(route(sub, self.cache), p.segs, p.kinds, seams, tenant)
+            self.cold.fill(self.cache, route(sub, self.cache), p.segs, p.kinds, seams, tenant)
 
     def _full(self, segs: list[tuple[int, ...]], kinds: list[str], suffix: list[int]) -> Prepared:
         t0 = time.perf_counter()
@@ -323,7 +322,7 @@ class Engine:
         hits = [r.entries[i] is not None for i in range(len(segs))]
         cold = self.cold.batch(r, segs, seams) if bp is None else None  # blend: the scout reads the entries
         if cold is None:
-            entries = self.cold.fill(r, segs, kinds, seams, tenant)  # scatter prefill + store
+            entries = self.cold.fill(self.cache, r, segs, kinds, seams, tenant)  # scatter prefill + store
         else:  # built inside the combine forward below, stored after it
             entries = with_built(r, cold.entries)
         entries = [e.to(self.device) if e is not None else None for e in entries]
@@ -335,7 +334,7 @@ class Engine:
         if cold is not None:
             share = cold.n_tokens / (cold.n_tokens + lay.active_ids.numel())
             cold.set_cost(_ms(t2) * share)
-            self.cold.store(r, cold.entries, kinds, tenant)
+            self.cold.store(self.cache, r, cold.entries, kinds, tenant)
         cached = sum(len(segs[i]) - seams[i] - (len(blend[i]) if blend else 0) for i in range(len(segs)) if hits[i])
         usage = [
             SegmentUsage(keys[i], kinds[i], len(segs[i]), hits[i], r.tiers[i] if hits[i] else None)
@@ -389,7 +388,7 @@ class Engine:
             keys = [self.entry_key(s, tenant, eff) for s in segments]
         with self.lock:
             r = route(keys, self.cache)
-            self.cold.fill(r, segments, kinds, seams, tenant)
+            self.cold.fill(self.cache, r, segments, kinds, seams, tenant)
             self.headroom.top_up()
         usage = [
             SegmentUsage(keys[i], kinds[i], len(segments[i]), r.entries[i] is not None, r.tiers[i])
