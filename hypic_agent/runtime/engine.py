@@ -22,8 +22,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-import torch
-
 from hypic_agent.config import Settings
 from hypic_agent.errors import ContextLengthError, InvalidRequestError
 from hypic_agent.runtime.cold_builds import ColdBuilds, with_built
@@ -120,7 +118,6 @@ class Engine:
         self.name = name
         self.device = next(model.parameters()).device
         self.lock = threading.RLock()
-        self.pair_dtype = getattr(torch, self.settings.pair_dtype)
         self.max_context = min(self.settings.max_context, model.config.max_position_embeddings)
         if self.settings.cuda_graphs and self.device.type == "cuda" and model.ffn_graphs is None:
             enable_cuda_graphs(model, bucket_sizes(self.kernels.graph_bucket_step))
