@@ -29,6 +29,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import statistics
 import tempfile
@@ -92,6 +93,10 @@ def measure(settings: Settings, plan: Plan, args: argparse.Namespace, split: int
             print(f"workers {n} {policy} split {split} stream {k}: {ms:.1f} ms", flush=True)
     finally:
         engine.close()
+        del engine  # the next configuration loads its own replica: free this one's device memory first
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
     return rows
 
 
@@ -114,7 +119,10 @@ def main() -> None:
     plan = Plan([Seg(tuple(torch.randint(0, 256, (n,), generator=g).tolist())) for n in lengths], list(range(1, 9)))
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as home:
+        # the context window covers the request (32 x 1k segments plus the question pass the default 32k)
+        window = max(Settings().max_context, sum(lengths) + len(plan.suffix_ids) + 64)
         common = {"model": args.model, "device": args.device, "home": home, "min_cached_tokens": 4}
+        common["max_context"] = window
         if args.split:  # the baseline: the whole document(s), one build each, in process
             rows += measure(Settings(**common, split_segment_tokens=0), plan, args, 0)
         for n in args.workers:
@@ -139,7 +147,7 @@ def main() -> None:
             "date": time.strftime("%Y-%m-%d"),
             "torch": torch.__version__,
             "rows": rows,
-            "note": "CPU only; GPU (NCCL) numbers not measured yet",
+            "note": "gloo on CPU" if args.device == "cpu" else "NCCL: one worker per GPU",
         },
     )
 
