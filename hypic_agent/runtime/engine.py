@@ -11,7 +11,8 @@ through the scheduler, a composed request's state goes straight into the state p
 The engine serves nothing itself: ``runtime.serving.Serving`` puts one to serve (state pool, model
 runner, scheduler). Model work is serialized by the engine's lock, which also makes concurrent
 requests needing the same cold segment share one prefill (the second finds the entry the first
-stored).
+stored). A plan is validated into ``PromptPieces`` once (``runtime.prompt_pieces``); a composed
+prompt's seams and entry keys come from its ``SeamPlanner`` (``hypic.seam_plan``).
 """
 
 from __future__ import annotations
@@ -19,74 +20,36 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from hypic_agent.config import Settings
-from hypic_agent.errors import ContextLengthError, InvalidRequestError
 from hypic_agent.runtime.cold_builds import ColdBuilds, with_built
 from hypic_agent.runtime.forward import prefill
 from hypic_agent.runtime.graphs import bucket_sizes, enable_cuda_graphs
 from hypic_agent.runtime.headroom import AllocatorHeadroom
-from hypic_agent.runtime.hypic.auto_seams import AUTO, ProfileTable, plan_seams
-from hypic_agent.runtime.hypic.blend import BLEND, BlendPlan, plan_blend
-from hypic_agent.runtime.hypic.build_context import BuildContext, key_fingerprint, resolve_build_context
+from hypic_agent.runtime.hypic.auto_seams import AUTO, ProfileTable
+from hypic_agent.runtime.hypic.blend import BLEND, BlendPlan
+from hypic_agent.runtime.hypic.build_context import BuildContext
 from hypic_agent.runtime.hypic.cache import EntryCache, MemoryEntryCache
 from hypic_agent.runtime.hypic.cold_graphs import enable_cold_graphs
 from hypic_agent.runtime.hypic.combine import combine
 from hypic_agent.runtime.hypic.combine_graphs import enable_combine_graphs
 from hypic_agent.runtime.hypic.layout import plan_layout
-from hypic_agent.runtime.hypic.modes import ModeSpec, mode_spec, seam_tokens, validate_seam
+from hypic_agent.runtime.hypic.modes import mode_spec, seam_tokens, validate_seam
 from hypic_agent.runtime.hypic.prefix_cache import PrefixCache
+from hypic_agent.runtime.hypic.seam_plan import SeamPlanner
 from hypic_agent.runtime.models.hybrid import HybridForCausalLM
+from hypic_agent.runtime.prompt_pieces import PlanLike, PromptPieces, make_pieces, split_for
 from hypic_agent.runtime.results import Prepared, SegmentUsage, fold_pieces, full_prepared, prefix_prepared
 from hypic_agent.runtime.router import route
 from hypic_agent.runtime.runner.destination import StateDestination
-from hypic_agent.segments.keys import segment_key
-from hypic_agent.segments.split import Split, split_segments
 
 if TYPE_CHECKING:
     from hypic_agent.runtime.workers.pool import WorkerPool
 
 
-class PlanLike(Protocol):
-    """What the engine reads of a ``segments.plan.PromptPlan``."""
-
-    @property
-    def segments(self) -> Sequence[Any]: ...  # each with .token_ids and .kind
-
-    @property
-    def suffix_ids(self) -> Sequence[int]: ...
-
-    @property
-    def bos_id(self) -> int | None: ...
-
-
 def _ms(t0: float) -> float:
     return (time.perf_counter() - t0) * 1e3
-
-
-def _id_tuple(ids: Sequence[int]) -> tuple[int, ...]:
-    """Token ids as a tuple of ints; a tuple (what ``segments.plan`` builds) is taken as it is: a
-    RAG prompt's 20k ids cost ~1 ms to convert one by one."""
-    return ids if type(ids) is tuple else tuple(map(int, ids))
-
-
-@dataclass(frozen=True)
-class PromptPieces:
-    """A validated prompt: segments (BOS first, if any) with their kinds, the suffix, the mode.
-
-    Composed modes with ``Settings.split_segment_tokens``: ``segs`` are the pieces of the plan's
-    segments (``segments.split``), ``owners`` per piece the index of its segment (BOS counted);
-    empty: one piece per segment."""
-
-    segs: list[tuple[int, ...]]
-    kinds: list[str]
-    suffix: list[int]
-    spec: ModeSpec
-    w: float | str  # a fixed seam, "auto" (``auto_seams``) or "blend" (``hypic.blend``)
-    total: int  # prompt tokens
-    owners: tuple[int, ...] = ()
 
 
 class Engine:
@@ -114,7 +77,6 @@ class Engine:
             model.fuse_projections()
         self.cache: EntryCache = cache if cache is not None else MemoryEntryCache(self.settings.cpu_budget_bytes)
         self.prefix_cache = PrefixCache(model.config.layer_types, self.settings.cpu_budget_bytes)
-        self.seam_profiles = ProfileTable()  # seam="auto": per-segment deviation profiles
         self.name = name
         self.device = next(model.parameters()).device
         self.lock = threading.RLock()
@@ -127,7 +89,7 @@ class Engine:
             enable_cold_graphs(model, self.settings.cold_graph_after, self.settings.cold_graphs_max)
         self.headroom = AllocatorHeadroom(self.device, self.settings.cuda_headroom_bytes)
         self.serving: object | None = None  # its ``runtime.serving.Serving`` (one per engine), set there
-        self._build_contexts: dict[str, BuildContext] = {}
+        self.seams = SeamPlanner(model, tokenizer, fingerprint, self.settings, self.lock)
         self.build_context()  # raises now on a prefix this tokenizer has no tokens for
         self.cold = ColdBuilds(
             model,
@@ -151,20 +113,18 @@ class Engine:
             ids.add(int(tok_eos))
         return tuple(sorted(ids))
 
+    @property
+    def seam_profiles(self) -> ProfileTable:
+        """Per-segment deviation profiles that ``seam="auto"`` / ``"blend"`` plan from."""
+        return self.seams.profiles
+
     def build_context(self) -> BuildContext:
-        """The tokens cold segments are prefilled after (``Settings.build_prefix``; resolved once per
-        value, so a setting changed between requests takes effect on the next one)."""
-        name = self.settings.build_prefix
-        ctx = self._build_contexts.get(name)
-        if ctx is None:
-            ctx = self._build_contexts[name] = resolve_build_context(name, self.tokenizer)
-        return ctx
+        """The tokens cold segments are prefilled after (``Settings.build_prefix``)."""
+        return self.seams.build_context()
 
     def entry_key(self, token_ids: Sequence[int], tenant: str, seam: float) -> str:
-        """The key of a segment's entry: its tokens, tenant, seam, and the model fingerprint with the
-        build context's tag (``build_context.key_fingerprint``)."""
-        fp = key_fingerprint(self.fingerprint, self.build_context())
-        return segment_key(token_ids, model_fingerprint=fp, tenant=tenant, seam=seam)
+        """The key of a segment's entry (``SeamPlanner.entry_key``)."""
+        return self.seams.entry_key(token_ids, tenant, seam)
 
     # ------------------------------------------------------------------ prepare
     def pieces(
@@ -174,35 +134,10 @@ class Engine:
         model work): raises ``InvalidRequestError`` / ``ContextLengthError`` / ``UnknownModeError``."""
         spec = mode_spec(mode or self.settings.default_mode)
         w = validate_seam(self.settings.default_seam if seam is None else seam)
-        segs = [_id_tuple(s.token_ids) for s in plan.segments]
-        kinds = [str(getattr(s, "kind", "text")) for s in plan.segments]
-        suffix = [int(t) for t in plan.suffix_ids]
-        if plan.bos_id is not None:
-            segs.insert(0, (int(plan.bos_id),))
-            kinds.insert(0, "bos")
-        total = sum(len(s) for s in segs) + len(suffix)
-        if total == 0:
-            raise InvalidRequestError("the prompt is empty", param="segments")
-        if total + max_new_tokens > self.max_context:
-            raise ContextLengthError(
-                f"prompt ({total} tokens) + max_tokens ({max_new_tokens}) exceeds the context window "
-                f"({self.max_context}); send fewer segments or lower max_tokens",
-                param="segments",
-            )
-        if not suffix:  # no query: the last segment is computed as the suffix
-            suffix = list(segs.pop())
-            kinds.pop()
-        cut = self._split(segs, kinds, spec)
-        if cut is not None:
-            return PromptPieces(cut.segs, cut.kinds, suffix, spec, w, total, cut.owners)
-        return PromptPieces(segs, kinds, suffix, spec, w, total)
-
-    def _split(self, segs: Sequence[Sequence[int]], kinds: Sequence[str], spec: ModeSpec) -> Split | None:
-        """Composed modes: the segments cut into pieces of ``split_segment_tokens`` (None: nothing cut)."""
-        if not spec.composed or not self.settings.split_segment_tokens:
-            return None
-        cut = split_segments(segs, kinds, self.settings.split_segment_tokens)
-        return cut if cut.was_split else None
+        split = self.settings.split_segment_tokens
+        return make_pieces(
+            plan, spec, w, max_context=self.max_context, max_new_tokens=max_new_tokens, split_tokens=split
+        )
 
     def prepare(
         self,
@@ -242,34 +177,8 @@ class Engine:
 
     def seam_plan(self, p: PromptPieces, tenant: str) -> tuple[list[int], list[str | None], BlendPlan | None]:
         """``seams_and_keys`` and, with ``seam="blend"``, the plan that picks the body tokens recomputed
-        once the entries are there (``hypic.blend``; None otherwise)."""
-        auto = p.w in (AUTO, BLEND) and p.spec.seams
-        eff = 0.0 if not p.spec.seams or auto else float(p.w)
-        seams = [seam_tokens(eff, len(s)) for s in p.segs]
-        blend: BlendPlan | None = None
-        if auto:
-            base = [
-                self.entry_key(s, tenant, 0) if k != "bos" and len(s) >= self.settings.min_cached_tokens else None
-                for s, k in zip(p.segs, p.kinds, strict=True)
-            ]
-            budget = self.settings.seam_budget
-            with self.lock:  # profiles not seen yet run on the model
-                if p.w == BLEND:
-                    blend = plan_blend(
-                        self.model, self.seam_profiles, self.tokenizer, p.segs, base, budget, len(p.suffix)
-                    )
-                    seams = blend.seams
-                else:
-                    seams = plan_seams(self.model, self.seam_profiles, self.tokenizer, p.segs, base, budget)
-        cacheable = [
-            k != "bos" and len(s) >= self.settings.min_cached_tokens and seams[i] < len(s)
-            for i, (s, k) in enumerate(zip(p.segs, p.kinds, strict=True))
-        ]
-        keys = [
-            self.entry_key(s, tenant, seams[i] if auto else eff) if c else None
-            for i, (s, c) in enumerate(zip(p.segs, cacheable, strict=True))
-        ]
-        return seams, keys, blend
+        once the entries are there (``SeamPlanner.plan``)."""
+        return self.seams.plan(p, tenant)
 
     def cold_segments(self, p: PromptPieces, tenant: str) -> list[int]:
         """Indices of a composed prompt's cacheable segments that have no entry yet (first occurrence)."""
@@ -369,7 +278,7 @@ class Engine:
         (``seam="auto"``: the widths ``auto_seams`` gives these segments as one prompt)."""
         spec = mode_spec(mode or self.settings.default_mode)
         w = validate_seam(self.settings.default_seam if seam is None else seam)
-        cut = self._split(segments, kinds, spec)
+        cut = split_for(segments, kinds, spec, self.settings.split_segment_tokens)
         if cut is not None:  # the pieces a request splits these segments into
             segments, kinds = cut.segs, cut.kinds
         if w in (AUTO, BLEND) and spec.seams:

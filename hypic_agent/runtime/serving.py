@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from hypic_agent.runtime.engine import Engine, PlanLike
+from hypic_agent.runtime.engine import Engine
+from hypic_agent.runtime.prompt_pieces import PlanLike
 from hypic_agent.runtime.results import FinishEvent, TokenEvent
 from hypic_agent.runtime.runner.pool import StatePool
 from hypic_agent.runtime.runner.runner import ModelRunner

@@ -28,8 +28,9 @@ import torch
 
 from hypic_agent.config import Settings
 from hypic_agent.errors import ContextLengthError, QueueFullError
-from hypic_agent.runtime.engine import Engine, PromptPieces
+from hypic_agent.runtime.engine import Engine
 from hypic_agent.runtime.output import OutputStream
+from hypic_agent.runtime.prompt_pieces import PromptPieces
 from hypic_agent.runtime.runner.runner import ModelRunner
 from hypic_agent.runtime.sampling import make_generator
 from hypic_agent.runtime.scheduler.request import EventSink, GenerationRequest, RequestHandle

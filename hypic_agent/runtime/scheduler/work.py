@@ -20,8 +20,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from hypic_agent.runtime.engine import Engine, PromptPieces
+from hypic_agent.runtime.engine import Engine
 from hypic_agent.runtime.output import OutputStream
+from hypic_agent.runtime.prompt_pieces import PromptPieces
 from hypic_agent.runtime.results import Prepared, full_prepared, prefix_prepared
 from hypic_agent.runtime.runner.destination import StateDestination
 from hypic_agent.runtime.runner.pool import PoolSeq, StatePool
