@@ -74,6 +74,11 @@ class KernelSettings(BaseModel):
         ge=0,
         description="more cold tokens: a request's cold segments are built apart from its combine forward",
     )
+    recurrent_scan_max_tokens: int = Field(
+        default=_K.recurrent_scan_max_tokens,
+        ge=0,
+        description="KDA / decay-only varlen scans of at most this many tokens run fla's fused recurrent kernels",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> KernelSettings:

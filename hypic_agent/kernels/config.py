@@ -48,6 +48,12 @@ class KernelConfig:
       (``runtime.graphs.bucket_sizes``).
     * ``max_fused_cold_tokens``: above this many cold tokens a request's cold segments go through
       ``scatter_prefill``'s batches instead of its combine forward.
+    * ``recurrent_scan_max_tokens``: KDA and decay-only (Mamba2, Lightning, Ring-linear) varlen scans
+      of at most this many tokens in all run fla's fused recurrent kernels on CUDA instead of its
+      chunked ones: a combine's active tokens (seams and the question: ~200) are short sequences,
+      and the chunked kernels derive their chunk tables from ``cu_seqlens`` with a host read, which
+      a CUDA graph cannot capture (the families' combine forwards ran eagerly, host-bound: Kimi-48B
+      warm ``hypic`` 103 ms p50 against 44 ms of GPU time, H200, 2026-12-02). 0: always chunked.
     """
 
     precise_for_half: bool = False
@@ -59,9 +65,10 @@ class KernelConfig:
     precompose_leading_bodies: bool = True
     graph_bucket_step: int = 128
     max_fused_cold_tokens: int = 65536
+    recurrent_scan_max_tokens: int = 256
 
     def __post_init__(self) -> None:
-        for name in ("moe_triton_max_slots", "norm_fla_min_rows", "max_fused_cold_tokens"):
+        for name in ("moe_triton_max_slots", "norm_fla_min_rows", "max_fused_cold_tokens", "recurrent_scan_max_tokens"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         bm = self.moe_triton_block_m

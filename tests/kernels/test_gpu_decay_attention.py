@@ -74,3 +74,33 @@ def test_pairs_match_torch_and_compose(dtype, shape):
     naive = rel_err(S_f.sum(0) + h0[0], s_ref[0])
     print(f"pairs {dtype} {shape}: composed vs one pass {ec:.2e} (fla one pass {ef:.2e}), naive {naive:.2e}")
     assert ec < TOL[dtype] and ef < TOL[dtype] and naive > 0.1
+
+
+SHORT = [8, 1, 0, 8, 50]  # a combine's pieces: seam windows, an empty one, the question
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", SHAPES[:2])
+def test_recurrent_path_matches_torch_and_is_capturable(dtype, shape):
+    """Short varlen scans (``recurrent_max_tokens``) take fused_recurrent_simple_gla: the twin's outputs,
+    states and pairs, and a CUDA graph captures them (no host read of ``cu_seqlens``)."""
+    q, k, v, g = _inputs(sum(SHORT), shape, dtype, seed=3)
+    cu = _cu(SHORT)
+    h0 = torch.randn(len(SHORT), shape[1], shape[2], shape[3], device="cuda")
+    kw = dict(cu_seqlens=cu, initial_state=h0)
+    o_f, s_f = decay.decay_attention(q, k, v, g, backend="fla", recurrent_max_tokens=256, **kw)
+    o_t, s_t = decay.decay_attention(q, k, v, g, backend="torch", **kw)
+    assert rel_err(o_f.float(), o_t) < TOL[dtype] and rel_err(s_f, s_t) < TOL[dtype]
+    assert torch.equal(s_f[2], h0[2])
+    T_f, S_f = decay.decay_pairs(k, v, g, cu_seqlens=cu, backend="fla", recurrent_max_tokens=256)
+    T_t, S_t = decay.decay_pairs(k, v, g, cu_seqlens=cu, backend="torch")
+    assert rel_err(T_f, T_t) < 1e-5 and rel_err(S_f, S_t) < TOL[dtype]
+    ins = [x.clone() for x in (q, k, v, g)]
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        o_g, s_g = decay.decay_attention(*ins, backend="fla", recurrent_max_tokens=256, **kw)
+    for dst, src in zip(ins, _inputs(sum(SHORT), shape, dtype, seed=4), strict=True):
+        dst.copy_(src)
+    graph.replay()
+    o_r, s_r = decay.decay_attention(*ins, backend="torch", **kw)
+    assert rel_err(o_g.float(), o_r) < TOL[dtype] and rel_err(s_g, s_r) < TOL[dtype]

@@ -91,3 +91,32 @@ def test_pairs_match_torch_and_compose(dtype):
     naive = rel_err(S_f.sum(0) + h0[0], s_ref[0])
     print(f"pairs {dtype}: composed vs one pass {ec:.2e} (fla one pass {ef:.2e}), naive addition {naive:.2e}")
     assert ec < 5e-3 and ef < TOL[dtype] and naive > 0.1
+
+
+SHORT = [8, 1, 0, 8, 50]  # a combine's pieces: seam windows, an empty one, the question
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_recurrent_path_matches_torch_and_is_capturable(dtype):
+    """Short varlen scans (``recurrent_max_tokens``) take fused_recurrent_kda: the twin's outputs, states
+    and pairs, and a CUDA graph captures them (no host read of ``cu_seqlens``) and replays new inputs."""
+    q, k, v, g, beta = _inputs(sum(SHORT), 4, 128, 128, dtype, seed=3)
+    cu = _cu(SHORT)
+    h0 = torch.randn(len(SHORT), 4, 128, 128, device="cuda")
+    o_f, s_f = kda.kda(q, k, v, g, beta, cu_seqlens=cu, initial_state=h0, backend="fla", recurrent_max_tokens=256)
+    o_t, s_t = kda.kda(q, k, v, g, beta, cu_seqlens=cu, initial_state=h0, backend="torch")
+    assert rel_err(o_f.float(), o_t) < TOL[dtype] and rel_err(s_f, s_t) < TOL[dtype]
+    assert torch.equal(s_f[2], h0[2])
+    T_f, S_f = kda.kda_pairs(k, v, g, beta, cu_seqlens=cu, backend="fla", recurrent_max_tokens=256)
+    T_t, S_t = kda.kda_pairs(k, v, g, beta, cu_seqlens=cu, backend="torch")
+    assert rel_err(T_f, T_t) < 5e-3 and rel_err(S_f, S_t) < 5e-3
+    ins = [x.clone() for x in (q, k, v, g, beta)]
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        o_g, s_g = kda.kda(*ins, cu_seqlens=cu, initial_state=h0, backend="fla", recurrent_max_tokens=256)
+    q2, k2, v2, g2, b2 = _inputs(sum(SHORT), 4, 128, 128, dtype, seed=4)
+    for dst, src in zip(ins, (q2, k2, v2, g2, b2), strict=True):
+        dst.copy_(src)
+    graph.replay()
+    o_r, s_r = kda.kda(q2, k2, v2, g2, b2, cu_seqlens=cu, initial_state=h0, backend="torch")
+    assert rel_err(o_g.float(), o_r) < TOL[dtype] and rel_err(s_g, s_r) < TOL[dtype]

@@ -84,3 +84,41 @@ def test_runner_decode_matches_cpu(arch):
             steps.append(runner.forward(runner.plan(seqs, [[5 + i]] * 3)).cpu())
         logits.append(torch.stack(steps))
     assert (logits[0] - logits[1]).abs().max().item() < 2e-2
+
+
+@pytest.mark.parametrize("arch", ["kimi_linear", "granitemoehybrid", "bailing_hybrid", "lfm2"])
+def test_combine_graph_replays_match_eager(arch):
+    """The families' combine forwards are captured as CUDA graphs (their short scans take fla's fused
+    recurrent kernels, the pieces' chain slots are on the device) and replays give the eager logits
+    and states: requests of one layout in other orders with other questions (bf16, as served)."""
+    from hypic_agent.kernels.config import KernelConfig
+    from hypic_agent.runtime.graphs import enable_cuda_graphs
+    from hypic_agent.runtime.hypic.build import build_entries
+    from hypic_agent.runtime.hypic.combine import combine
+    from hypic_agent.runtime.hypic.combine_graphs import enable_combine_graphs
+    from hypic_agent.runtime.hypic.layout import plan_layout
+    from hypic_agent.runtime.hypic.modes import mode_spec
+
+    model = make_model(arch, **_all_experts(arch))[0].to("cuda", torch.bfloat16)
+    model.set_backend("fla")
+    model.set_kernels(KernelConfig())
+    pool = [tuple(rand_tokens(40, 500 + i)) for i in range(5)]
+    entries = build_entries(model, pool, [8] * len(pool))
+    requests = []
+    for j, order in enumerate([[0, 1, 2], [3, 1, 4], [4, 0, 2], [2, 3, 1]]):
+        es = [entries[i] for i in order]
+        lay = plan_layout([pool[i] for i in order], es, [8] * 3, rand_tokens(7, 70 + j), torch.device("cuda"))
+        requests.append((lay, es))
+    spec = mode_spec("hypic")
+    eager = [combine(model, lay, es, spec) for lay, es in requests]
+    enable_cuda_graphs(model)
+    runner = enable_combine_graphs(model, capture_after=1)
+    got = [combine(model, lay, es, spec) for lay, es in requests]
+    assert runner.disabled is None, runner.disabled
+    assert runner.replays == len(requests) - 1  # captured on the first, replayed after
+    for ref, out in zip(eager, got, strict=True):
+        scale = ref.last_logits.abs().max().item()
+        assert (ref.last_logits - out.last_logits).abs().max().item() < 3e-2 * scale
+        for a, b in zip(ref.layers, out.layers, strict=True):
+            for ta, tb in zip(vars(a).values(), vars(b).values(), strict=True):
+                assert (ta.float() - tb.float()).abs().max().item() < 5e-2 * max(ta.float().abs().max().item(), 1e-6)

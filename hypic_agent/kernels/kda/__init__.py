@@ -7,8 +7,9 @@ Per head, with q, k l2-normed, q scaled by ``K^-0.5``, a log-decay ``g [K]`` per
 
 On CUDA (``backend`` "auto" / "fla") fla-core's kernels run (``kda_fla``: ``chunk_kda`` for prefill
 and pairs, ``fused_recurrent_kda`` for the decode steps, its pool-indexed form for the runner's
-slots); elsewhere the plain-PyTorch twin (``kda_torch``, a token loop). Outputs come in the
-kernel's dtype (q's on fla, fp32 on torch); states and pairs are fp32.
+slots; ``fused_recurrent_kda`` also for varlen scans of at most ``recurrent_max_tokens`` tokens, which
+no host read then blocks from a CUDA graph); elsewhere the plain-PyTorch twin (``kda_torch``, a token
+loop). Outputs come in the kernel's dtype (q's on fla, fp32 on torch); states and pairs are fp32.
 """
 
 from __future__ import annotations
@@ -32,13 +33,16 @@ def kda(
     cu_seqlens: torch.Tensor | None = None,
     initial_state: torch.Tensor | None = None,
     backend: str = "auto",
+    recurrent_max_tokens: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """q, k ``[T, H, K]``, v ``[T, H, V]``, g ``[T, H, K]``, beta ``[T, H]``, ``initial_state [N, H, K, V]``
-    (None: zeros) -> (o ``[T, H, V]``, final states ``[N, H, K, V]`` fp32)."""
+    (None: zeros) -> (o ``[T, H, V]``, final states ``[N, H, K, V]`` fp32). On fla, T <=
+    ``recurrent_max_tokens`` runs the fused recurrent kernel (``KernelConfig.recurrent_scan_max_tokens``)."""
     if k.shape[0] and resolve_backend(backend, q.device) == "fla":
         from .kda_fla import kda_fla
 
-        return kda_fla(q, k, v, g, beta, normalize_cu_seqlens(cu_seqlens, k.shape[0], q.device), initial_state)
+        cu = normalize_cu_seqlens(cu_seqlens, k.shape[0], q.device)
+        return kda_fla(q, k, v, g, beta, cu, initial_state, recurrent=k.shape[0] <= recurrent_max_tokens)
     return kda_torch.kda(q, k, v, g, beta, cu_seqlens=cu_seqlens, initial_state=initial_state)
 
 
@@ -92,12 +96,15 @@ def kda_pairs(
     *,
     cu_seqlens: torch.Tensor,
     backend: str = "auto",
+    recurrent_max_tokens: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Each sequence's pair from a zero state: k, g ``[T, H, K]``, v ``[T, H, V]``, beta ``[T, H]`` ->
     (T ``[N, H, K, K]``, S ``[N, H, K, V]``) fp32, with ``S_after = T @ S_in + S``. T is the token steps
-    applied to the identity (each column of I a state with V = K columns and v = 0)."""
+    applied to the identity (each column of I a state with V = K columns and v = 0). ``recurrent_max_tokens``:
+    as in ``kda``."""
     if k.shape[0] and cu_seqlens.numel() > 1 and resolve_backend(backend, k.device) == "fla":
         from .kda_fla import kda_pairs_fla
 
-        return kda_pairs_fla(k, v, g, beta, normalize_cu_seqlens(cu_seqlens, k.shape[0], k.device))
+        cu = normalize_cu_seqlens(cu_seqlens, k.shape[0], k.device)
+        return kda_pairs_fla(k, v, g, beta, cu, recurrent=k.shape[0] <= recurrent_max_tokens)
     return kda_torch.kda_pairs(k, v, g, beta, cu_seqlens=cu_seqlens)

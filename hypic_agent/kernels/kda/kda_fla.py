@@ -9,6 +9,11 @@ log-decay ``[T, H, K]`` already computed by the mixer (``use_gate_in_kernel=Fals
 are), ``beta`` after the sigmoid, states ``[N, H, K, V]`` fp32 (keys x values, ``state_v_first``
 off). ``safe_gate`` stays off: Kimi's gate is unbounded below, and the general intra-chunk path is
 exact for any gate.
+
+``recurrent=True`` runs the same recurrence token by token (``fused_recurrent_kda`` over the packed
+sequences): for short sequences (a combine's seams and question), and with no host read of
+``cu_seqlens`` (the chunked kernels derive their chunk tables from it on the host), so a CUDA graph
+can capture it.
 """
 
 from __future__ import annotations
@@ -28,10 +33,18 @@ def kda_fla(
     beta: torch.Tensor,
     cu_seqlens: torch.Tensor,
     initial_state: torch.Tensor | None,
+    recurrent: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """q, k ``[T, H, K]``, v ``[T, H, V]``, g ``[T, H, K]``, beta ``[T, H]``, cu_seqlens ``[N+1]``,
     initial_state ``[N, H, K, V]`` or None (zeros) -> (o ``[T, H, V]`` in q's dtype, finals
     ``[N, H, K, V]`` fp32). g stays fp32 (a bf16 log-decay would round the cumulative decay)."""
+    if recurrent:
+        o, final = fused_recurrent_kda(
+            q[None], k[None], v[None], g.float()[None], beta.to(q.dtype)[None],
+            initial_state=None if initial_state is None else initial_state.float().contiguous(),
+            output_final_state=True, use_qk_l2norm_in_kernel=True, cu_seqlens=as_int64(cu_seqlens),
+        )  # fmt: skip
+        return o[0], final.float()
     o, final = chunk_kda(
         q[None], k[None], v[None], g.float()[None], beta.to(q.dtype)[None],
         initial_state=None if initial_state is None else initial_state.float().contiguous(),
@@ -41,23 +54,31 @@ def kda_fla(
 
 
 def kda_pairs_fla(
-    k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, cu_seqlens: torch.Tensor
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    recurrent: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Each sequence's pair from one ``chunk_kda`` pass: values ``[v | 0]`` ``[T, H, V+K]`` from the
     initial state ``[0 | I]``. The recurrence is linear and acts on each value column alone, so the
     final state's first V columns are ``S`` (from zero, with v) and the last K are ``T @ I = T`` (from
     the identity, with zero values): the reference's two runs in one. Inputs are promoted to fp32 so
     that the stored pair does not inherit bf16 intra-chunk factors (fla's dots then run in TF32).
-    -> (T ``[N, H, K, K]``, S ``[N, H, K, V]``) fp32. The outputs of the pass are not used (q = k)."""
+    -> (T ``[N, H, K, K]``, S ``[N, H, K, V]``) fp32. The outputs of the pass are not used (q = k).
+    ``recurrent``: the pass token by token (``fused_recurrent_kda``; see the module's docstring)."""
     n, (t, h, kd), vd = cu_seqlens.numel() - 1, k.shape, v.shape[-1]
     kf = k.float()
     v_ext = torch.cat([v.float(), kf.new_zeros(t, h, kd)], dim=-1)
     h0 = kf.new_zeros(n, h, kd, vd + kd)
     h0[..., vd:] = torch.eye(kd, device=k.device, dtype=torch.float32)
-    _, final = chunk_kda(
+    run = fused_recurrent_kda if recurrent else chunk_kda
+    _, final = run(
         kf[None], kf[None], v_ext[None], g.float()[None], beta.float()[None], scale=1.0, initial_state=h0,
         output_final_state=True, use_qk_l2norm_in_kernel=True, cu_seqlens=as_int64(cu_seqlens),
     )  # fmt: skip
+    final = final.float()
     return final[..., vd:].contiguous(), final[..., :vd].contiguous()
 
 

@@ -93,10 +93,8 @@ def _linear(
         eye = mixer.pair_identity(h0)
         Ts: list[torch.Tensor] = []
         Ss: list[torch.Tensor] = []
-        piece_slot: list[int] = []
         for item in lay.chain:
             if item.kind == "piece":
-                piece_slot.append(len(Ts))
                 Ts.append(Tp[item.index])
                 Ss.append(Sp[item.index])
             else:
@@ -106,7 +104,8 @@ def _linear(
         states = mixer.compose(h0, torch.stack(Ts), torch.stack(Ss))  # [n+1, HV, K, V]
         if record is not None:
             record["states"] = states  # entering every chain item
-        return states[torch.tensor(piece_slot, device=dev)]
+        assert lay.piece_slots is not None
+        return states[lay.piece_slots]  # the states entering each piece
 
     o, finals = mixer.mix_after_pairs(ops, lay.cu_pieces, enter)
     return o, LinearLayerState(finals[-1], conv_final[-1])

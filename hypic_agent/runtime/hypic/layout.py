@@ -58,6 +58,9 @@ class CombineLayout:
     # per body holding blend rows: (its index in ``chain``, first and end blend row); the rows of one
     # body are consecutive among the blend rows (prompt order)
     blend_groups: list[tuple[int, int, int]] = field(default_factory=list)
+    # [P] int64: each piece's index in ``chain`` (on the device with the rest: a combine CUDA graph
+    # cannot upload it while it is captured)
+    piece_slots: torch.Tensor | None = None
 
 
 def plan_layout(
@@ -162,4 +165,7 @@ def plan_layout(
         blend_rows=rows[1],
         blend_pos=blend_pos,
         blend_groups=groups,
+        piece_slots=to_device_async(
+            torch.tensor([j for j, item in enumerate(chain) if item.kind == "piece"], dtype=torch.long), device
+        ),
     )

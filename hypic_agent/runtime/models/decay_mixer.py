@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from hypic_agent.kernels import decay_attention as decay_ops
+from hypic_agent.kernels.config import DEFAULT_KERNELS, KernelConfig
 from hypic_agent.kernels.gdn_pairs import PairSink, SeamSplit
 
 
@@ -23,6 +24,7 @@ class DecayMixer(nn.Module):
     backend: str  # kernel backend of the prefill scan and the pairs (``auto`` | ``torch`` | ``fla``)
     slopes: list[float]  # per-head decay slopes (the slope kinds: Lightning, Ring-linear)
     _slope: dict[torch.device, torch.Tensor]
+    kernels: KernelConfig = DEFAULT_KERNELS  # ``recurrent_scan_max_tokens`` (``HybridForCausalLM.set_kernels``)
 
     def slope_log_decays(self, like: torch.Tensor) -> torch.Tensor:
         """``[T, HV]`` fp32 log-decays ``-s_h`` of a slope kind (T = ``like``'s rows), cached per device
@@ -49,8 +51,9 @@ class DecayMixer(nn.Module):
         """-> (output, final states ``[N, HV, K, V]`` fp32)."""
         q, k, v, g = self.decay_operands(ops)
         o, final = decay_ops.decay_attention(
-            q, k, v, g, cu_seqlens=cu_seqlens, initial_state=initial_state, backend=self.backend
-        )
+            q, k, v, g, cu_seqlens=cu_seqlens, initial_state=initial_state, backend=self.backend,
+            recurrent_max_tokens=self.kernels.recurrent_scan_max_tokens,
+        )  # fmt: skip
         return self.finish(o, ops), final
 
     def mix_into_pairs(self, ops: Any, cu_seqlens: torch.Tensor, split: SeamSplit, sink: PairSink) -> torch.Tensor:
@@ -71,7 +74,10 @@ class DecayMixer(nn.Module):
     def mix_after_pairs(self, ops: Any, cu_seqlens: torch.Tensor, enter: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """Pieces run from ``enter(their own pairs)`` (states ``[P, HV, K, V]``) -> (output, finals)."""
         _, k, v, g = self.decay_operands(ops)
-        T, S = decay_ops.decay_pairs(k, v, g, cu_seqlens=cu_seqlens, backend=self.backend)
+        T, S = decay_ops.decay_pairs(
+            k, v, g, cu_seqlens=cu_seqlens, backend=self.backend,
+            recurrent_max_tokens=self.kernels.recurrent_scan_max_tokens,
+        )  # fmt: skip
         return self.mix(ops, cu_seqlens, enter(T, S))
 
     def pair_identity(self, like: torch.Tensor) -> torch.Tensor:

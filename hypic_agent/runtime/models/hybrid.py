@@ -14,6 +14,7 @@ from torch import nn
 from hypic_agent.kernels.config import DEFAULT_KERNELS, KernelConfig
 from hypic_agent.runtime.models.attention import FullAttention
 from hypic_agent.runtime.models.config import HybridConfig
+from hypic_agent.runtime.models.decay_mixer import DecayMixer
 from hypic_agent.runtime.models.fused_inputs import FusedInputs, unfuse
 from hypic_agent.runtime.models.gated_deltanet import GatedDeltaNet
 from hypic_agent.runtime.models.kda_mixer import KimiDeltaAttention
@@ -198,11 +199,12 @@ class HybridForCausalLM(nn.Module):
 
     def set_kernels(self, kernels: KernelConfig) -> None:
         """Kernel choices for every module that calls a configurable kernel: the MoE experts
-        (``moe_triton_*``) and the norms (``norm_fla_min_rows``). Set before layer graphs are
-        captured: a captured graph keeps the path it was captured with."""
+        (``moe_triton_*``), the norms (``norm_fla_min_rows``) and the KDA / decay-only mixers
+        (``recurrent_scan_max_tokens``). Set before layer graphs are captured: a captured graph
+        keeps the path it was captured with."""
         self.kernels = kernels
         for m in self.modules():
-            if isinstance(m, RMSNorm | GatedRMSNorm | Experts):
+            if isinstance(m, RMSNorm | GatedRMSNorm | Experts | KimiDeltaAttention | DecayMixer):
                 m.kernels = kernels
 
     def load_weights(self, tensors: dict[str, torch.Tensor], strict: bool = True) -> None:

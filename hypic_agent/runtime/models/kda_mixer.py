@@ -24,6 +24,7 @@ from torch import nn
 from hypic_agent.kernels import chain as chain_ops
 from hypic_agent.kernels import conv as conv_ops
 from hypic_agent.kernels import kda as kda_ops
+from hypic_agent.kernels.config import DEFAULT_KERNELS, KernelConfig
 from hypic_agent.kernels.conv_decode import conv_decode_slots
 from hypic_agent.kernels.gdn_pairs import PairSink, SeamSplit
 from hypic_agent.runtime.models.config import HybridConfig
@@ -84,6 +85,7 @@ class HeadNorm(nn.Module):
 
 class KimiDeltaAttention(nn.Module):
     kind = "kda"
+    kernels: KernelConfig = DEFAULT_KERNELS  # ``recurrent_scan_max_tokens`` (``HybridForCausalLM.set_kernels``)
 
     def __init__(self, cfg: HybridConfig) -> None:
         super().__init__()
@@ -150,7 +152,7 @@ class KimiDeltaAttention(nn.Module):
         """-> (o ``[T, H, V]``, final states ``[N, H, K, V]`` fp32)."""
         o, final = kda_ops.kda(
             ops.q, ops.k, ops.v, ops.g, ops.beta, cu_seqlens=cu_seqlens, initial_state=initial_state,
-            backend=self.backend,
+            backend=self.backend, recurrent_max_tokens=self.kernels.recurrent_scan_max_tokens,
         )  # fmt: skip
         return o.to(ops.v.dtype), final
 
@@ -175,7 +177,10 @@ class KimiDeltaAttention(nn.Module):
     def mix_after_pairs(
         self, ops: KDAOperands, cu_seqlens: torch.Tensor, enter: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        T, S = kda_ops.kda_pairs(ops.k, ops.v, ops.g, ops.beta, cu_seqlens=cu_seqlens, backend=self.backend)
+        T, S = kda_ops.kda_pairs(
+            ops.k, ops.v, ops.g, ops.beta, cu_seqlens=cu_seqlens, backend=self.backend,
+            recurrent_max_tokens=self.kernels.recurrent_scan_max_tokens,
+        )  # fmt: skip
         return self.mix(ops, cu_seqlens, enter(T, S))
 
     def pair_identity(self, like: torch.Tensor) -> torch.Tensor:
