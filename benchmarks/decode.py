@@ -75,7 +75,7 @@ def profile_step(runner: ModelRunner, pool: StatePool, seqs: list, toks: list) -
 def kernel_config(pairs: list[str]) -> KernelConfig:
     """``KEY=VALUE`` pairs over the defaults (``--kernels graph_norms_fused=false``), checked by
     ``KernelSettings`` as ``HYPIC_KERNELS__*`` would be."""
-    from hypic_agent.config import KernelSettings
+    from hypic_agent.config_kernels import KernelSettings
 
     fields = dict(p.split("=", 1) for p in pairs)
     return KernelSettings.model_validate(fields).config()

@@ -31,7 +31,8 @@ from typing import Any
 import torch
 from _common import gpu_busy_ms, load_shape, model_args, print_table, random_model, sync, write_json
 
-from hypic_agent.config import MODES, KernelSettings, Settings
+from hypic_agent.config import MODES, Settings
+from hypic_agent.config_kernels import KernelSettings
 from hypic_agent.runtime.engine import Engine
 
 

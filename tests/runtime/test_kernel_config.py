@@ -9,7 +9,8 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from hypic_agent.config import KernelSettings, Settings
+from hypic_agent.config import Settings
+from hypic_agent.config_kernels import KernelSettings
 from hypic_agent.kernels.config import DEFAULT_KERNELS, KernelConfig
 from hypic_agent.runtime.engine import Engine
 from hypic_agent.runtime.hypic.build import build_entries
