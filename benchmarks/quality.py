@@ -62,16 +62,18 @@ def configs(
     """(label, mode, seam) per compared config; ``modes`` restricts the mode ladder (seam ablation
     rows are hypic runs and come with ``hypic``); ``budgets``: ``seam="auto"`` rows (label
     ``hypic auto b=<budget>``), ``blend``: ``seam="blend"`` rows (``hypic blend b=<budget>``),
-    whatever the modes; ``contexts``: the fixed-seam hypic rows again per build context (label
-    ``hypic w=<w> ctx=<name>``)."""
+    whatever the modes; ``contexts``: the fixed-seam, auto and blend hypic rows again per build context
+    (label ``... ctx=<name>``)."""
     keep = [(m, w) for m, w in MODE_CONFIGS if modes is None or m in modes]
     out: list[tuple[str, str, float | str]] = [(m if m != "hypic" else f"hypic w={w:g}", m, w) for m, w in keep]
     if modes is None or "hypic" in modes:
         out += [(f"hypic w={w:g}", "hypic", w) for w in seams if w != 8.0]
     fixed = [c for c in out if c[1] == "hypic"]
     out += [(f"{lab} ctx={ctx}", m, w) for ctx in contexts or [] if ctx != "none" for lab, m, w in fixed]
-    out += [(f"hypic auto b={b:g}", "hypic", "auto") for b in budgets or []]
-    return out + [(f"hypic blend b={b:g}", "hypic", "blend") for b in blend or []]
+    adaptive: list[tuple[str, str, float | str]] = [(f"hypic auto b={b:g}", "hypic", "auto") for b in budgets or []]
+    adaptive += [(f"hypic blend b={b:g}", "hypic", "blend") for b in blend or []]
+    with_ctx = [(f"{lab} ctx={ctx}", m, w) for ctx in contexts or [] if ctx != "none" for lab, m, w in adaptive]
+    return out + adaptive + with_ctx
 
 
 def recompute_fraction(engine: Engine, plan: PromptPlan, mode: str, seam: float | str) -> float:
@@ -91,7 +93,7 @@ def recompute_fraction(engine: Engine, plan: PromptPlan, mode: str, seam: float 
 
 def budget_of(label: str) -> float | None:
     """The seam budget of an ``auto`` / ``blend`` config label (None for the others)."""
-    return float(label.split("b=")[1]) if " auto b=" in label or " blend b=" in label else None
+    return float(label.split("b=")[1].split()[0]) if " auto b=" in label or " blend b=" in label else None
 
 
 def context_of(label: str) -> str:

@@ -195,3 +195,17 @@ def test_quality_build_prefix_rows(tmp_path):
     assert set(by) == {"full_recompute", "hypic w=8", "hypic w=8 ctx=template"}
     assert by["hypic w=8"]["recompute"] == by["hypic w=8 ctx=template"]["recompute"] < 1
     assert by["hypic w=8"]["per_example"]["kl"] != by["hypic w=8 ctx=template"]["per_example"]["kl"]
+
+
+@pytest.mark.skipif(not DATA.is_dir(), reason=f"evaluation data not found at {DATA}")
+def test_quality_build_prefix_with_blend_rows(tmp_path):
+    """``--build-prefixes`` with ``--blend-budgets``: the blend row again under the context."""
+    res = run(
+        "quality.py", "--model", "tiny:qwen3_5_text", "--smoke", "--datasets", "hotpotqa", "--modes", "hypic",
+        "--seams", "--blend-budgets", "0.2", "--build-prefixes", "template", out=tmp_path / "q.json",
+    )  # fmt: skip
+    by = {r["config"]: r for r in res["rows"]}
+    assert set(by) == {
+        "full_recompute", "hypic w=8", "hypic w=8 ctx=template", "hypic blend b=0.2", "hypic blend b=0.2 ctx=template"
+    }  # fmt: skip
+    assert by["hypic blend b=0.2"]["per_example"]["kl"] != by["hypic blend b=0.2 ctx=template"]["per_example"]["kl"]
