@@ -17,18 +17,9 @@ from hypic_agent.runtime.runner.destination import StateDestination
 from hypic_agent.runtime.runner.pool import StatePool
 
 from .conftest import make_model, rand_tokens
+from .test_destination import _fragment  # holds every page, frees every other one
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
-
-
-def _fragment(pool: StatePool) -> list:
-    """Hold every page (one slot each: the pool needs more slots than pages), free every other one."""
-    held = []
-    while (s := pool.alloc(pool.page_size)) is not None:
-        held.append(s)
-    for s in held[0::2]:
-        pool.free(s)
-    return held[1::2]
 
 
 @pytest.mark.parametrize("fragmented", [False, True])
