@@ -53,7 +53,8 @@ class KernelConfig:
       chunked ones: a combine's active tokens (seams and the question: ~200) are short sequences,
       and the chunked kernels derive their chunk tables from ``cu_seqlens`` with a host read, which
       a CUDA graph cannot capture (the families' combine forwards ran eagerly, host-bound: Kimi-48B
-      warm ``hypic`` 103 ms p50 against 44 ms of GPU time, H200, 2026-12-02). 0: always chunked.
+      warm ``hypic`` 103 ms p50 against 44 ms of GPU time, H200, 2026-12-02). 0 (the default until
+      the recurrent path has passed its GPU tests and a TTFT run): always chunked; 256 covers a combine.
     """
 
     precise_for_half: bool = False
@@ -65,7 +66,7 @@ class KernelConfig:
     precompose_leading_bodies: bool = True
     graph_bucket_step: int = 128
     max_fused_cold_tokens: int = 65536
-    recurrent_scan_max_tokens: int = 256
+    recurrent_scan_max_tokens: int = 0
 
     def __post_init__(self) -> None:
         for name in ("moe_triton_max_slots", "norm_fla_min_rows", "max_fused_cold_tokens", "recurrent_scan_max_tokens"):
