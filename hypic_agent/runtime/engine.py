@@ -27,15 +27,15 @@ from hypic_agent.runtime.cold_builds import ColdBuilds, with_built
 from hypic_agent.runtime.forward import prefill
 from hypic_agent.runtime.graphs import bucket_sizes, enable_cuda_graphs
 from hypic_agent.runtime.headroom import AllocatorHeadroom
-from hypic_agent.runtime.hypic.auto_seams import AUTO, ProfileTable
-from hypic_agent.runtime.hypic.blend import BLEND, BlendPlan
+from hypic_agent.runtime.hypic.auto_seams import ProfileTable
+from hypic_agent.runtime.hypic.blend import BlendPlan
 from hypic_agent.runtime.hypic.build_context import BuildContext
 from hypic_agent.runtime.hypic.cache import EntryCache, MemoryEntryCache
 from hypic_agent.runtime.hypic.cold_graphs import enable_cold_graphs
 from hypic_agent.runtime.hypic.combine import combine
 from hypic_agent.runtime.hypic.combine_graphs import enable_combine_graphs
 from hypic_agent.runtime.hypic.layout import plan_layout
-from hypic_agent.runtime.hypic.modes import mode_spec, seam_tokens, validate_seam
+from hypic_agent.runtime.hypic.modes import mode_spec, validate_seam
 from hypic_agent.runtime.hypic.prefix_cache import PrefixCache
 from hypic_agent.runtime.hypic.seam_plan import SeamPlanner
 from hypic_agent.runtime.models.hybrid import HybridForCausalLM
@@ -281,17 +281,8 @@ class Engine:
         cut = split_for(segments, kinds, spec, self.settings.split_segment_tokens)
         if cut is not None:  # the pieces a request splits these segments into
             segments, kinds = cut.segs, cut.kinds
-        if w in (AUTO, BLEND) and spec.seams:
-            pieces = PromptPieces([tuple(s) for s in segments], list(kinds), [], spec, w, 0)
-            seams, maybe = self.seams_and_keys(pieces, tenant)
-            keys = [
-                k if k is not None else self.entry_key(s, tenant, seams[i])
-                for i, (s, k) in enumerate(zip(segments, maybe, strict=True))
-            ]
-        else:
-            eff = float(w) if spec.seams and w not in (AUTO, BLEND) else 0.0
-            seams = [seam_tokens(eff, len(s)) for s in segments]
-            keys = [self.entry_key(s, tenant, eff) for s in segments]
+        pieces = PromptPieces([tuple(s) for s in segments], list(kinds), [], spec, w, 0)
+        seams, keys = self.seams.every_key(pieces, tenant)
         with self.lock:
             r = route(keys, self.cache)
             self.cold.fill(self.cache, r, segments, kinds, seams, tenant)

@@ -104,7 +104,6 @@ def _linear(
         states = mixer.compose(h0, torch.stack(Ts), torch.stack(Ss))  # [n+1, HV, K, V]
         if record is not None:
             record["states"] = states  # entering every chain item
-        assert lay.piece_slots is not None
         return states[lay.piece_slots]  # the states entering each piece
 
     o, finals = mixer.mix_after_pairs(ops, lay.cu_pieces, enter)

@@ -46,6 +46,9 @@ class CombineLayout:
     chain: list[ChainItem]  # pieces and bodies in prompt order
     piece_conv_from: list[int | None]  # per piece: segment whose body precedes it (conv tail), or None
     all_pos: torch.Tensor  # [L] 0..L-1 (key positions of the spliced KV)
+    # [P] int64: each piece's index in ``chain`` (on the device with the rest: a combine CUDA graph
+    # cannot upload it while it is captured)
+    piece_slots: torch.Tensor
     tokens: list[int] = field(default_factory=list)  # all prompt tokens
     body_starts: list[int] = field(default_factory=list)  # global position of each body's first token (host)
     # what every tensor above except active_ids follows from: per segment (length, active head or -1
@@ -58,9 +61,6 @@ class CombineLayout:
     # per body holding blend rows: (its index in ``chain``, first and end blend row); the rows of one
     # body are consecutive among the blend rows (prompt order)
     blend_groups: list[tuple[int, int, int]] = field(default_factory=list)
-    # [P] int64: each piece's index in ``chain`` (on the device with the rest: a combine CUDA graph
-    # cannot upload it while it is captured)
-    piece_slots: torch.Tensor | None = None
 
 
 def plan_layout(

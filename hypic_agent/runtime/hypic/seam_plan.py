@@ -54,8 +54,9 @@ class SeamPlanner:
         """Per segment of ``p`` its seam width and entry key (None: not cacheable), and with
         ``seam="blend"`` the plan that picks the body tokens recomputed once the entries are there
         (None otherwise). With ``auto`` / ``blend`` the keys carry each segment's own width."""
-        auto = p.w in (AUTO, BLEND) and p.spec.seams
-        eff = 0.0 if not p.spec.seams or auto else float(p.w)
+        fixed = self._fixed_width(p)
+        auto = fixed is None
+        eff = 0.0 if fixed is None else fixed
         seams = [seam_tokens(eff, len(s)) for s in p.segs]
         blend: BlendPlan | None = None
         min_tokens = self.settings.min_cached_tokens
@@ -80,3 +81,21 @@ class SeamPlanner:
             for i, (s, c) in enumerate(zip(p.segs, cacheable, strict=True))
         ]
         return seams, keys, blend
+
+    def every_key(self, p: PromptPieces, tenant: str) -> tuple[list[int], list[str]]:
+        """``plan``'s seams with a key for every segment, also those a prompt would recompute (a PUT
+        stores each segment it is given)."""
+        seams, keys, _ = self.plan(p, tenant)
+        w = self._fixed_width(p)
+        return seams, [
+            k if k is not None else self.entry_key(s, tenant, seams[i] if w is None else w)
+            for i, (s, k) in enumerate(zip(p.segs, keys, strict=True))
+        ]
+
+    @staticmethod
+    def _fixed_width(p: PromptPieces) -> float | None:
+        """The one seam every segment of ``p`` gets (0 in modes without seams); None: per-segment
+        widths (``auto`` / ``blend``)."""
+        if not p.spec.seams:
+            return 0.0
+        return None if p.w in (AUTO, BLEND) else float(p.w)
