@@ -66,16 +66,16 @@ for st in $STEPS; do case $st in
   # FAM_HF=--transformers-own-weights times transformers beside ours (its own random init, built and freed first)
   # FAM_TTFT_MODES="full_recompute hypic hypic@recurrent_scan_max_tokens=256": the short scans on fla's recurrent
   # kernels (capturable combine graphs) beside the chunked default
-  families) (cd .. && step ${FAM_TESTS_S:-140} gputests_families python3 -m pytest -q -rfE -p no:cacheprovider -m gpu \
+  families) [ "${FAM_TESTS_S:-140}" = 0 ] || (cd .. && step ${FAM_TESTS_S:-140} gputests_families python3 -m pytest -q -rfE -p no:cacheprovider -m gpu \
               tests/kernels/test_gpu_kda.py tests/kernels/test_gpu_decay_attention.py tests/runtime/test_gpu_families.py)
-            for sh in ${FAM_SHAPES:-kimi_linear_48b_a3b granite_4_0_h_small}; do
+            [ "${FAM_PREFILL_S:-85}" = 0 ] || for sh in ${FAM_SHAPES:-kimi_linear_48b_a3b granite_4_0_h_small}; do
               step ${FAM_PREFILL_S:-85} "prefill_$sh" python3 prefill.py --shape $sh ${FAM_HF:---no-transformers} \
                 ${FAM_LAYERS:+--layers $FAM_LAYERS} --lengths ${FAM_LENGTHS:-4096 16384 32768} --reps ${FAM_REPS:-2} \
                 --out "$OUT/prefill_$sh.json"
             done
             [ "${FAM_TTFT_S:-45}" = 0 ] || for sh in ${FAM_SHAPES:-kimi_linear_48b_a3b granite_4_0_h_small}; do
               step ${FAM_TTFT_S:-45} "ttft_$sh" python3 ttft.py --shape $sh --pool 16 --segments 8 --seg-len 1024 \
-                --requests 3 --warmup 1 --hit-rates 1.0 --modes ${FAM_TTFT_MODES:-full_recompute hypic} --out "$OUT/ttft_$sh.json"
+                --requests ${FAM_REQUESTS:-5} --warmup ${FAM_WARMUP:-2} --hit-rates 1.0 --modes ${FAM_TTFT_MODES:-full_recompute hypic} --out "$OUT/ttft_$sh.json"
             done ;;
   *) echo "unknown step $st (tests serving decode decode_ab qps http http_si http_il ttft prefill overhead profile next families)"; exit 2 ;;
 esac; done

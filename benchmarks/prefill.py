@@ -12,8 +12,9 @@ where they are not (Kimi Linear, Granite 4, ...) the run says so and times ours 
 (a length it cannot run, e.g. out of memory, is recorded as such), frees it and then builds ours:
 the same shapes, not the same weight values (MoE routing may differ a little).
 
-    python benchmarks/prefill.py --shape granite_4_0_h_small --transformers-own-weights --lengths 4096 16384 FLOPs count
-matmuls, attention and the GDN recurrence (its formula stands in for the other linear kinds' too);
+    python benchmarks/prefill.py --shape granite_4_0_h_small --transformers-own-weights --lengths 4096 16384
+
+FLOPs count matmuls, attention and the GDN recurrence (its formula stands in for the other linear kinds' too);
 the fraction of peak is against a bf16 8192^3 matmul measured in the same run.
 """
 

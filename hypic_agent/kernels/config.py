@@ -52,9 +52,9 @@ class KernelConfig:
       of at most this many tokens in all run fla's fused recurrent kernels on CUDA instead of its
       chunked ones: a combine's active tokens (seams and the question: ~200) are short sequences,
       and the chunked kernels derive their chunk tables from ``cu_seqlens`` with a host read, which
-      a CUDA graph cannot capture (the families' combine forwards ran eagerly, host-bound: Kimi-48B
-      warm ``hypic`` 103 ms p50 against 44 ms of GPU time, H200, 2026-12-02). 0 (the default until
-      the recurrent path has passed its GPU tests and a TTFT run): always chunked; 256 covers a combine.
+      a CUDA graph cannot capture. 256 (the default) covers a combine: Kimi-48B warm ``hypic``
+      110 -> 49 ms p50, Granite-4.0-H-Small 138 -> 112 ms (H200, 2026-12-02, before the families'
+      combine graphs); 0: always chunked, and no combine graph for KDA / decay-only models.
     """
 
     precise_for_half: bool = False
@@ -66,7 +66,7 @@ class KernelConfig:
     precompose_leading_bodies: bool = True
     graph_bucket_step: int = 128
     max_fused_cold_tokens: int = 65536
-    recurrent_scan_max_tokens: int = 0
+    recurrent_scan_max_tokens: int = 256
 
     def __post_init__(self) -> None:
         for name in ("moe_triton_max_slots", "norm_fla_min_rows", "max_fused_cold_tokens", "recurrent_scan_max_tokens"):

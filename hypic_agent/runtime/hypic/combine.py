@@ -98,6 +98,16 @@ def _lead_and_tails(inputs: CombineInputs) -> tuple[torch.Tensor | None, torch.T
     return h0_all, inputs.splice.conv_tails() if inputs.splice is not None else None
 
 
+def _graphable(model: HybridForCausalLM, lay: CombineLayout, kinds: set[str]) -> bool:
+    """Whether a whole-forward graph can run this combine: nothing in it may read a device value on the
+    host. GDN's fused scan and the short convolutions read none; KDA and the decay-only kinds only on
+    fla's fused recurrent kernels (``recurrent_scan_max_tokens`` covers the active tokens: their chunked
+    kernels read ``cu_seqlens`` on the host), and blend rows run eagerly."""
+    if kinds <= {"gdn", "short_conv"}:
+        return True
+    return lay.blend_rows is None and lay.active_ids.numel() <= model.kernels.recurrent_scan_max_tokens
+
+
 @torch.no_grad()
 def combine(
     model: HybridForCausalLM,
@@ -127,10 +137,9 @@ def combine(
 
     Without ``cold``, a layout seen before may replay from a CUDA graph of the whole forward
     (``combine_graphs``; enabled with the layer graphs)."""
-    # a whole-forward graph needs every linear layer on GDN's device-only kernels (the other kinds'
-    # torch scans read their bounds on the host)
-    gdn_only = all(layer.mixer_kind in ("gdn", "attention") for layer in model.layers)
-    graphs = model.combine_graphs if cold is None and gdn_only else None
+    kinds = {layer.mixer_kind for layer in model.layers} - {"attention"}
+    stage = not kinds <= {"gdn"}  # the chunked path reads the pairs from the entries (combine_staging)
+    graphs = model.combine_graphs if cold is None and _graphable(model, lay, kinds) else None
     if lay.blend_rows is not None and any(layer.linear_attn is not None for layer in model.layers):
         fused_scan = False  # blend rows of a hybrid run on the chunked path, eagerly (blend_rows)
     if into is not None and into.length != lay.total:
@@ -149,7 +158,7 @@ def combine(
         return state
     inputs = combine_inputs(model, lay, entries, spec.transition, fused_scan, cold, kernels=kernels)
     if isinstance(graphs, CombineGraphs) and graphs.should_capture(lay, spec, fused_scan, kernels):
-        state = graphs.capture(lay, entries, spec, fused_scan, kernels, inputs, forward_steps, into)
+        state = graphs.capture(lay, entries, spec, fused_scan, kernels, inputs, forward_steps, into, stage)
         if state is not None:
             return state
     *_, state = forward_steps(model, lay, entries, spec, inputs, cold, into=into)

@@ -24,6 +24,11 @@ are kept, and a new one replaces the least-seen kept one only when it has been s
 the runner capture on every request. Each kept layout holds its forward's activations and the
 spliced KV of every attention layer. Capture failures log once and turn the runner off; a request the graph
 cannot serve (pairs of another dtype, fused scan off, cold segments) runs eagerly.
+
+A model whose linear layers are not GDN (KDA, Mamba2, Lightning, short convolutions) runs their
+chunked path, which reads the bodies' pairs from the entries: its graph reads them from staging
+buffers that each replay refills (``combine_staging.StagedPairs``); the conv tails and attention
+bodies still come by pointer.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ import torch
 from hypic_agent.kernels.config import KernelConfig
 from hypic_agent.runtime.graphs import eager_stages
 from hypic_agent.runtime.hypic.combine_inputs import CombineInputs
+from hypic_agent.runtime.hypic.combine_staging import StagedPairs
 from hypic_agent.runtime.hypic.entry import SegmentEntry
 from hypic_agent.runtime.hypic.layout import CombineLayout
 from hypic_agent.runtime.hypic.modes import ModeSpec
@@ -63,6 +69,7 @@ class _Captured:
     lay: CombineLayout  # the layout the graph reads (its tensors are the graph's inputs)
     inputs: CombineInputs
     out: RequestState  # in the graph's memory
+    staged: StagedPairs | None = None  # the bodies' pairs it reads (None: by pointer, GDN)
 
 
 class CombineGraphs:
@@ -108,6 +115,8 @@ class CombineGraphs:
             return None
         try:
             cap.inputs.refresh(self.model, lay, entries)
+            if cap.staged is not None:
+                cap.staged.fill(lay, entries)
         except ValueError as err:  # entries the graph cannot read (another dtype, another device)
             log.debug("combine graph skipped: %s", err)
             return None
@@ -158,18 +167,23 @@ class CombineGraphs:
         inputs: CombineInputs,
         forward_steps: ForwardSteps,
         into: StateDestination | None = None,
+        stage: bool = False,
     ) -> RequestState | None:
         """Capture ``forward_steps`` on ``inputs`` (planned for ``lay`` with ``kernels``) and replay it;
         None when the inputs are not all by pointer or the capture fails (the caller runs eagerly);
-        ``into``: as in ``replay``."""
-        if not inputs.by_pointer() or not self.usable(lay):
+        ``into``: as in ``replay``; ``stage``: the linear layers' pairs come from staging buffers
+        (``StagedPairs``; the chunked path of a non-GDN model), only the splice by pointer."""
+        by_pointer = inputs.splice is not None if stage else inputs.by_pointer()
+        if not by_pointer or not self.usable(lay):
             return None
+        staged = StagedPairs.stage(lay, entries) if stage else None
+        read = entries if staged is None else staged.entries
         dev = lay.active_ids.device
         graphs: list[torch.cuda.CUDAGraph] = []
         pool = torch.cuda.graph_pool_handle()
         try:
             torch.cuda.current_stream(dev).synchronize()  # the tables' host copies have landed
-            steps = forward_steps(self.model, lay, entries, spec, inputs, None, LAYERS_PER_GRAPH)
+            steps = forward_steps(self.model, lay, read, spec, inputs, None, LAYERS_PER_GRAPH)
             out = None
             with eager_stages():
                 while out is None:
@@ -182,7 +196,7 @@ class CombineGraphs:
             return None
         while len(self.graphs) >= self.max_graphs:
             del self.graphs[self._victim()]
-        self.graphs[self.key(lay, spec, fused_scan, kernels)] = _Captured(graphs, lay, inputs, out)
+        self.graphs[self.key(lay, spec, fused_scan, kernels)] = _Captured(graphs, lay, inputs, out, staged)
         for graph in graphs:
             graph.replay()
         return out.clone() if into is None else into.absorb(out)
