@@ -22,7 +22,8 @@ seams and segments too short to cache for the composed modes), so budgets compar
 
 ``--build-prefixes``: every fixed-seam ``hypic`` row again with its entries built after that
 context (``Settings.build_prefix``, label ``... ctx=<name>``). The context's tokens are computed at
-build time, once per entry, not per request: ``recompute`` does not count them.
+build time, once per entry, not per request: ``recompute`` does not count them. ``document`` carries
+the dataset's system prompt (``Settings.build_system_prompt``), as a deployment configures its own.
 """
 
 from __future__ import annotations
@@ -163,6 +164,7 @@ def run_dataset(
             if (b := budget_of(label)) is not None:
                 engine.settings.seam_budget = b
             engine.settings.build_prefix = context_of(label)  # type: ignore[assignment]
+            engine.settings.build_system_prompt = ex.system  # ctx=document: the app's system prompt, configured
             acc[label]["recompute"].append(recompute_fraction(engine, plan, mode, w))
             prep = engine.prepare(plan, mode=mode, seam=w)
             assert prep.state.last_logits is not None
@@ -270,7 +272,7 @@ def main() -> None:
         help='seam="blend" rows (seams and scattered body tokens) at these recompute budgets',
     )  # fmt: skip
     ap.add_argument(
-        "--build-prefixes", nargs="*", default=[], choices=["none", "bos", "template"],
+        "--build-prefixes", nargs="*", default=[], choices=["none", "bos", "template", "document"],
         help="fixed-seam hypic rows again with entries built after this context (Settings.build_prefix)",
     )  # fmt: skip
     ap.add_argument("--seed", type=int, default=0)

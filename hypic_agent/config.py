@@ -92,11 +92,17 @@ class Settings(BaseSettings):
         "request's segments by their measured deviation (1 = full_recompute)",
     )
     pair_dtype: Literal["float32", "bfloat16"] = "float32"
-    build_prefix: Literal["none", "bos", "template"] = Field(
+    build_prefix: Literal["none", "bos", "template", "document"] = Field(
         default="none",
         description="what cold segments are prefilled after (runtime.hypic.build_context): nothing (isolated), the "
-        "BOS token, or the chat template's system header; its rows are dropped from the entry and its tokens are "
-        "part of every entry key",
+        "BOS token, the chat template's system header, or a system turn (build_system_prompt) and a neutral "
+        "document; its rows are dropped from the entry and its tokens are part of every entry key",
+    )
+    build_system_prompt: str = Field(
+        default="",
+        max_length=4000,
+        description="build_prefix='document': the system message of the build context (set it to the application's "
+        "system prompt)",
     )
     min_cached_tokens: int = Field(default=16, ge=0, description="shorter segments are recomputed, never cached")
     scatter_workers: int = Field(

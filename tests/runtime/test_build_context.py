@@ -16,12 +16,19 @@ from hypic_agent.errors import InvalidRequestError, ModelConfigError
 from hypic_agent.runtime.engine import Engine
 from hypic_agent.runtime.forward import prefill
 from hypic_agent.runtime.hypic.build import ColdBatch, build_entries
-from hypic_agent.runtime.hypic.build_context import NO_CONTEXT, BuildContext, key_fingerprint, resolve_build_context
+from hypic_agent.runtime.hypic.build_context import (
+    FILLER,
+    NO_CONTEXT,
+    BuildContext,
+    key_fingerprint,
+    resolve_build_context,
+)
 from hypic_agent.runtime.hypic.combine import combine
 from hypic_agent.runtime.hypic.entry import LinearEntry
 from hypic_agent.runtime.hypic.layout import plan_layout
 from hypic_agent.runtime.hypic.modes import mode_spec
 from hypic_agent.runtime.models.tokenizer import tiny_tokenizer
+from hypic_agent.segments.framing import header_block
 
 from .conftest import Plan, Seg, make_model, rand_tokens
 
@@ -142,3 +149,33 @@ def test_engine_keys_entries_by_build_context():
     assert _max_diff(iso.state.last_logits, again.state.last_logits) > 1e-4
     with pytest.raises(InvalidRequestError):
         Engine(model, tiny_tokenizer(), "t", Settings(build_prefix="template", scatter_workers=2))
+
+
+def test_document_context_is_a_system_turn_then_a_framed_document():
+    tok = tiny_tokenizer()
+    doc = resolve_build_context("document", tok, "Be brief.")
+    text = tok.decode(list(doc.tokens))
+    filler = header_block("document", FILLER[1], FILLER[0])
+    turn = str(tok.apply_chat_template([{"role": "system", "content": "Be brief."}], tokenize=False))
+    assert text == turn + filler and "Be brief." in turn and filler.startswith("Document [Notes]\n")
+    other = resolve_build_context("document", tok, "Answer in French.")
+    assert (
+        other.tokens != doc.tokens
+        and other.tokens[-len(tok.encode(filler)) :] == doc.tokens[-len(tok.encode(filler)) :]
+    )
+    fp = "m:float32:abc"
+    assert key_fingerprint(fp, doc) != key_fingerprint(fp, other)  # an entry is served under its own prompt only
+
+
+def test_engine_rekeys_when_the_build_system_prompt_changes():
+    model, _, _ = make_model("qwen3_5_text")
+    s = Settings(min_cached_tokens=4, build_prefix="document", build_system_prompt="Be brief.")
+    eng = Engine(model, tiny_tokenizer(), "tiny-test", s)
+    seg = tuple(rand_tokens(24, 7))
+    plan = Plan([Seg(seg), Seg(tuple(rand_tokens(24, 8)))])
+    k1 = eng.entry_key(seg, "default", 8)
+    eng.prepare(plan, mode="hypic", seam=8)
+    assert all(u.hit for u in eng.prepare(plan, mode="hypic", seam=8).segments)
+    eng.settings.build_system_prompt = "Answer in French."
+    assert eng.entry_key(seg, "default", 8) != k1
+    assert not any(u.hit for u in eng.prepare(plan, mode="hypic", seam=8).segments)

@@ -17,7 +17,13 @@ Choices (``Settings.build_prefix``):
 * ``none``: the isolated build (no context);
 * ``bos``: the tokenizer's BOS token (SmolLM2: ``<|im_start|>``);
 * ``template``: the chat template's system-turn header, the tokens a system message renders before
-  its content (ChatML: ``<|im_start|>system\\n``); the plain framing's ``System: `` without a template.
+  its content (ChatML: ``<|im_start|>system\\n``); the plain framing's ``System: `` without a template;
+* ``document``: what a document in a real prompt follows: a whole system turn carrying
+  ``Settings.build_system_prompt`` (the application's system prompt; empty: an empty turn), then one
+  neutral framed document (``FILLER``). The body's rows then look like those of a document in the
+  middle of a prompt rather than at its start: on the v1 hybrid, whose attention sink spans the
+  first ~16 tokens of a fresh sequence, this is what closes most of the gap to ``full_recompute``
+  (``docs/benchmarks.md``, "quality"). It costs its ~50 tokens once per entry build, never per request.
 """
 
 from __future__ import annotations
@@ -28,8 +34,15 @@ from typing import Any
 import xxhash
 
 from hypic_agent.errors import ModelConfigError
+from hypic_agent.segments.framing import header_block
 
 _SENTINEL = "hypic-build-context-sentinel"
+# ``document``: the neutral document after the system turn (title, text), framed as documents are
+FILLER = (
+    "Notes",
+    "The following passages are taken from an encyclopedia. Each passage describes one topic and gives the "
+    "names, dates and places that belong to it.",
+)
 
 
 @dataclass(frozen=True)
@@ -71,9 +84,17 @@ def _template_header(tokenizer: Any) -> list[int]:
     return list(tokenizer.encode(head, add_special_tokens=False))
 
 
-def resolve_build_context(name: str, tokenizer: Any) -> BuildContext:
-    """``Settings.build_prefix`` -> the context's tokens (see module doc). Raises ``ModelConfigError`` when
-    the tokenizer has no such tokens (``bos`` without a BOS token, an empty header)."""
+def _system_turn(tokenizer: Any, system_prompt: str) -> str:
+    """A whole system turn carrying ``system_prompt``, as the chat template renders it."""
+    if getattr(tokenizer, "chat_template", None):
+        return str(tokenizer.apply_chat_template([{"role": "system", "content": system_prompt}], tokenize=False))
+    return f"System: {system_prompt}\n\n"
+
+
+def resolve_build_context(name: str, tokenizer: Any, system_prompt: str = "") -> BuildContext:
+    """``Settings.build_prefix`` -> the context's tokens (see module doc; ``system_prompt``:
+    ``Settings.build_system_prompt``, read by ``document`` only). Raises ``ModelConfigError`` when the
+    tokenizer has no such tokens (``bos`` without a BOS token, an empty header)."""
     if name == "none":
         return NO_CONTEXT
     if name == "bos":
@@ -86,4 +107,7 @@ def resolve_build_context(name: str, tokenizer: Any) -> BuildContext:
         if not ids:
             raise ModelConfigError("build_prefix='template': the chat template renders no system header")
         return BuildContext("template", tuple(int(t) for t in ids))
-    raise ModelConfigError(f"unknown build_prefix {name!r}: use none, bos or template")
+    if name == "document":
+        text = _system_turn(tokenizer, system_prompt) + header_block("document", FILLER[1], FILLER[0])
+        return BuildContext("document", tuple(int(t) for t in tokenizer.encode(text, add_special_tokens=False)))
+    raise ModelConfigError(f"unknown build_prefix {name!r}: use none, bos, template or document")

@@ -34,15 +34,15 @@ class SeamPlanner:
         self.model, self.tokenizer, self.fingerprint, self.settings = model, tokenizer, fingerprint, settings
         self.lock = lock  # the engine's: profiles not seen yet run on the model
         self.profiles = ProfileTable()  # seam="auto" / "blend": per-segment deviation profiles
-        self._build_contexts: dict[str, BuildContext] = {}
+        self._build_contexts: dict[tuple[str, str], BuildContext] = {}
 
     def build_context(self) -> BuildContext:
         """The tokens cold segments are prefilled after (``Settings.build_prefix``; resolved once per
         value, so a setting changed between requests takes effect on the next one)."""
-        name = self.settings.build_prefix
-        ctx = self._build_contexts.get(name)
+        name, system = self.settings.build_prefix, self.settings.build_system_prompt
+        ctx = self._build_contexts.get((name, system))
         if ctx is None:
-            ctx = self._build_contexts[name] = resolve_build_context(name, self.tokenizer)
+            ctx = self._build_contexts[(name, system)] = resolve_build_context(name, self.tokenizer, system)
         return ctx
 
     def entry_key(self, token_ids: Sequence[int], tenant: str, seam: float) -> str:
