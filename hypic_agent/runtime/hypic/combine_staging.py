@@ -10,8 +10,9 @@ the device, no host work per layer). Conv tails and attention keys / values stil
 splice tables by pointer (``splice.SpliceTables``), which ``CombineInputs.refresh`` rewrites.
 
 A copy per replay costs the pairs' bytes twice in HBM traffic (Kimi-Linear-48B-A3B, 8 bodies:
-~0.6 GB, well under a millisecond on an H200) against the ~60 ms of host time a Granite-4 combine
-spends launching its kernels one by one.
+~0.6 GB, well under a millisecond on an H200) against the host time of launching the forward's
+kernels one by one (Granite-4.0-H-Small warm ``hypic``, 8 x 1k documents: 72.5 ms eager, 51.0 ms
+replayed, H200).
 """
 
 from __future__ import annotations
