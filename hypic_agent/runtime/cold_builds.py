@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING
 import torch
 
 from hypic_agent.config import Settings
-from hypic_agent.errors import InvalidRequestError
 from hypic_agent.kernels.config import KernelConfig
 from hypic_agent.runtime.hypic.build import ColdBatch, build_entries
 from hypic_agent.runtime.hypic.build_context import BuildContext
@@ -46,8 +45,7 @@ class ColdBuilds:
         model_spec: str | None = None,
     ) -> None:
         """Starts the scatter workers when ``settings.scatter_workers > 1`` (raises ``DeviceError`` /
-        ``WorkerStartError`` at once on bad input; ``InvalidRequestError`` with a build context, which
-        the workers' job wire does not carry yet)."""
+        ``WorkerStartError`` at once on bad input)."""
         self.model = model
         self.settings = settings
         self.kernels = kernels
@@ -56,11 +54,6 @@ class ColdBuilds:
         self.device = next(model.parameters()).device
         self.pool: WorkerPool | None = None
         if settings.scatter_workers > 1:
-            if build_context().tokens:
-                raise InvalidRequestError(
-                    "build_prefix needs scatter_workers=1: the worker job wire does not carry a build context yet",
-                    param="build_prefix",
-                )
             self.pool = self._start_pool(fingerprint, model_spec)
 
     def _start_pool(self, fingerprint: str, model_spec: str | None) -> WorkerPool:
@@ -70,8 +63,10 @@ class ColdBuilds:
         s = self.settings
         devices = worker_devices(s.scatter_workers, s.scatter_devices, self.device)
 
-        def local(segs: list[tuple[int, ...]], seams: list[int], dt: torch.dtype) -> list[SegmentEntry]:
-            return build_entries(self.model, segs, seams, pair_dtype=dt, prefix=self.build_context().tokens)
+        def local(
+            segs: list[tuple[int, ...]], seams: list[int], dt: torch.dtype, prefix: tuple[int, ...]
+        ) -> list[SegmentEntry]:
+            return build_entries(self.model, segs, seams, pair_dtype=dt, prefix=prefix)
 
         return WorkerPool(
             s.model_dump_json(),
@@ -110,10 +105,10 @@ class ColdBuilds:
         server swaps in its tiered store), and return every segment's entry (hits and freshly built;
         None where the segment is not cached)."""
         cold_segs, cold_seams = [segs[i] for i in r.cold], [seams[i] for i in r.cold]
-        if self.pool is not None:
-            built = self.pool.build(cold_segs, cold_seams, self.pair_dtype)
+        prefix = self.build_context().tokens
+        if self.pool is not None:  # the job carries the context: workers build after the same tokens
+            built = self.pool.build(cold_segs, cold_seams, self.pair_dtype, prefix)
         else:
-            prefix = self.build_context().tokens
             built = scatter_prefill([self.model], cold_segs, cold_seams, pair_dtype=self.pair_dtype, prefix=prefix)
         self.store(cache, r, built, kinds, tenant)
         return with_built(r, built)

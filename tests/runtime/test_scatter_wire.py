@@ -28,8 +28,13 @@ def test_layer_groups_and_jobs_on_the_wire():
     assert layer_groups(5, 2) == [(0, 2), (2, 4), (4, 5)]
     job = Job(7, [(1, 2, 3), (4, 5)], [1, 0], torch.bfloat16, stream_layers=2)
     hdr, body = job.encode()
-    assert Job.body_len(hdr) == body.numel() == 1 + 2 * 2 + 5
+    assert Job.body_len(hdr) == body.numel() == 2 + 2 * 2 + 5
     assert Job.decode(hdr, body) == job
+    ctx = Job(8, [(1, 2, 3), (4, 5)], [1, 0], torch.float32, prefix=(9, 8, 7, 6))  # a build context
+    hdr, body = ctx.encode()
+    assert Job.body_len(hdr) == body.numel() == 2 + 2 * 2 + 4 + 5
+    back = Job.decode(hdr, body)
+    assert back == ctx and back.prefix == (9, 8, 7, 6) and back.segments == [(1, 2, 3), (4, 5)]
 
 
 def test_a_streamed_build_hands_out_each_layer_group_finished():

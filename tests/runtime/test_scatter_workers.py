@@ -64,9 +64,9 @@ def tiny(tmp_path_factory: pytest.TempPathFactory):
 
 
 def _local(model):
-    def build(segs, seams, dt):
+    def build(segs, seams, dt, prefix=()):
         with single_thread():
-            return build_entries(model, segs, seams, pair_dtype=dt)
+            return build_entries(model, segs, seams, pair_dtype=dt, prefix=prefix)
 
     return build
 
@@ -245,6 +245,31 @@ def test_engine_builds_cold_segments_on_the_workers_and_answers_as_one_process(t
         two.close()
         one.close()
     assert _gone(pids)
+
+
+def test_workers_build_after_the_build_context_as_one_process_does(tmp_path):
+    """``build_prefix="document"`` on 2 workers: the job carries the context's tokens, the workers
+    prefill every cold segment after them, and the answer is the one-process answer with the same
+    context (and not the isolated build's)."""
+    common = {"model": TINY, "device": "cpu", "home": tmp_path, "min_cached_tokens": 4}
+    ctx = {"build_prefix": "document", "build_system_prompt": "Answer from the documents."}
+    iso = load_engine(Settings(**common))
+    one = load_engine(Settings(**common, **ctx))
+    two = load_engine(Settings(**common, **ctx, scatter_workers=2))
+    try:
+        assert two.scatter_pool is not None and len(two.build_context().tokens) > 20
+        plan = Plan([Seg(s) for s in _segments([40, 26, 33], seed=2300)])
+        with single_thread():
+            ref = one.prepare(plan, mode="hypic")
+            alone = iso.prepare(plan, mode="hypic")
+        got = two.prepare(plan, mode="hypic")
+        assert two.scatter_pool.stats.entries == 3 and two.scatter_pool.stats.rebuilt_locally == 0
+        torch.testing.assert_close(got.state.last_logits, ref.state.last_logits, rtol=1e-5, atol=1e-5)
+        assert (got.state.last_logits - alone.state.last_logits).abs().max() > 1e-3  # the context counted
+    finally:
+        two.close()
+        one.close()
+        iso.close()
 
 
 def test_a_worker_that_does_not_answer_in_time_is_replaced_and_its_segments_rebuilt(tiny):

@@ -37,7 +37,8 @@ from hypic_agent.runtime.workers.receive import run_job
 
 log = logging.getLogger("hypic.workers")
 
-LocalBuild = Callable[[list[tuple[int, ...]], list[int], torch.dtype], list[SegmentEntry]]
+# (segments, seams, pair dtype, build-context tokens) -> entries, built on rank 0
+LocalBuild = Callable[[list[tuple[int, ...]], list[int], torch.dtype, tuple[int, ...]], list[SegmentEntry]]
 
 
 class WorkerStartError(RuntimeError):
@@ -162,18 +163,24 @@ class WorkerPool:
         return lpt_assign([self.cost.predict(n) for n in lengths], len(workers), loads)
 
     def build(
-        self, segments: Sequence[Sequence[int]], seams: Sequence[int], pair_dtype: torch.dtype = torch.float32
+        self,
+        segments: Sequence[Sequence[int]],
+        seams: Sequence[int],
+        pair_dtype: torch.dtype = torch.float32,
+        prefix: Sequence[int] = (),
     ) -> list[SegmentEntry]:
-        """Entries for ``segments`` (input order) built on the workers, each on rank 0's device."""
+        """Entries for ``segments`` (input order) built on the workers, each on rank 0's device, every
+        segment prefilled after ``prefix`` (the build context's tokens; empty: isolated builds)."""
         if self._closed:
             raise RuntimeError("the worker pool is closed")
         segs = [tuple(int(t) for t in s) for s in segments]
+        ctx = tuple(int(t) for t in prefix)
         out: list[SegmentEntry | None] = [None] * len(segs)
         live = self.alive()
         if live and segs:
             groups = self.assign([len(s) for s in segs], live)
             futures = [
-                self._exec.submit(self._run, self.workers[w], g, segs, seams, pair_dtype, out)
+                self._exec.submit(self._run, self.workers[w], g, segs, seams, pair_dtype, ctx, out)
                 for w, g in zip(live, groups, strict=True)
                 if g
             ]
@@ -182,7 +189,7 @@ class WorkerPool:
         missing = [i for i, e in enumerate(out) if e is None]
         if missing:  # no live worker, or a worker failed: rank 0 builds what is left
             self.stats.rebuilt_locally += len(missing) if live else 0
-            built = self.local_build([segs[i] for i in missing], [seams[i] for i in missing], pair_dtype)
+            built = self.local_build([segs[i] for i in missing], [seams[i] for i in missing], pair_dtype, ctx)
             for i, e in zip(missing, built, strict=True):
                 out[i] = e
         return [e for e in out if e is not None]
@@ -194,6 +201,7 @@ class WorkerPool:
         segs: list[tuple[int, ...]],
         seams: Sequence[int],
         pair_dtype: torch.dtype,
+        prefix: tuple[int, ...],
         out: list[SegmentEntry | None],
     ) -> None:
         """Send ``w`` its segments as jobs of at most ``max_batch_tokens`` and collect the entries; on
@@ -208,7 +216,7 @@ class WorkerPool:
                     if not w.alive or w.chan is None:
                         return
                     try:
-                        self._job(w.chan, batch, segs, seams, pair_dtype, out)
+                        self._job(w.chan, batch, segs, seams, pair_dtype, prefix, out)
                     except Exception as e:  # the worker died or timed out
                         self._fail(w, e)
                         return
@@ -227,12 +235,14 @@ class WorkerPool:
         segs: list[tuple[int, ...]],
         seams: Sequence[int],
         pair_dtype: torch.dtype,
+        prefix: tuple[int, ...],
         out: list[SegmentEntry | None],
     ) -> None:
         with self._queue_lock:  # worker threads send jobs at once
             self.stats.jobs += 1
             job_id = self.stats.jobs
-        job = wire.Job(job_id, [segs[i] for i in batch], [int(seams[i]) for i in batch], pair_dtype, self.stream_layers)
+        picked = [segs[i] for i in batch]
+        job = wire.Job(job_id, picked, [int(seams[i]) for i in batch], pair_dtype, self.stream_layers, prefix)
         got = run_job(chan, job, self.layer_kinds, self.home, self._count_group)
         # only complete jobs are published: a worker that dies mid-job leaves nothing half-received
         for i, e in zip(batch, got.entries, strict=True):

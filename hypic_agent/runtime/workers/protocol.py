@@ -5,7 +5,8 @@ tensor is pickled. A control message is a fixed-size int64 header, optionally fo
 int64 body whose length the header gives:
 
 * rank 0 -> worker, a job: ``[BUILD, job, n, pair_dtype, n_ids]`` then
-  ``[stream_layers] ++ lengths[n] ++ seams[n] ++ ids``; ``[STOP, 0, 0, 0, 0]`` ends the worker's loop.
+  ``[stream_layers, n_prefix] ++ lengths[n] ++ seams[n] ++ prefix ++ ids`` (``prefix``: the build
+  context's tokens, ``n_ids`` counting them too); ``[STOP, 0, 0, 0, 0]`` ends the worker's loop.
 * worker -> rank 0, at start: ``[READY, 0, 0, 0, n_bytes]`` then the model fingerprint as bytes
   (one int64 per byte), or ``[ERROR, 0, 0, 0, n_bytes]`` then the error text.
 * worker -> rank 0, per layer group of the batch (``layer_groups``: ``stream_layers`` layers each,
@@ -50,36 +51,39 @@ def header(*fields: int) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class Job:
-    """A build job: segments' token ids and seam widths, the pairs' dtype, and how many layers
-    go back per message (``stream_layers``, 0 = all of them once the batch is built)."""
+    """A build job: segments' token ids and seam widths, the pairs' dtype, how many layers go back
+    per message (``stream_layers``, 0 = all of them once the batch is built) and the build context's
+    tokens every segment is prefilled after (``prefix``, ``BuildContext.tokens``; empty: isolated)."""
 
     job: int
     segments: list[tuple[int, ...]]
     seams: list[int]
     pair_dtype: torch.dtype
     stream_layers: int = 0
+    prefix: tuple[int, ...] = ()
 
     def encode(self) -> tuple[torch.Tensor, torch.Tensor]:
-        ids = [t for s in self.segments for t in s]
+        ids = list(self.prefix) + [t for s in self.segments for t in s]
         hdr = header(BUILD, self.job, len(self.segments), dtype_code(self.pair_dtype), len(ids))
-        vals = [self.stream_layers] + [len(s) for s in self.segments] + list(self.seams) + ids
+        vals = [self.stream_layers, len(self.prefix)] + [len(s) for s in self.segments] + list(self.seams) + ids
         return hdr, torch.tensor(vals, dtype=torch.int64)
 
     @staticmethod
     def body_len(hdr: torch.Tensor) -> int:
-        return 1 + 2 * int(hdr[2]) + int(hdr[4])
+        return 2 + 2 * int(hdr[2]) + int(hdr[4])
 
     @staticmethod
     def decode(hdr: torch.Tensor, body: torch.Tensor) -> Job:
         n = int(hdr[2])
-        stream, *vals = body.tolist()
+        stream, n_prefix, *vals = body.tolist()
         lengths, seams, ids = vals[:n], vals[n : 2 * n], vals[2 * n :]
+        prefix, ids = tuple(ids[:n_prefix]), ids[n_prefix:]
         segs: list[tuple[int, ...]] = []
         at = 0
         for n_tok in lengths:
             segs.append(tuple(ids[at : at + n_tok]))
             at += n_tok
-        return Job(int(hdr[1]), segs, seams, DTYPES[int(hdr[3])], stream)
+        return Job(int(hdr[1]), segs, seams, DTYPES[int(hdr[3])], stream, prefix)
 
 
 def text_body(text: str) -> torch.Tensor:

@@ -41,8 +41,8 @@ def build_streamed(
     prefix: Sequence[int] = (),
 ) -> list[SegmentEntry]:
     """``build_entries``, calling ``emit`` with each of ``groups`` (``protocol.layer_groups``) as soon
-    as the batch's layers of that group are built (``prefix``: the build context's tokens; the job
-    wire does not carry one yet, so workers build without)."""
+    as the batch's layers of that group are built (``prefix``: the build context's tokens, as the job
+    carries them)."""
     batch = ColdBatch(model, segments, seams, pair_dtype=pair_dtype, prefix=prefix)
     ends = {end: (g, start) for g, (start, end) in enumerate(groups)}
     last = len(model.layers) - 1

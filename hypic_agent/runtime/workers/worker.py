@@ -100,7 +100,9 @@ def serve(chan: Channel, model: HybridForCausalLM, delay_s: float = 0.0, group_d
         out = Streamer(chan, job.job, group_delay_s)
         groups = wire.layer_groups(n_layers, job.stream_layers)
         t0 = time.perf_counter()
-        entries = build_streamed(model, job.segments, job.seams, groups, out.layers, pair_dtype=job.pair_dtype)
+        entries = build_streamed(
+            model, job.segments, job.seams, groups, out.layers, pair_dtype=job.pair_dtype, prefix=job.prefix
+        )
         if chan.device.type == "cuda":  # pragma: no cover - no GPU in CI
             torch.cuda.synchronize(chan.device)
         out.finish(len(entries), int((time.perf_counter() - t0) * 1e6))
