@@ -23,7 +23,8 @@ seams and segments too short to cache for the composed modes), so budgets compar
 ``--build-prefixes``: every fixed-seam ``hypic`` row again with its entries built after that
 context (``Settings.build_prefix``, label ``... ctx=<name>``). The context's tokens are computed at
 build time, once per entry, not per request: ``recompute`` does not count them. ``document`` carries
-the dataset's system prompt (``Settings.build_system_prompt``), as a deployment configures its own.
+the dataset's system prompt (``Settings.build_system_prompt``), as a deployment configures its own;
+``--build-system-prompt empty`` leaves it empty, as a server started without it runs.
 """
 
 from __future__ import annotations
@@ -145,8 +146,10 @@ def run_dataset(
     gen_tokens: int,
     on_progress: Any = None,
     every: int = 10,
+    system_in_context: bool = True,
 ) -> list[dict[str, Any]]:
-    """Every config on every example; ``on_progress(rows)`` gets the rows so far every ``every`` examples."""
+    """Every config on every example; ``on_progress(rows)`` gets the rows so far every ``every`` examples.
+    ``system_in_context``: ``ctx=document`` builds carry the example's system prompt (else an empty one)."""
     acc: dict[str, dict[str, list[float]]] = {
         lab: {"kl": [], "top1": [], "score": [], "nll": [], "recompute": []}
         for lab in ["full_recompute", *(c[0] for c in cfgs)]
@@ -164,7 +167,8 @@ def run_dataset(
             if (b := budget_of(label)) is not None:
                 engine.settings.seam_budget = b
             engine.settings.build_prefix = context_of(label)  # type: ignore[assignment]
-            engine.settings.build_system_prompt = ex.system  # ctx=document: the app's system prompt, configured
+            # ctx=document: the app's system prompt, configured (or left empty)
+            engine.settings.build_system_prompt = ex.system if system_in_context else ""
             acc[label]["recompute"].append(recompute_fraction(engine, plan, mode, w))
             prep = engine.prepare(plan, mode=mode, seam=w)
             assert prep.state.last_logits is not None
@@ -275,6 +279,10 @@ def main() -> None:
         "--build-prefixes", nargs="*", default=[], choices=["none", "bos", "template", "document"],
         help="fixed-seam hypic rows again with entries built after this context (Settings.build_prefix)",
     )  # fmt: skip
+    ap.add_argument(
+        "--build-system-prompt", choices=["dataset", "empty"], default="dataset",
+        help="ctx=document: the dataset's system prompt in the context (as configured) or none (the default)",
+    )  # fmt: skip
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--skip", type=int, default=0, help="leave out the first N examples (shard a long run)")
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (shared machines: 1)")
@@ -304,7 +312,8 @@ def main() -> None:
         if args.smoke:  # byte-level tiny tokenizers: keep prompts inside the tiny context
             for ex in examples:
                 ex.docs = [(t, x[:200]) for t, x in ex.docs[:4]]
-        rows += run_dataset(engine, ds, examples, cfgs, args.gen_tokens, partial, max(1, args.write_every))
+        every, sys_ctx = max(1, args.write_every), args.build_system_prompt == "dataset"
+        rows += run_dataset(engine, ds, examples, cfgs, args.gen_tokens, partial, every, sys_ctx)
         partial([])
     cols = ["dataset", "config", "n", "score", "delta_vs_full", "kl_first_token", "top1_agreement"]
     print_table(rows, [*cols, "gold_nll", "gold_nll_delta", "recompute"])
