@@ -283,6 +283,10 @@ def main() -> None:
         "--build-system-prompt", choices=["dataset", "empty"], default="dataset",
         help="ctx=document: the dataset's system prompt in the context (as configured) or none (the default)",
     )  # fmt: skip
+    ap.add_argument(
+        "--only", nargs="*", default=[],
+        help="keep only these config labels (and full_recompute), e.g. 'hypic auto b=0.06 ctx=document'",
+    )  # fmt: skip
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--skip", type=int, default=0, help="leave out the first N examples (shard a long run)")
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (shared machines: 1)")
@@ -300,6 +304,11 @@ def main() -> None:
         Settings(device="cpu" if not torch.cuda.is_available() else "auto", min_cached_tokens=16), model=args.model
     )
     cfgs = configs(args.seams, args.modes, args.auto_budgets, args.blend_budgets, args.build_prefixes)
+    if args.only:
+        unknown = sorted(set(args.only) - {c[0] for c in cfgs})
+        if unknown:
+            raise SystemExit(f"--only: no such config {unknown}; the options give {[c[0] for c in cfgs]}")
+        cfgs = [c for c in cfgs if c[0] in args.only]
     rows: list[dict[str, Any]] = []
     t0 = time.perf_counter()
 

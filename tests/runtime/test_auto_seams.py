@@ -87,6 +87,28 @@ def test_auto_is_deterministic_and_inside_the_budget():
     assert eng.seams_and_keys(fixed, "default")[1][1] == keys[1]
 
 
+def test_profile_under_a_build_context_measures_the_rows_the_entry_holds():
+    """Entries built after a context cache the rows a segment has after it: the profile compares
+    ``[build | seg]`` with ``[build | ctx | seg]``, not the isolated rows, and the engine measures it
+    so under ``build_prefix``."""
+    model, _, _ = make_model("qwen3_5_text")
+    seg, ctx, build = rand_tokens(40, 5), rand_tokens(12, 6), rand_tokens(10, 7)
+    iso, under = measure_profile(model, seg, ctx), measure_profile(model, seg, ctx, build)
+    assert len(under.dev) == 40 and all(d > 0 for d in under.dev)
+    assert max(abs(a - b) for a, b in zip(iso.dev, under.dev, strict=True)) > 1e-3
+    assert measure_profile(model, seg, [], build).dev == pytest.approx([0.0] * 40, abs=1e-5)
+    eng = Engine(model, tiny_tokenizer(), "t", Settings(min_cached_tokens=4, seam_budget=0.1, build_prefix="template"))
+    plan = Plan(docs())
+    p = eng.pieces(plan, mode="hypic", seam="auto")
+    eng.seams_and_keys(p, "default")
+    proxy, tokens = eng.seams.profiles.context(eng.tokenizer), eng.build_context().tokens
+    key = eng.entry_key(p.segs[1], "default", 0)
+    assert eng.seams.profiles.get(key) == measure_profile(model, p.segs[1], proxy, tokens)
+    # the first segment is exact only without a context: after one, its cached rows vs its rows alone
+    first = eng.seams.profiles.get("first:" + eng.entry_key(p.segs[0], "default", 0))
+    assert first == measure_profile(model, p.segs[0], tokens) and first.dev[0] > 1e-3
+
+
 def test_validate_seam_accepts_auto_only_as_a_word():
     assert validate_seam("auto") == "auto"
     with pytest.raises(InvalidRequestError):

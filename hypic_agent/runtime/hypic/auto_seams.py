@@ -12,6 +12,15 @@ values (a hybrid's pair inputs) move once something precedes the segment. Beyond
 tokens the profile continues at the mean of its last quarter. Profiles are deterministic
 functions of the model and the tokens; ``ProfileTable`` keeps them by content key.
 
+With a build context (``Settings.build_prefix``) an entry caches the rows the segment has *after the
+context*, so both runs start with the context's tokens (``build``): the cached run is ``[build |
+segment]``, the other ``[build | PROXY_TEXT | segment]``. The first segment of a prompt, exact
+without a context (nothing precedes it), is not exact under one: its entry holds rows that follow the
+context, the prompt has it at the very start; its profile compares ``[build | segment]`` with the
+segment alone (``segment_profiles``), and it competes for the budget like the others. Measured
+alone, that segment got no seam and every later token read a system prompt built as if it followed
+a document (``docs/benchmarks.md``, "quality").
+
 **Allocation (per request).** The budget is ``budget * (tokens of the cacheable segments)`` seam
 tokens. Seams grow along ``LADDER`` (0, 2, 4, 8, 12, 16, 24, 32, 48, 64, ... then the whole
 segment); greedily, the step with the largest predicted deviation removed per token
@@ -74,14 +83,20 @@ class SeamProfile:
 
 
 @torch.no_grad()
-def measure_profile(model: HybridForCausalLM, tokens: Sequence[int], context: Sequence[int]) -> SeamProfile:
-    """``tokens``' first ``PROFILE_TOKENS`` alone vs after ``context`` (see module doc)."""
+def measure_profile(
+    model: HybridForCausalLM, tokens: Sequence[int], context: Sequence[int], build: Sequence[int] = ()
+) -> SeamProfile:
+    """``tokens``' first ``PROFILE_TOKENS`` as cached (alone, or after the build context ``build``) vs
+    with ``context`` ahead of them as well (see module doc)."""
     head = list(tokens[:PROFILE_TOKENS])
     dev = next(model.parameters()).device
     spec = mode_spec("hypic")
-    alone = probe(model, plan_layout([tuple(head)], [None], [0], [], dev), [None], spec, logits=False).hidden
-    seq = (*context, *head)
-    after = probe(model, plan_layout([seq], [None], [0], [], dev), [None], spec, logits=False).hidden[:, len(context) :]
+
+    def rows(lead: Sequence[int]) -> torch.Tensor:  # [n_layers + 1, t, D]: the head's layer inputs after lead
+        lay = plan_layout([(*lead, *head)], [None], [0], [], dev)
+        return probe(model, lay, [None], spec, logits=False).hidden[:, len(lead) :]
+
+    alone, after = rows(build), rows((*build, *context))  # as cached, and with more ahead
     ref = after[1:].float()  # layer inputs past the embeddings (equal in both runs)
     err = (alone[1:].float() - ref).norm(dim=-1) / ref.norm(dim=-1).clamp_min(1e-6)  # [n_layers, t]
     d = err.mean(0).tolist()
@@ -163,29 +178,37 @@ class ProfileTable:
         return len(self._items)
 
 
+# (model, tokens, context, build) -> profile: ``tokens`` after ``build`` (as cached) vs after ``build + context``
+Measure = Callable[[HybridForCausalLM, Sequence[int], Sequence[int], Sequence[int]], SeamProfile]
+
+
 def segment_profiles(
     model: HybridForCausalLM,
     table: ProfileTable,
     tokenizer: Any,
     segs: Sequence[Sequence[int]],
     keys: Sequence[str | None],
-    measure: Callable[[HybridForCausalLM, Sequence[int], Sequence[int]], SeamProfile],
+    measure: Measure,
     prefix: str = "",
+    build: Sequence[int] = (),
 ) -> list[SeamProfile | None]:
-    """Each segment's profile (None: not cacheable; the first: exact, nothing before it), from
-    ``table`` under ``prefix + key`` or measured by ``measure`` against the table's context and kept."""
+    """Each segment's profile (None: not cacheable), from ``table`` under ``prefix + key`` or measured by
+    ``measure`` against the table's context and kept. The first segment has nothing before it in the
+    prompt: exact without a build context (zero profile); after one (``build``), its cached rows vs
+    its rows alone (``measure`` with ``build`` as the context, kept under ``prefix + "first:" + key``)."""
     ctx = table.context(tokenizer)
     profiles: list[SeamProfile | None] = []
     for i, (s, k) in enumerate(zip(segs, keys, strict=True)):
         if k is None:
             profiles.append(None)
-        elif i == 0:  # nothing before it in the prompt: cached rows are exact
+        elif i == 0 and not build:  # nothing before it in the prompt: cached rows are exact
             profiles.append(SeamProfile((), 0.0))
         else:
-            p = table.get(prefix + k)
+            key = prefix + ("first:" if i == 0 else "") + k
+            p = table.get(key)
             if p is None:
-                p = measure(model, s, ctx)
-                table.put(prefix + k, p)
+                p = measure(model, s, build, ()) if i == 0 else measure(model, s, ctx, build)
+                table.put(key, p)
             profiles.append(p)
     return profiles
 
@@ -197,10 +220,13 @@ def plan_seams(
     segs: Sequence[Sequence[int]],
     keys: Sequence[str | None],
     budget: float,
+    build: Sequence[int] = (),
 ) -> list[int]:
     """Seam widths of a request's segments (``keys[i]`` None: not cacheable, recomputed whole);
-    measures the profiles it has not seen (the caller holds the model)."""
-    profiles = segment_profiles(model, table, tokenizer, segs, keys, measure_profile)
+    measures the profiles it has not seen (the caller holds the model). ``build``: the build
+    context's tokens, which the entries are prefilled after (their keys, and so the profiles', carry
+    its tag)."""
+    profiles = segment_profiles(model, table, tokenizer, segs, keys, measure_profile, build=build)
     total = sum(len(s) for s, k in zip(segs, keys, strict=True) if k is not None)
     cfg = model.config
     floor = cfg.linear_conv_kernel_dim - 1 if "linear" in cfg.layer_types else 0  # conv window of the pieces

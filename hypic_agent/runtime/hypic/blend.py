@@ -13,10 +13,11 @@ forwards run in lockstep and keep no per-layer rows.
 
 **Two stages per request.**
 
-1. Before the entries (their keys carry the seam): every cacheable segment but the first gets the
-   *sink seam* (1 token; a hybrid's ``floor``, the conv window), highest offset-0 deviation first
-   while the budget lasts. The rest of the budget, less the scout's cost, is the number of body
-   tokens to pick (``BlendPlan.tokens``).
+1. Before the entries (their keys carry the seam): every cacheable segment but the first (under a
+   build context the first too: ``auto_seams.segment_profiles``) gets the *sink seam* (1 token; a
+   hybrid's ``floor``, the conv window), highest offset-0 deviation first while the budget lasts.
+   The rest of the budget, less the scout's cost, is the number of body tokens to pick
+   (``BlendPlan.tokens``).
 2. With the entries (``BlendPlan.pick``): the scout (``blend_scout``) runs the seams and the suffix
    over the cached bodies through the first quarter of the layers (``SCOUT_LAYERS``; at least to
    the first attention layer) and sums the attention the suffix gives every position; a body
@@ -137,18 +138,22 @@ def _rows(model: HybridForCausalLM, lay: CombineLayout) -> Any:
 
 
 @torch.no_grad()
-def measure_tokens(model: HybridForCausalLM, tokens: Sequence[int], context: Sequence[int]) -> SeamProfile:
-    """Every token's predicted deviation (see module doc), as a ``SeamProfile`` over the whole segment."""
+def measure_tokens(
+    model: HybridForCausalLM, tokens: Sequence[int], context: Sequence[int], build: Sequence[int] = ()
+) -> SeamProfile:
+    """Every token's predicted deviation (see module doc), as a ``SeamProfile`` over the whole segment;
+    ``build``: the build context the entry's rows follow (``auto_seams.measure_profile``)."""
     dev = next(model.parameters()).device
-    alone = _rows(model, plan_layout([tuple(tokens)], [None], [0], [], dev))
-    after = _rows(model, plan_layout([(*context, *tokens)], [None], [0], [], dev))
+    lead = (*build, *context)
+    alone = _rows(model, plan_layout([(*build, *tokens)], [None], [0], [], dev))
+    after = _rows(model, plan_layout([(*lead, *tokens)], [None], [0], [], dev))
     err = torch.zeros(len(tokens), dtype=torch.float64, device=dev)
     n = 0
     for li, (a, b) in enumerate(zip(alone, after, strict=True)):
         if li == 0:  # the embeddings: equal in both runs
             continue
-        ref = b[len(context) :].float()
-        err += ((a.float() - ref).norm(dim=-1) / ref.norm(dim=-1).clamp_min(1e-6)).double()
+        ref = b[len(lead) :].float()
+        err += ((a[len(build) :].float() - ref).norm(dim=-1) / ref.norm(dim=-1).clamp_min(1e-6)).double()
         n += 1
     return SeamProfile(tuple((err / max(1, n)).tolist()), 0.0)
 
@@ -176,10 +181,11 @@ def plan_blend(
     keys: Sequence[str | None],
     budget: float,
     n_suffix: int,
+    build: Sequence[int] = (),
 ) -> BlendPlan:
     """Stage 1 of a request's blend (``keys[i]`` None: not cacheable, recomputed whole); measures the
-    token profiles it has not seen (the caller holds the model)."""
-    profiles = segment_profiles(model, table, tokenizer, segs, keys, measure_tokens, KEY_PREFIX)
+    token profiles it has not seen (the caller holds the model); ``build``: the build context's tokens."""
+    profiles = segment_profiles(model, table, tokenizer, segs, keys, measure_tokens, KEY_PREFIX, build)
     lengths = [len(s) for s in segs]
     n_layers = len(model.layers)
     cached = [p is not None for p in profiles]

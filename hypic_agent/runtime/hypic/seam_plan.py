@@ -65,13 +65,14 @@ class SeamPlanner:
                 self.entry_key(s, tenant, 0) if k != "bos" and len(s) >= min_tokens else None
                 for s, k in zip(p.segs, p.kinds, strict=True)
             ]
-            budget = self.settings.seam_budget
+            budget, build = self.settings.seam_budget, self.build_context().tokens
             with self.lock:
                 if p.w == BLEND:
-                    blend = plan_blend(self.model, self.profiles, self.tokenizer, p.segs, base, budget, len(p.suffix))
+                    n_suffix = len(p.suffix)
+                    blend = plan_blend(self.model, self.profiles, self.tokenizer, p.segs, base, budget, n_suffix, build)
                     seams = blend.seams
                 else:
-                    seams = plan_seams(self.model, self.profiles, self.tokenizer, p.segs, base, budget)
+                    seams = plan_seams(self.model, self.profiles, self.tokenizer, p.segs, base, budget, build)
         cacheable = [
             k != "bos" and len(s) >= min_tokens and seams[i] < len(s)
             for i, (s, k) in enumerate(zip(p.segs, p.kinds, strict=True))
