@@ -9,7 +9,9 @@ Three ways, chosen per request by the engine:
   at construction (``fill`` sends the cold segments there).
 
 Every path prefills after the build context (``Settings.build_prefix``) the engine resolves, and
-stores under the route's keys.
+stores under the route's keys; except a prompt's first segment, which nothing precedes: it is
+built in isolation (its exact rows; ``SeamPlanner.entry_key`` keys it without the context), on the
+in-process or worker path (a fused batch has one context for all its segments).
 """
 
 from __future__ import annotations
@@ -86,6 +88,8 @@ class ColdBuilds:
         fusing off, several scatter workers, or more cold tokens than ``kernels.max_fused_cold_tokens``)."""
         if not r.cold or not self.settings.fuse_cold_builds or self.settings.scatter_workers != 1:
             return None
+        if r.cold[0] == 0 and self.build_context().tokens:  # the first segment builds without the context
+            return None
         if sum(len(segs[i]) for i in r.cold) > self.kernels.max_fused_cold_tokens:
             return None
         cold_segs, cold_seams = [segs[i] for i in r.cold], [seams[i] for i in r.cold]
@@ -104,14 +108,23 @@ class ColdBuilds:
         """Prefill the routed cold segments into entries, store them in ``cache`` (the engine's: the
         server swaps in its tiered store), and return every segment's entry (hits and freshly built;
         None where the segment is not cached)."""
-        cold_segs, cold_seams = [segs[i] for i in r.cold], [seams[i] for i in r.cold]
         prefix = self.build_context().tokens
-        if self.pool is not None:  # the job carries the context: workers build after the same tokens
-            built = self.pool.build(cold_segs, cold_seams, self.pair_dtype, prefix)
-        else:
-            built = scatter_prefill([self.model], cold_segs, cold_seams, pair_dtype=self.pair_dtype, prefix=prefix)
+        first = r.cold[:1] if r.cold and r.cold[0] == 0 and prefix else []  # built in isolation (module doc)
+        rest = r.cold[len(first) :]
+        built = self._build(first, segs, seams, ()) + self._build(rest, segs, seams, prefix)
         self.store(cache, r, built, kinds, tenant)
         return with_built(r, built)
+
+    def _build(
+        self, idx: Sequence[int], segs: Sequence[Sequence[int]], seams: Sequence[int], prefix: Sequence[int]
+    ) -> list[SegmentEntry]:
+        """Entries of segments ``idx`` prefilled after ``prefix`` (on the workers where there are some)."""
+        if not idx:
+            return []
+        cold_segs, cold_seams = [segs[i] for i in idx], [seams[i] for i in idx]
+        if self.pool is not None:  # the job carries the context: workers build after the same tokens
+            return self.pool.build(cold_segs, cold_seams, self.pair_dtype, prefix)
+        return scatter_prefill([self.model], cold_segs, cold_seams, pair_dtype=self.pair_dtype, prefix=prefix)
 
     def store(
         self, cache: EntryCache, r: Route, built: Sequence[SegmentEntry], kinds: Sequence[str], tenant: str

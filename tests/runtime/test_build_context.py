@@ -145,8 +145,33 @@ def test_engine_keys_entries_by_build_context():
     eng.settings.build_prefix = "none"
     assert eng.entry_key(seg, "default", 8) != k_tpl
     iso = eng.prepare(plan, mode="hypic", seam=8)
-    assert not any(u.hit for u in iso.segments)  # never served the other context's entries
+    # never served the other context's entries; the first segment is built alone under every context
+    assert iso.segments[0].hit and not any(u.hit for u in iso.segments[1:])
     assert _max_diff(iso.state.last_logits, again.state.last_logits) > 1e-4
+
+
+@pytest.mark.parametrize("fuse", [True, False])
+def test_the_first_segment_is_built_in_isolation_under_a_context(fuse):
+    """Nothing precedes a prompt's first segment: under a build context it is still built alone and
+    keyed as without one, so at w=0 a one-segment prompt is ``full_recompute`` (exact, as without a
+    context); the later segments' entries follow the context."""
+    model, _, _ = make_model("qwen3_5_text")
+    eng = Engine(
+        model,
+        tiny_tokenizer(),
+        "tiny-test",
+        Settings(min_cached_tokens=4, build_prefix="document", fuse_cold_builds=fuse),
+    )
+    a, b = tuple(rand_tokens(30, 21)), tuple(rand_tokens(26, 22))
+    one = Plan([Seg(a)])
+    full = eng.prepare(one, mode="full_recompute")
+    hyp = eng.prepare(one, mode="hypic", seam=0)
+    assert _max_diff(hyp.state.last_logits, full.state.last_logits) < 1e-4
+    p = eng.pieces(Plan([Seg(a), Seg(b)]), mode="hypic", seam=8)
+    _, keys = eng.seams_and_keys(p, "default")
+    eng.settings.build_prefix = "none"
+    iso_keys = eng.seams_and_keys(p, "default")[1]
+    assert keys[0] == iso_keys[0] and keys[1] != iso_keys[1]
 
 
 def test_document_context_is_a_system_turn_then_a_framed_document():
@@ -176,4 +201,5 @@ def test_engine_rekeys_when_the_build_system_prompt_changes():
     assert all(u.hit for u in eng.prepare(plan, mode="hypic", seam=8).segments)
     eng.settings.build_system_prompt = "Answer in French."
     assert eng.entry_key(seg, "default", 8) != k1
-    assert not any(u.hit for u in eng.prepare(plan, mode="hypic", seam=8).segments)
+    again = eng.prepare(plan, mode="hypic", seam=8).segments
+    assert again[0].hit and not again[1].hit  # the first segment: built alone, keyed without a context

@@ -14,12 +14,9 @@ functions of the model and the tokens; ``ProfileTable`` keeps them by content ke
 
 With a build context (``Settings.build_prefix``) an entry caches the rows the segment has *after the
 context*, so both runs start with the context's tokens (``build``): the cached run is ``[build |
-segment]``, the other ``[build | PROXY_TEXT | segment]``. The first segment of a prompt, exact
-without a context (nothing precedes it), is not exact under one: its entry holds rows that follow the
-context, the prompt has it at the very start; its profile compares ``[build | segment]`` with the
-segment alone (``segment_profiles``), and it competes for the budget like the others. Measured
-alone, that segment got no seam and every later token read a system prompt built as if it followed
-a document (``docs/benchmarks.md``, "quality").
+segment]``, the other ``[build | PROXY_TEXT | segment]``. The first segment of a prompt is
+built in isolation under any context (``SeamPlanner.entry_key``: nothing precedes it, so its isolated
+rows are exact) and keeps its zero profile.
 
 **Allocation (per request).** The budget is ``budget * (tokens of the cacheable segments)`` seam
 tokens. Seams grow along ``LADDER`` (0, 2, 4, 8, 12, 16, 24, 32, 48, 64, ... then the whole
@@ -192,23 +189,21 @@ def segment_profiles(
     prefix: str = "",
     build: Sequence[int] = (),
 ) -> list[SeamProfile | None]:
-    """Each segment's profile (None: not cacheable), from ``table`` under ``prefix + key`` or measured by
-    ``measure`` against the table's context and kept. The first segment has nothing before it in the
-    prompt: exact without a build context (zero profile); after one (``build``), its cached rows vs
-    its rows alone (``measure`` with ``build`` as the context, kept under ``prefix + "first:" + key``)."""
+    """Each segment's profile (None: not cacheable; the first: exact, nothing before it, and built in
+    isolation under any build context), from ``table`` under ``prefix + key`` or measured by ``measure``
+    against the table's context after ``build`` (the build context's tokens) and kept."""
     ctx = table.context(tokenizer)
     profiles: list[SeamProfile | None] = []
     for i, (s, k) in enumerate(zip(segs, keys, strict=True)):
         if k is None:
             profiles.append(None)
-        elif i == 0 and not build:  # nothing before it in the prompt: cached rows are exact
+        elif i == 0:  # nothing before it in the prompt: cached rows are exact
             profiles.append(SeamProfile((), 0.0))
         else:
-            key = prefix + ("first:" if i == 0 else "") + k
-            p = table.get(key)
+            p = table.get(prefix + k)
             if p is None:
-                p = measure(model, s, build, ()) if i == 0 else measure(model, s, ctx, build)
-                table.put(key, p)
+                p = measure(model, s, ctx, build)
+                table.put(prefix + k, p)
             profiles.append(p)
     return profiles
 

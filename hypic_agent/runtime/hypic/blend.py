@@ -13,11 +13,10 @@ forwards run in lockstep and keep no per-layer rows.
 
 **Two stages per request.**
 
-1. Before the entries (their keys carry the seam): every cacheable segment but the first (under a
-   build context the first too: ``auto_seams.segment_profiles``) gets the *sink seam* (1 token; a
-   hybrid's ``floor``, the conv window), highest offset-0 deviation first while the budget lasts.
-   The rest of the budget, less the scout's cost, is the number of body tokens to pick
-   (``BlendPlan.tokens``).
+1. Before the entries (their keys carry the seam): every cacheable segment but the first gets the
+   *sink seam* (1 token; a hybrid's ``floor``, the conv window), highest offset-0 deviation first
+   while the budget lasts. The rest of the budget, less the scout's cost, is the number of body
+   tokens to pick (``BlendPlan.tokens``).
 2. With the entries (``BlendPlan.pick``): the scout (``blend_scout``) runs the seams and the suffix
    over the cached bodies through the first quarter of the layers (``SCOUT_LAYERS``; at least to
    the first attention layer) and sums the attention the suffix gives every position; a body

@@ -18,7 +18,7 @@ from typing import Any
 from hypic_agent.config import Settings
 from hypic_agent.runtime.hypic.auto_seams import AUTO, ProfileTable, plan_seams
 from hypic_agent.runtime.hypic.blend import BLEND, BlendPlan, plan_blend
-from hypic_agent.runtime.hypic.build_context import BuildContext, key_fingerprint, resolve_build_context
+from hypic_agent.runtime.hypic.build_context import NO_CONTEXT, BuildContext, key_fingerprint, resolve_build_context
 from hypic_agent.runtime.hypic.modes import seam_tokens
 from hypic_agent.runtime.models.hybrid import HybridForCausalLM
 from hypic_agent.runtime.prompt_pieces import PromptPieces
@@ -45,10 +45,14 @@ class SeamPlanner:
             ctx = self._build_contexts[(name, system)] = resolve_build_context(name, self.tokenizer, system)
         return ctx
 
-    def entry_key(self, token_ids: Sequence[int], tenant: str, seam: float) -> str:
-        """The key of a segment's entry (tokens, tenant, seam, fingerprint with the build context's tag)."""
-        fp = key_fingerprint(self.fingerprint, self.build_context())
-        return segment_key(token_ids, model_fingerprint=fp, tenant=tenant, seam=seam)
+    def entry_key(self, token_ids: Sequence[int], tenant: str, seam: float, first: bool = False) -> str:
+        """The key of a segment's entry (tokens, tenant, seam, fingerprint with the build context's tag).
+        ``first``: the prompt's first segment, which nothing precedes: built in isolation whatever the
+        build context (its isolated rows are the exact ones), so keyed without the context's tag."""
+        ctx = NO_CONTEXT if first else self.build_context()
+        return segment_key(
+            token_ids, model_fingerprint=key_fingerprint(self.fingerprint, ctx), tenant=tenant, seam=seam
+        )
 
     def plan(self, p: PromptPieces, tenant: str) -> tuple[list[int], list[str | None], BlendPlan | None]:
         """Per segment of ``p`` its seam width and entry key (None: not cacheable), and with
@@ -62,8 +66,8 @@ class SeamPlanner:
         min_tokens = self.settings.min_cached_tokens
         if auto:
             base = [
-                self.entry_key(s, tenant, 0) if k != "bos" and len(s) >= min_tokens else None
-                for s, k in zip(p.segs, p.kinds, strict=True)
+                self.entry_key(s, tenant, 0, i == 0) if k != "bos" and len(s) >= min_tokens else None
+                for i, (s, k) in enumerate(zip(p.segs, p.kinds, strict=True))
             ]
             budget, build = self.settings.seam_budget, self.build_context().tokens
             with self.lock:
@@ -78,7 +82,7 @@ class SeamPlanner:
             for i, (s, k) in enumerate(zip(p.segs, p.kinds, strict=True))
         ]
         keys = [
-            self.entry_key(s, tenant, seams[i] if auto else eff) if c else None
+            self.entry_key(s, tenant, seams[i] if auto else eff, i == 0) if c else None
             for i, (s, c) in enumerate(zip(p.segs, cacheable, strict=True))
         ]
         return seams, keys, blend
@@ -89,7 +93,7 @@ class SeamPlanner:
         seams, keys, _ = self.plan(p, tenant)
         w = self._fixed_width(p)
         return seams, [
-            k if k is not None else self.entry_key(s, tenant, seams[i] if w is None else w)
+            k if k is not None else self.entry_key(s, tenant, seams[i] if w is None else w, i == 0)
             for i, (s, k) in enumerate(zip(p.segs, keys, strict=True))
         ]
 
