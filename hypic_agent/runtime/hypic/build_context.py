@@ -10,7 +10,8 @@ still cover the segment's body only, from the identity / zero state (the context
 build's seam window), so composition stays exact; only the body's *layer inputs* change.
 
 The context's tokens are part of every entry key (``key_fingerprint``): an entry built after one
-context is never served under another.
+context is never served under another. A prompt's first segment is built without it (nothing
+precedes it, so its isolated rows are exact) and keyed so (``SeamPlanner.entry_key``, ``ColdBuilds``).
 
 Choices (``Settings.build_prefix``):
 
