@@ -24,7 +24,7 @@ import torch
 from hypic_agent.config import Settings
 from hypic_agent.kernels.config import KernelConfig
 from hypic_agent.runtime.hypic.build import ColdBatch, build_entries
-from hypic_agent.runtime.hypic.build_context import BuildContext
+from hypic_agent.runtime.hypic.build_context import BuildContext, context_at
 from hypic_agent.runtime.hypic.cache import EntryCache
 from hypic_agent.runtime.hypic.entry import SegmentEntry
 from hypic_agent.runtime.models.hybrid import HybridForCausalLM
@@ -88,13 +88,13 @@ class ColdBuilds:
         fusing off, several scatter workers, or more cold tokens than ``kernels.max_fused_cold_tokens``)."""
         if not r.cold or not self.settings.fuse_cold_builds or self.settings.scatter_workers != 1:
             return None
-        if r.cold[0] == 0 and self.build_context().tokens:  # the first segment builds without the context
+        ctx = self.build_context()
+        if context_at(ctx, r.cold[0]) != ctx:  # the first segment builds without the context: not one batch
             return None
         if sum(len(segs[i]) for i in r.cold) > self.kernels.max_fused_cold_tokens:
             return None
         cold_segs, cold_seams = [segs[i] for i in r.cold], [seams[i] for i in r.cold]
-        prefix = self.build_context().tokens
-        return ColdBatch(self.model, cold_segs, cold_seams, pair_dtype=self.pair_dtype, prefix=prefix)
+        return ColdBatch(self.model, cold_segs, cold_seams, pair_dtype=self.pair_dtype, prefix=ctx.tokens)
 
     def fill(
         self,
@@ -108,10 +108,10 @@ class ColdBuilds:
         """Prefill the routed cold segments into entries, store them in ``cache`` (the engine's: the
         server swaps in its tiered store), and return every segment's entry (hits and freshly built;
         None where the segment is not cached)."""
-        prefix = self.build_context().tokens
-        first = r.cold[:1] if r.cold and r.cold[0] == 0 and prefix else []  # built in isolation (module doc)
-        rest = r.cold[len(first) :]
-        built = self._build(first, segs, seams, ()) + self._build(rest, segs, seams, prefix)
+        ctx = self.build_context()
+        alone = [i for i in r.cold if context_at(ctx, i) != ctx]  # the first segment (module doc)
+        rest = [i for i in r.cold if i not in alone]  # r.cold ascends, so alone + rest keeps its order
+        built = self._build(alone, segs, seams, ()) + self._build(rest, segs, seams, ctx.tokens)
         self.store(cache, r, built, kinds, tenant)
         return with_built(r, built)
 

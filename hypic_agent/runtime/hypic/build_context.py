@@ -69,6 +69,12 @@ class BuildContext:
 NO_CONTEXT = BuildContext()
 
 
+def context_at(ctx: BuildContext, index: int) -> BuildContext:
+    """The context segment ``index`` of a prompt is built after: none for the first segment (nothing
+    precedes it in the prompt, so its isolated rows are exact), ``ctx`` for the others."""
+    return NO_CONTEXT if index == 0 else ctx
+
+
 def key_fingerprint(model_fingerprint: str, ctx: BuildContext) -> str:
     """The model part of an entry key under ``ctx``: the fingerprint itself without a context."""
     tag = ctx.tag()

@@ -18,7 +18,7 @@ from typing import Any
 from hypic_agent.config import Settings
 from hypic_agent.runtime.hypic.auto_seams import AUTO, ProfileTable, plan_seams
 from hypic_agent.runtime.hypic.blend import BLEND, BlendPlan, plan_blend
-from hypic_agent.runtime.hypic.build_context import NO_CONTEXT, BuildContext, key_fingerprint, resolve_build_context
+from hypic_agent.runtime.hypic.build_context import BuildContext, context_at, key_fingerprint, resolve_build_context
 from hypic_agent.runtime.hypic.modes import seam_tokens
 from hypic_agent.runtime.models.hybrid import HybridForCausalLM
 from hypic_agent.runtime.prompt_pieces import PromptPieces
@@ -46,13 +46,10 @@ class SeamPlanner:
         return ctx
 
     def entry_key(self, token_ids: Sequence[int], tenant: str, seam: float, first: bool = False) -> str:
-        """The key of a segment's entry (tokens, tenant, seam, fingerprint with the build context's tag).
-        ``first``: the prompt's first segment, which nothing precedes: built in isolation whatever the
-        build context (its isolated rows are the exact ones), so keyed without the context's tag."""
-        ctx = NO_CONTEXT if first else self.build_context()
-        return segment_key(
-            token_ids, model_fingerprint=key_fingerprint(self.fingerprint, ctx), tenant=tenant, seam=seam
-        )
+        """The key of a segment's entry (tokens, tenant, seam, fingerprint with the tag of the context it
+        is built after). ``first``: the prompt's first segment, built without a context (``context_at``)."""
+        fp = key_fingerprint(self.fingerprint, context_at(self.build_context(), 0 if first else 1))
+        return segment_key(token_ids, model_fingerprint=fp, tenant=tenant, seam=seam)
 
     def plan(self, p: PromptPieces, tenant: str) -> tuple[list[int], list[str | None], BlendPlan | None]:
         """Per segment of ``p`` its seam width and entry key (None: not cacheable), and with
