@@ -49,9 +49,9 @@ import torch
 
 from hypic_agent.runtime.hypic.auto_seams import ProfileTable, SeamProfile, segment_profiles
 from hypic_agent.runtime.hypic.blend_scout import scout_mass
-from hypic_agent.runtime.hypic.combine import _attention
+from hypic_agent.runtime.hypic.combine_attention import combine_attention
 from hypic_agent.runtime.hypic.combine_inputs import combine_inputs
-from hypic_agent.runtime.hypic.combine_linear import _linear
+from hypic_agent.runtime.hypic.combine_linear import combine_linear
 from hypic_agent.runtime.hypic.entry import SegmentEntry
 from hypic_agent.runtime.hypic.layout import CombineLayout, plan_layout
 from hypic_agent.runtime.hypic.modes import mode_spec
@@ -125,12 +125,12 @@ def _rows(model: HybridForCausalLM, lay: CombineLayout) -> Any:
         yield h[:, :width]
         xs = layer.mixer_in(h)
         if layer.linear_attn is not None:
-            o, _ = _linear(layer.linear_attn, xs, lay, [None], li, spec, None, None, None, inputs.kernels)
+            o, _ = combine_linear(layer.linear_attn, xs, lay, [None], li, spec, None, None, None, inputs.kernels)
             extra: tuple[torch.Tensor, ...] = xs[1:2]
         else:
             assert layer.self_attn is not None
             q, k, v = xs[:3]
-            o, _ = _attention(layer.self_attn, q, k, v, lay, [None], li, spec, None)
+            o, _ = combine_attention(layer.self_attn, q, k, v, lay, [None], li, spec, None)
             extra = xs[3:]
         h = layer.mixer_out(h, o, *extra)
     yield h[:, :width]

@@ -17,7 +17,7 @@ What this does, per linear layer:
   context before its segment but little of its own.
 
 Attention layers need nothing here: the blend rows' fresh keys / values overwrite the cached rows
-(``combine._attention``). On an attention-only model blend rows are exact recomputation.
+(``combine_attention``). On an attention-only model blend rows are exact recomputation.
 """
 
 from __future__ import annotations
@@ -61,8 +61,8 @@ def blend_linear(
     kernels: Any,
     chunked: Callable[..., tuple[torch.Tensor, LinearLayerState]],
 ) -> tuple[torch.Tensor, LinearLayerState]:
-    """``combine._linear`` for a layout with blend rows (see module doc): the pieces through
-    ``chunked`` (``combine._linear`` on the piece rows), then the blend rows -> (o of every active
+    """``combine_linear.combine_linear`` for a layout with blend rows (see module doc): the pieces through
+    ``chunked`` (``combine_linear.combine_linear`` on the piece rows), then the blend rows -> (o of every active
     row, the layer's state)."""
     assert lay.piece_rows is not None and lay.blend_rows is not None
     record: dict[str, torch.Tensor] = {}

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import torch
 
-from hypic_agent.runtime.hypic.combine import _attention
+from hypic_agent.runtime.hypic.combine_attention import combine_attention
 from hypic_agent.runtime.hypic.combine_inputs import combine_inputs
-from hypic_agent.runtime.hypic.combine_linear import _linear
+from hypic_agent.runtime.hypic.combine_linear import combine_linear
 from hypic_agent.runtime.hypic.entry import SegmentEntry
 from hypic_agent.runtime.hypic.layout import CombineLayout
 from hypic_agent.runtime.hypic.modes import mode_spec
@@ -61,13 +61,13 @@ def scout_mass(
     for li, layer in enumerate(model.layers[:n_layers]):
         xs = layer.mixer_in(h)
         if layer.linear_attn is not None:
-            o, _ = _linear(layer.linear_attn, xs, lay, entries, li, spec, None, None, None, inputs.kernels)
+            o, _ = combine_linear(layer.linear_attn, xs, lay, entries, li, spec, None, None, None, inputs.kernels)
             extra: tuple[torch.Tensor, ...] = xs[1:2]
         else:
             attn = layer.self_attn
             assert attn is not None
             q, k, v = xs[:3]
-            o, st = _attention(attn, q, k, v, lay, entries, li, spec, None)
+            o, st = combine_attention(attn, q, k, v, lay, entries, li, spec, None)
             if not isinstance(attn, MLAttention):  # MLA layers: no mass read (their keys are latent)
                 mass += _suffix_mass(attn, q, st.k, lay, n_suffix)
             extra = xs[3:]

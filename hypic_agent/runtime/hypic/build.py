@@ -31,11 +31,12 @@ from hypic_agent.kernels._varlen import concat_ranges
 from hypic_agent.kernels.backend import to_device_async, upload_int64
 from hypic_agent.kernels.gdn_pairs import PairSink, SeamSplit
 from hypic_agent.runtime.forward import cu_seqlens_of
-from hypic_agent.runtime.graphs import mixer_in, mixer_out
 from hypic_agent.runtime.hypic.cold_graphs import ColdGraphs, new_serial
 from hypic_agent.runtime.hypic.entry import AttentionEntry, LinearEntry, SegmentEntry
 from hypic_agent.runtime.models.hybrid import DecoderLayer, HybridForCausalLM
 from hypic_agent.runtime.models.linear_mixer import at
+from hypic_agent.runtime.runner.layer_loop import run_layers
+from hypic_agent.runtime.runner.plan import plan_forward
 
 
 def _carve(
@@ -267,11 +268,7 @@ def build_entries(
     dev = batch.ids.device
     _sync(dev)
     t0 = time.perf_counter()
-    h = batch.embed()
-    for li, layer in enumerate(model.layers):
-        inputs = mixer_in(model, li, h)  # token-local stages replay from CUDA graphs where enabled
-        o, extra = batch.run_layer(li, layer, inputs)
-        h = mixer_out(model, li, h, o, *extra)
+    run_layers(model, plan_forward(None, [], [], colds=(batch,), device=dev), None)
     _sync(dev)
     batch.set_cost((time.perf_counter() - t0) * 1e3)
     return batch.entries

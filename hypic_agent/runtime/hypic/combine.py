@@ -33,69 +33,18 @@ from collections.abc import Callable, Iterator
 import torch
 
 from hypic_agent.kernels.config import DEFAULT_KERNELS, KernelConfig
-from hypic_agent.runtime.graphs import mixer_in, mixer_out
 from hypic_agent.runtime.hypic.build import ColdBatch
 from hypic_agent.runtime.hypic.combine_graphs import CombineGraphs
 from hypic_agent.runtime.hypic.combine_inputs import CombineInputs, combine_inputs
-from hypic_agent.runtime.hypic.combine_linear import _linear
-from hypic_agent.runtime.hypic.entry import AttentionEntry, SegmentEntry
+from hypic_agent.runtime.hypic.combine_work import CombineWork
+from hypic_agent.runtime.hypic.entry import SegmentEntry
 from hypic_agent.runtime.hypic.layout import CombineLayout
 from hypic_agent.runtime.hypic.modes import ModeSpec
-from hypic_agent.runtime.hypic.splice import SpliceTables
-from hypic_agent.runtime.models.attention import FullAttention
 from hypic_agent.runtime.models.hybrid import HybridForCausalLM
 from hypic_agent.runtime.runner.destination import StateDestination
-from hypic_agent.runtime.state import AttentionLayerState, LayerState, RequestState
-
-
-def _attention(
-    attn: FullAttention,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    lay: CombineLayout,
-    entries: list[SegmentEntry | None],
-    li: int,
-    spec: ModeSpec,
-    splice: SpliceTables | None,
-    into: StateDestination | None = None,
-) -> tuple[torch.Tensor, AttentionLayerState]:
-    """Un-rotated q, k, v of the active tokens -> (o ``[T, Hq, D]`` before the output projection,
-    state: K/V ``[L, Hkv, D]``); the bodies' keys and values by ``splice`` (None: from the entries).
-    ``into``: the K/V is assembled in the request's pool rows where they are one run (``kv_buffers``)."""
-    q = attn.rotate(q, lay.active_pos)
-    k = attn.rotate(k, lay.active_pos)
-    if into is not None:
-        k_full, v_full = into.kv_buffers(li, attn.k_row, attn.v_row, k)
-    else:  # MLA: rope keys and latents (rotation: rope dims only)
-        k_full, v_full = k.new_empty(lay.total, *attn.k_row), v.new_empty(lay.total, *attn.v_row)
-    rot_pos = lay.body_pos if spec.rerotate else lay.body_local_pos
-    if lay.body_segments and splice is not None:
-        k_full[lay.body_pos] = attn.rotate(splice.bodies(li, v_full), rot_pos)
-    elif lay.body_segments:
-        bk, bv = [], []
-        for s, n_body in zip(lay.body_segments, lay.body_lens, strict=True):
-            e = entries[s]
-            assert e is not None
-            ae: AttentionEntry = e.layers[li]  # type: ignore[assignment]
-            bk.append(ae.k[-n_body:])
-            bv.append(ae.v[-n_body:])
-        k_full[lay.body_pos] = attn.rotate(torch.cat(bk).to(k.dtype), rot_pos)
-        v_full[lay.body_pos] = torch.cat(bv).to(v.dtype)
-    k_full[lay.active_pos] = k  # after the bodies: blend rows inside them take their fresh keys / values
-    v_full[lay.active_pos] = v
-    cu_q = torch.tensor([0, q.shape[0]], dtype=torch.int32)  # host tensors: no device sync
-    cu_k = torch.tensor([0, lay.total], dtype=torch.int32)
-    o = attn.attend(
-        q, k_full, v_full, cu_q, cu_k, q_positions=lay.active_pos, k_positions=lay.all_pos, keys_ascending=True
-    )
-    return o, AttentionLayerState(k_full, v_full)
-
-
-def _lead_and_tails(inputs: CombineInputs) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """The composed leading bodies ``[L_lin, HV, K, V]`` and the spliced conv tails, where planned."""
-    h0_all = inputs.lead.compose() if inputs.lead is not None else None
-    return h0_all, inputs.splice.conv_tails() if inputs.splice is not None else None
+from hypic_agent.runtime.runner.layer_loop import layer_steps
+from hypic_agent.runtime.runner.plan import plan_forward
+from hypic_agent.runtime.state import RequestState
 
 
 def _graphable(model: HybridForCausalLM, lay: CombineLayout, kinds: set[str]) -> bool:
@@ -144,6 +93,7 @@ def combine(
         fused_scan = False  # blend rows of a hybrid run on the chunked path, eagerly (blend_rows)
     if into is not None and into.length != lay.total:
         raise ValueError(f"a combine of {lay.total} tokens into a destination of {into.length}")
+    building = cold.entries if cold is not None else ()
     if isinstance(graphs, CombineGraphs):
         state = graphs.replay(lay, entries, spec, fused_scan, kernels, into)
         if state is not None:
@@ -151,12 +101,12 @@ def combine(
     if cold is not None:  # planned once the GPU has the first layer's work (see forward_steps)
         *_, state = forward_steps(
             model, lay, entries, spec,
-            lambda: combine_inputs(model, lay, entries, spec.transition, fused_scan, cold, kernels=kernels), cold,
+            lambda: combine_inputs(model, lay, entries, spec.transition, fused_scan, building, kernels=kernels), cold,
             into=into,
         )  # fmt: skip
         assert isinstance(state, RequestState)
         return state
-    inputs = combine_inputs(model, lay, entries, spec.transition, fused_scan, cold, kernels=kernels)
+    inputs = combine_inputs(model, lay, entries, spec.transition, fused_scan, building, kernels=kernels)
     if isinstance(graphs, CombineGraphs) and graphs.should_capture(lay, spec, fused_scan, kernels):
         state = graphs.capture(lay, entries, spec, fused_scan, kernels, inputs, forward_steps, into, stage)
         if state is not None:
@@ -176,55 +126,17 @@ def forward_steps(
     every: int = 0,
     into: StateDestination | None = None,
 ) -> Iterator[RequestState | None]:
-    """The combine forward on planned ``inputs`` (``combine_inputs``), in steps: yields None after
-    every ``every`` layers (0: never), then the request's state (``into``: written layer by layer
-    into the pool, the state yielded has no layers). With ``inputs.by_pointer()`` it reads
-    no entry tensor directly: every cached tensor comes through a pointer table, which is what lets
-    ``combine_graphs`` capture it (as a few graphs, one per step: the GPU starts on the first while
-    the host launches the rest).
+    """The combine forward on planned ``inputs`` (``combine_inputs``), as one ``CombineWork`` (and the
+    cold batch) through the runner's layer loop, in steps: yields None after every ``every`` layers
+    (0: never), then the request's state (``into``: written layer by layer into the pool, the state
+    yielded has no layers). With ``inputs.by_pointer()`` it reads no entry tensor directly: every
+    cached tensor comes through a pointer table, which is what lets ``combine_graphs`` capture it
+    (as a few graphs, one per step: the GPU starts on the first while the host launches the rest).
 
     ``inputs`` may be a function that plans them: it is called once the first layer's token-local
-    work and cold core are queued, so the GPU runs those while the host plans (a cold request's
-    tables take a few ms of host time that the GPU would otherwise wait for)."""
-    planned = inputs if isinstance(inputs, CombineInputs) else None
-    h0_all = tails = None
-    lin_row: dict[int, int] = {}
-    if planned is not None:
-        (h0_all, tails), lin_row = _lead_and_tails(planned), planned.lin_row
-    h = model.embed(lay.active_ids)
-    rows = 0  # cold rows ahead of the active ones in every token-local stage
-    if cold is not None:
-        h, rows = torch.cat([cold.embed(), h]), cold.n_tokens
-    layers: list[LayerState] = []
-    for li, layer in enumerate(model.layers):
-        if every and li and li % every == 0:
-            yield None
-        # token-local stages replay from CUDA graphs where enabled, chained: each stage's output buffers
-        # are the next one's inputs (views, nothing below keeps one past its layer)
-        both = mixer_in(model, li, h, keep=True)
-        xs = tuple(x[rows:] for x in both) if rows else both
-        o_cold = cold.run_layer(li, layer, tuple(x[:rows] for x in both))[0] if cold is not None else None
-        if planned is None:
-            planned = inputs() if callable(inputs) else inputs
-            (h0_all, tails), lin_row = _lead_and_tails(planned), planned.lin_row
-        st: LayerState
-        if layer.linear_attn is not None:
-            row = lin_row[li]
-            o, st = _linear(
-                layer.linear_attn, xs, lay, entries, li, spec, planned.plan[li],
-                None if tails is None else tails[row], None if h0_all is None else h0_all[row], planned.kernels,
-            )  # fmt: skip
-            extra = both[1:2]  # the linear mixer's output extra (GDN: z)
-        else:
-            assert layer.self_attn is not None
-            q, k, v = xs[:3]
-            o, st = _attention(layer.self_attn, q, k, v, lay, entries, li, spec, planned.splice, into)
-            extra = both[3:]  # the output gate, if any
-        if into is None:
-            layers.append(st)
-        else:  # in the pool already (K/V assembled in place) or written there now
-            into.put(li, st)
-        del st
-        h = mixer_out(model, li, h, o if o_cold is None else (o_cold, o), *extra, keep=True)
-    logits = model.logits(h[-1:])[0]  # a copy: h may be a view of a graph buffer
-    yield RequestState(layers, lay.total, logits, tokens=list(lay.tokens))
+    work and cold core are queued (``CombineWork.plan``)."""
+    work = CombineWork(lay, entries, spec, inputs, into)
+    colds = (cold,) if cold is not None else ()
+    plan = plan_forward(None, [], [], combines=(work,), colds=colds, device=lay.active_ids.device)
+    for out in layer_steps(model, plan, None, every=every):
+        yield None if out is None else work.state(out[0])

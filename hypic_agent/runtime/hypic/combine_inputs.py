@@ -17,6 +17,7 @@ place for another request of the same layout, which is how a CUDA graph of the f
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -26,7 +27,6 @@ from hypic_agent.kernels import combine_scan
 from hypic_agent.kernels.backend import refill_async, resolve_triton, same_device
 from hypic_agent.kernels.config import DEFAULT_KERNELS, KernelConfig
 from hypic_agent.runtime.hypic import splice as splice_ops
-from hypic_agent.runtime.hypic.build import ColdBatch
 from hypic_agent.runtime.hypic.entry import LinearEntry, SegmentEntry
 from hypic_agent.runtime.hypic.layout import CombineLayout
 from hypic_agent.runtime.models.hybrid import HybridForCausalLM
@@ -180,7 +180,7 @@ def combine_inputs(
     entries: list[SegmentEntry | None],
     transition: bool,
     fused_scan: bool | None = None,
-    cold: ColdBatch | None = None,
+    building: Sequence[SegmentEntry] = (),
     *,
     kernels: KernelConfig = DEFAULT_KERNELS,
 ) -> CombineInputs:
@@ -189,11 +189,14 @@ def combine_inputs(
     ``kernels``: the kernel choices (the scan, whether the leading bodies are composed first), kept
     on the inputs for the forward.
 
-    The leading bodies stop at the first piece and at the first segment of ``cold`` (built inside
-    this forward: its pairs exist only once its layer has run); with ``precompose_leading_bodies``
-    off there are none (each layer's scan runs them)."""
+    The leading bodies stop at the first piece and at the first entry of ``building`` (entries the
+    same forward builds, ``ColdBatch.entries``: their pairs exist only once their layer has run);
+    with ``precompose_leading_bodies`` off there are none (each layer's scan runs them). A layout
+    reading such entries reads them directly (no splice tables)."""
     dev = lay.active_ids.device
-    splice = splice_ops.build(model, lay, entries, dev) if cold is None else None
+    ids = {id(e) for e in building}
+    reads_building = any(id(e) in ids for e in entries if e is not None)
+    splice = splice_ops.build(model, lay, entries, dev) if not reads_building else None
     lin = [i for i, layer in enumerate(model.layers) if layer.linear_attn is not None]
     if not lin or fused_scan is False or model.layers[lin[0]].mixer_kind != "gdn":  # the fused scan is GDN's
         return CombineInputs(dict.fromkeys(lin), splice=splice, kernels=kernels)
@@ -202,9 +205,8 @@ def combine_inputs(
     triton = resolve_triton(mixer.backend, dev)
     if fused_scan is None and not (triton and lay.active_ids.numel() <= combine_scan.MAX_TOKENS):
         return CombineInputs(dict.fromkeys(lin), splice=splice, kernels=kernels)
-    building = {id(e) for e in cold.entries} if cold is not None else set()
     lead = next(
-        (i for i, item in enumerate(lay.chain) if item.kind != "body" or id(entries[item.index]) in building),
+        (i for i, item in enumerate(lay.chain) if item.kind != "body" or id(entries[item.index]) in ids),
         len(lay.chain),
     )
     lead = lead if kernels.precompose_leading_bodies else 0

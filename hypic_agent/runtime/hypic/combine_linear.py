@@ -42,7 +42,7 @@ def _conv_init(
     return torch.stack(stacked).to(like.dtype)
 
 
-def _linear(
+def combine_linear(
     mixer: LinearMixer,
     inputs: tuple[torch.Tensor, ...],
     lay: CombineLayout,
@@ -65,7 +65,7 @@ def _linear(
     the chain's states ``"states"`` and the pieces' final conv states ``"conv"``)."""
     if lay.blend_rows is not None and record is None:
         assert scan is None, "blend rows run on the chunked path"
-        return blend_linear(mixer, inputs, lay, entries, li, spec, tails, kernels, _linear)
+        return blend_linear(mixer, inputs, lay, entries, li, spec, tails, kernels, combine_linear)
     dev = inputs[0].device
     init = _conv_init(mixer, lay, entries, li, inputs[0], tails)
     pos = lay.active_pos if lay.piece_rows is None else lay.active_pos[lay.piece_rows]

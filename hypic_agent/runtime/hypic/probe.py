@@ -1,8 +1,8 @@
 """``probe``: the combine forward, keeping every active row of every layer (for measurements).
 
 ``combine`` keeps only the last token's logits. Measuring where cached prefill deviates needs
-the per-token hidden states: this runs the same per-layer code (``combine._linear`` /
-``combine._attention`` on the chunked path, no CUDA graphs, no cold batch) and returns the
+the per-token hidden states: this runs the same per-layer code (``combine_linear`` /
+``combine_attention`` on the chunked path, no CUDA graphs, no cold batch) and returns the
 residual stream of every active token entering every layer plus after the last one, and the
 active tokens' logits. Three layouts cover what a deviation measurement compares:
 
@@ -21,9 +21,9 @@ from dataclasses import dataclass
 
 import torch
 
-from hypic_agent.runtime.hypic.combine import _attention
+from hypic_agent.runtime.hypic.combine_attention import combine_attention
 from hypic_agent.runtime.hypic.combine_inputs import combine_inputs
-from hypic_agent.runtime.hypic.combine_linear import _linear
+from hypic_agent.runtime.hypic.combine_linear import combine_linear
 from hypic_agent.runtime.hypic.entry import SegmentEntry
 from hypic_agent.runtime.hypic.layout import CombineLayout
 from hypic_agent.runtime.hypic.modes import ModeSpec
@@ -53,11 +53,11 @@ def probe(
     for li, layer in enumerate(model.layers):
         xs = layer.mixer_in(h)
         if layer.linear_attn is not None:
-            o, _ = _linear(layer.linear_attn, xs, lay, entries, li, spec, None, None, None, inputs.kernels)
+            o, _ = combine_linear(layer.linear_attn, xs, lay, entries, li, spec, None, None, None, inputs.kernels)
             extra: tuple[torch.Tensor, ...] = xs[1:2]
         else:
             q, k, v = xs[:3]
-            o, _ = _attention(layer.self_attn, q, k, v, lay, entries, li, spec, None)  # type: ignore[arg-type]
+            o, _ = combine_attention(layer.self_attn, q, k, v, lay, entries, li, spec, None)  # type: ignore[arg-type]
             extra = xs[3:]
         h = layer.mixer_out(h, o, *extra)
         hidden.append(h[:, : model.config.hidden_size])  # the residual (a Falcon-H1 SSM half passes [h | x | m])

@@ -1,18 +1,28 @@
 """``ForwardPlan``: one forward's work, immutable, with every index it needs already on the device.
 
-A plan is N sequences of the state pool, each extended by its new tokens: a decode row is one
-token, a prefill chunk many. Token-packed ("varlen") like the rest of the runtime: rows ``[T]``
-with ``cu_seqlens [N+1]``. Built once on the host per step (``plan_forward``), read by every layer.
+A plan's *pool rows* are N sequences of the state pool, each extended by its new tokens: a decode
+row is one token, a prefill chunk many. Token-packed ("varlen") like the rest of the runtime: rows
+``[T]`` with ``cu_seqlens [N+1]``. Beside them the same forward may carry HYPIC work: composed
+requests' combines (``combines``: ``hypic.combine_work.CombineWork``, their active rows over cached
+entries, written into their own slots and pages) and cold segment builds (``colds``:
+``hypic.build.ColdBatch``, isolated prefills whose pairs and K/V are captured into entries). Built
+once on the host per step (``plan_forward``), read by every layer (``layer_loop``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from hypic_agent.runtime.runner.pool import PoolSeq, StatePool
+
+if TYPE_CHECKING:
+    from hypic_agent.runtime.hypic.build import ColdBatch
+    from hypic_agent.runtime.hypic.combine_work import CombineWork
 
 
 @dataclass(frozen=True)
@@ -31,10 +41,23 @@ class ForwardPlan:
     block_table: torch.Tensor  # [N, max pages] int32 (decode attention)
     context_lens: torch.Tensor  # [N] int32 keys visible to each sequence's last token
     last_rows: torch.Tensor  # [N] int64 row of each sequence's last new token (its logits)
+    combines: tuple[CombineWork, ...] = ()  # composed requests' combines (rows after the pool rows)
+    colds: tuple[ColdBatch, ...] = ()  # cold segment builds (rows before the pool rows)
 
     @property
     def n_tokens(self) -> int:
+        """Pool rows."""
         return int(self.ids.shape[0])
+
+    @property
+    def pool_only(self) -> bool:
+        """No HYPIC work: pool rows only (a decode-only such plan replays from the decode graphs)."""
+        return not self.combines and not self.colds
+
+    @property
+    def n_rows(self) -> int:
+        """Every row of the forward: cold builds, pool rows, combines."""
+        return sum(c.n_tokens for c in self.colds) + self.n_tokens + sum(w.n_rows for w in self.combines)
 
 
 def _cu(lengths: Sequence[int]) -> torch.Tensor:
@@ -45,13 +68,61 @@ def _cu(lengths: Sequence[int]) -> torch.Tensor:
 
 
 def plan_forward(
-    pool: StatePool, seqs: Sequence[PoolSeq], new_tokens: Sequence[Sequence[int]], *, paged: bool = False
+    pool: StatePool | None,
+    seqs: Sequence[PoolSeq],
+    new_tokens: Sequence[Sequence[int]],
+    *,
+    paged: bool = False,
+    combines: Sequence[CombineWork] = (),
+    colds: Sequence[ColdBatch] = (),
+    device: torch.device | None = None,
 ) -> ForwardPlan:
-    """The plan extending ``seqs[i]`` by ``new_tokens[i]`` (each non-empty, within its reserved pages).
-    ``paged``: a decode-only plan attends through the block table (paged attention), so the
-    per-key gather rows (``key_rows``, the bulk of a long context's plan) are not built."""
-    if not seqs or len(seqs) != len(new_tokens) or any(len(t) == 0 for t in new_tokens):
+    """The plan extending ``seqs[i]`` by ``new_tokens[i]`` (each non-empty, within its reserved pages),
+    with ``combines`` and ``colds`` in the same forward. ``paged``: decode pool rows attend through
+    the block table (paged attention), so the per-key gather rows (``key_rows``, the bulk of a long
+    context's plan) are not built. Without sequences (HYPIC work only) ``pool`` may be None and
+    ``device`` says where the plan's tensors go."""
+    if len(seqs) != len(new_tokens) or any(len(t) == 0 for t in new_tokens):
         raise ValueError("a forward plan needs one non-empty token list per sequence")
+    if not seqs and not combines and not colds:
+        raise ValueError("an empty forward plan")
+    if not seqs:
+        dev = device if device is not None else pool.device if pool is not None else torch.device("cpu")
+        return _no_pool_rows(dev, tuple(combines), tuple(colds))
+    assert pool is not None, "pool rows need the state pool"
+    plan = _pool_rows(pool, seqs, new_tokens, paged)
+    if combines or colds:
+        plan = dataclasses.replace(plan, combines=tuple(combines), colds=tuple(colds))
+    return plan
+
+
+def _no_pool_rows(dev: torch.device, combines: tuple[CombineWork, ...], colds: tuple[ColdBatch, ...]) -> ForwardPlan:
+    """A plan of HYPIC work only (no pool rows)."""
+    longs = torch.zeros(0, dtype=torch.int64, device=dev)
+    cu = torch.zeros(1, dtype=torch.int32)
+    return ForwardPlan(
+        seqs=(),
+        new_tokens=(),
+        decode_only=False,
+        ids=longs,
+        positions=longs,
+        slots=longs,
+        rows=longs,
+        cu_seqlens=cu.to(dev),
+        cu_host=cu,
+        key_rows=longs,
+        cu_keys_host=cu,
+        block_table=torch.zeros(0, 0, dtype=torch.int32, device=dev),
+        context_lens=torch.zeros(0, dtype=torch.int32, device=dev),
+        last_rows=longs,
+        combines=combines,
+        colds=colds,
+    )
+
+
+def _pool_rows(
+    pool: StatePool, seqs: Sequence[PoolSeq], new_tokens: Sequence[Sequence[int]], paged: bool
+) -> ForwardPlan:
     toks = tuple(tuple(int(t) for t in ts) for ts in new_tokens)
     if paged and all(len(t) == 1 for t in toks):
         return _decode_plan(pool, seqs, toks)

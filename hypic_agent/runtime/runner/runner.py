@@ -1,24 +1,30 @@
 """``ModelRunner``: owns the model's weights, the state pool and the decode graphs, and runs any
-``ForwardPlan`` through ONE layer loop that dispatches each layer to its mixer kind.
+``ForwardPlan`` (decode rows, prefill chunks, composed requests' combines, cold builds) through the
+ONE layer loop (``layer_loop.layer_steps``) that dispatches each layer to its mixer kind.
 
 The token-local stages (``mixer_in``: norm + projections; ``mixer_out``: output projection,
 residual, feed-forward) are the layer's own; what depends on the plan (which slots, which pages,
-decode or extend) is in ``mixers.py``. Decode-only plans replay from CUDA graphs per batch-size
-bucket on CUDA (``decode_graphs.DecodeGraphs``); everything else runs eagerly (its token-local
-stages still replay from ``runtime.graphs`` per token-count bucket).
+decode or extend) is in ``mixers.py``, a combine's work in ``hypic.combine_work``. Decode-only plans
+replay from CUDA graphs per batch-size bucket on CUDA (``decode_graphs.DecodeGraphs``); everything
+else runs eagerly (its token-local stages still replay from ``runtime.graphs`` per token-count
+bucket).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
-from hypic_agent.runtime.graphs import mixer_in, mixer_out
 from hypic_agent.runtime.models.hybrid import HybridForCausalLM
-from hypic_agent.runtime.runner.mixers import attention_mix, linear_mix
+from hypic_agent.runtime.runner.layer_loop import run_layers
 from hypic_agent.runtime.runner.plan import ForwardPlan, plan_forward
 from hypic_agent.runtime.runner.pool import PoolSeq, StatePool
+
+if TYPE_CHECKING:
+    from hypic_agent.runtime.hypic.build import ColdBatch
+    from hypic_agent.runtime.hypic.combine_work import CombineWork
 
 
 class ModelRunner:
@@ -36,15 +42,22 @@ class ModelRunner:
         """Decode attends through the block table (the paged Triton kernel): on CUDA."""
         return self.pool.device.type == "cuda"
 
-    def plan(self, seqs: Sequence[PoolSeq], new_tokens: Sequence[Sequence[int]]) -> ForwardPlan:
+    def plan(
+        self,
+        seqs: Sequence[PoolSeq],
+        new_tokens: Sequence[Sequence[int]],
+        combines: Sequence[CombineWork] = (),
+        colds: Sequence[ColdBatch] = (),
+    ) -> ForwardPlan:
         """The ``ForwardPlan`` of one step (``plan.plan_forward`` for this runner's decode path)."""
-        return plan_forward(self.pool, seqs, new_tokens, paged=self.paged_decode)
+        return plan_forward(self.pool, seqs, new_tokens, paged=self.paged_decode, combines=combines, colds=colds)
 
     @torch.no_grad()
     def forward(self, plan: ForwardPlan) -> torch.Tensor:
-        """Run ``plan``; returns the logits of each sequence's last new token ``[N, vocab]`` (fp32) and
-        advances every sequence's length and tokens."""
-        if plan.decode_only and self.decode_graphs is not None:
+        """Run ``plan``; returns the logits of each sequence's last new token, then of each combine's
+        last active row ``[N_seqs + N_combines, vocab]`` (fp32), and advances every sequence's length
+        and tokens (a combine's destination is committed by its owner)."""
+        if plan.decode_only and plan.pool_only and self.decode_graphs is not None:
             logits = self.decode_graphs.run(plan)
         else:
             logits = self.layers(plan)
@@ -54,15 +67,6 @@ class ModelRunner:
         return logits
 
     def layers(self, plan: ForwardPlan) -> torch.Tensor:
-        """The layer loop: embed -> (mixer_in, mixer, mixer_out) per layer -> logits of the last rows."""
-        model = self.model
-        h = model.embed(plan.ids)
-        for li, layer in enumerate(model.layers):
-            inputs = mixer_in(model, li, h)
-            if layer.linear_attn is not None:
-                o, extra = linear_mix(layer.linear_attn, self.pool, li, inputs, plan)
-            else:
-                assert layer.self_attn is not None
-                o, extra = attention_mix(layer.self_attn, self.pool, li, inputs, plan)
-            h = mixer_out(model, li, h, o, *extra)
-        return model.logits(h.index_select(0, plan.last_rows))
+        """The layer loop (``layer_loop``): embed -> (mixer_in, each group's mixer, mixer_out) per layer
+        -> logits of the last rows."""
+        return run_layers(self.model, plan, self.pool)

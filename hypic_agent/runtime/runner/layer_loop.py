@@ -1,0 +1,105 @@
+"""The layer loop: every forward of the runtime, any mix of work, through one pass over the layers.
+
+A ``ForwardPlan``'s rows come in groups, stacked in this order:
+
+1. cold builds (``plan.colds``: ``ColdBatch``es, segments prefilled in isolation into entries);
+2. pool rows (``plan.seqs``: decode tokens and prefill chunks of requests in the state pool);
+3. combines (``plan.combines``: ``CombineWork``, composed requests' active rows over their entries).
+
+Per layer the token-local stages (``mixer_in``: norm + projections; ``mixer_out``: output
+projection, residual, feed-forward) run once over all rows, so the weights are read once per layer
+for the whole step (for an MoE model most of a step's time); in between each group runs its own
+mixer work on its rows (``ColdBatch.run_layer``, ``mixers.linear_mix`` / ``attention_mix`` over the
+pool, ``CombineWork.mix``). The logits are those of each pool sequence's last new row, then of each
+combine's last active row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+
+from hypic_agent.runtime.graphs import mixer_in, mixer_out
+from hypic_agent.runtime.models.hybrid import HybridForCausalLM
+from hypic_agent.runtime.runner.mixers import attention_mix, linear_mix
+from hypic_agent.runtime.runner.plan import ForwardPlan
+from hypic_agent.runtime.runner.pool import StatePool
+
+
+def _rows(xs: tuple[torch.Tensor, ...], a: int, b: int) -> tuple[torch.Tensor, ...]:
+    return tuple(x[a:b] for x in xs)
+
+
+def last_hidden(h: torch.Tensor, plan: ForwardPlan) -> torch.Tensor:
+    """``[N_seqs + N_combines, D]`` the rows of ``h`` whose logits the forward returns: each pool
+    sequence's last new row, then each combine's last active row (device ops only: a CUDA graph of
+    the forward captures this too)."""
+    if plan.pool_only:
+        return h.index_select(0, plan.last_rows)
+    a = sum(c.n_tokens for c in plan.colds)
+    parts = []
+    if plan.seqs:
+        parts.append(h[a : a + plan.n_tokens].index_select(0, plan.last_rows))
+        a += plan.n_tokens
+    for w in plan.combines:
+        a += w.n_rows
+        parts.append(h[a - 1 : a])
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
+def layer_steps(
+    model: HybridForCausalLM, plan: ForwardPlan, pool: StatePool | None, *, every: int = 0
+) -> Iterator[torch.Tensor | None]:
+    """Run ``plan`` (see module doc); yields None after every ``every`` layers (0: never; how a CUDA
+    graph of the forward is captured in a few pieces), then the logits ``[N_seqs + N_combines,
+    vocab]``. ``pool``: the state pool the plan's sequences live in (None when it has none)."""
+    if plan.seqs and pool is None:
+        raise ValueError("a plan with pool rows needs the state pool")
+    parts = [c.embed() for c in plan.colds]
+    if plan.seqs:
+        parts.append(model.embed(plan.ids))
+    parts += [model.embed(w.lay.active_ids) for w in plan.combines]
+    if not parts:
+        raise ValueError("an empty forward plan")
+    h = parts[0] if len(parts) == 1 else torch.cat(parts)
+    for li, layer in enumerate(model.layers):
+        if every and li and li % every == 0:
+            yield None
+        # chained stages (views of the stage graphs' buffers, valid until the next stage: module doc
+        # of ``runtime.graphs``); every group below is done with them before ``mixer_out``
+        xs = mixer_in(model, li, h, keep=True)
+        outs: list[torch.Tensor] = []
+        a = 0
+        for c in plan.colds:
+            outs.append(c.run_layer(li, layer, _rows(xs, a, a + c.n_tokens))[0])
+            a += c.n_tokens
+        if li == 0:  # the combines' tables are planned while the GPU runs the cold rows' first layer
+            for w in plan.combines:
+                w.plan()
+        if plan.seqs:
+            assert pool is not None
+            mine = _rows(xs, a, a + plan.n_tokens)
+            if layer.linear_attn is not None:
+                o, _ = linear_mix(layer.linear_attn, pool, li, mine, plan)
+            else:
+                assert layer.self_attn is not None
+                o, _ = attention_mix(layer.self_attn, pool, li, mine, plan)
+            outs.append(o)
+            a += plan.n_tokens
+        for w in plan.combines:
+            outs.append(w.mix(li, layer, _rows(xs, a, a + w.n_rows)))
+            a += w.n_rows
+        extra = xs[1:2] if layer.linear_attn is not None else xs[3:]  # GDN's z / the attention gate, if any
+        h = mixer_out(model, li, h, outs[0] if len(outs) == 1 else tuple(outs), *extra, keep=True)
+    if not plan.seqs and not plan.combines:  # cold builds only: nothing to predict
+        yield h.new_empty(0, model.config.vocab_size)
+        return
+    yield model.logits(last_hidden(h, plan))
+
+
+def run_layers(model: HybridForCausalLM, plan: ForwardPlan, pool: StatePool | None) -> torch.Tensor:
+    """``layer_steps`` to the end: the logits."""
+    *_, logits = layer_steps(model, plan, pool)
+    assert logits is not None
+    return logits
