@@ -80,6 +80,12 @@ class Settings(BaseSettings):
     decode_graph_max_batch: int = Field(
         default=128, ge=1, description="largest decode batch replayed from CUDA graphs (CUDA, with cuda_graphs)"
     )
+    prefix_snapshots: int = Field(
+        default=32,
+        ge=0,
+        description="prefix_cache mode: cached prefixes that keep their linear state (one snapshot of a slot each, "
+        "in the state pool; their attention KV is shared pool pages); 0 = the mode caches nothing",
+    )
 
     # --- HYPIC -----------------------------------------------------------------------
     default_mode: ModeName = "hypic"

@@ -42,6 +42,7 @@ def build_pool(engine: Engine) -> StatePool:
         device=p.device,
         dtype=p.dtype,
         max_seq_tokens=engine.max_context,
+        snapshots=s.prefix_snapshots,
     )
 
 

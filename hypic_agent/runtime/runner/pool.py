@@ -14,11 +14,19 @@ Slot 0 and page 0 are scratch: the padding rows of a CUDA-graph batch point ther
 step never touches a live request's state. A request reserves the pages for its whole prompt and
 ``max_tokens`` when it is admitted: decoding can never run out of pages, so nothing is preempted
 or corrupted when the pool is full (the scheduler queues the next request instead).
+
+Pages are refcounted: a request's block table holds one reference to each of its pages, and the
+prefix cache (``radix_cache.RadixCache``) one more to each page it keeps; a page is free when
+nothing references it. A request that resumes a cached prefix starts its block table with those
+pages (``alloc(tokens, shared=...)``: shared, not copied). Snapshots: ``snap_recurrent
+[L_lin, N, HV, K, V]`` and ``snap_conv [L_lin, N, C, W-1]`` keep a slot's linear state at a cached
+prefix's end (``save_snapshot`` / ``load_snapshot``); the attention KV of that prefix is its pages.
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -46,6 +54,8 @@ class PoolUsage:
     pages_total: int
     page_size: int
     bytes_total: int
+    snapshots_used: int = 0
+    snapshots_total: int = 0
 
 
 class StatePool:
@@ -59,7 +69,11 @@ class StatePool:
         device: torch.device,
         dtype: torch.dtype,
         max_seq_tokens: int | None = None,
+        snapshots: int = 0,
     ) -> None:
+        """``snapshots``: linear-state snapshot rows for the prefix cache (0: it keeps nothing)."""
+        if snapshots < 0:
+            raise ValueError(f"snapshots must be >= 0, got {snapshots}")
         if slots < 1 or page_size < 1 or kv_tokens < page_size:
             raise ValueError(f"pool needs slots >= 1 and kv_tokens >= page_size, got {slots}, {kv_tokens}, {page_size}")
         self.cfg = cfg
@@ -84,9 +98,15 @@ class StatePool:
         k_row, v_row = cfg.attention_cache_rows
         self.k = torch.zeros(n_att, self.n_pages + 1, page_size, *k_row, device=device, dtype=dtype)
         self.v = torch.zeros(n_att, self.n_pages + 1, page_size, *v_row, device=device, dtype=dtype)
+        self.n_snapshots = snapshots
+        # prefix-cache snapshots of a slot's linear state: [L_lin, N, HV, K, V] and [L_lin, N, C, W-1]
+        self.snap_recurrent = torch.zeros(n_lin, snapshots, *cfg.linear_state_shape, device=device, dtype=torch.float32)
+        self.snap_conv = torch.zeros(n_lin, snapshots, c, max(w - 1, 0), device=device, dtype=dtype)
         self._free_slots = list(range(slots, 0, -1))  # pop() hands out low numbers first
+        self._free_snaps = list(range(snapshots - 1, -1, -1))
         self._page_free = torch.ones(self.n_pages + 1, dtype=torch.bool)  # host mask; page 0 is scratch
         self._page_free[0] = False
+        self._refs = torch.zeros(self.n_pages + 1, dtype=torch.int32)  # host: references to each page
         self._n_free_pages = self.n_pages
         self._lock = threading.Lock()
 
@@ -98,36 +118,60 @@ class StatePool:
         """Whether a request of ``tokens`` (prompt + max_tokens) could be admitted into an empty pool."""
         return self.pages_for(tokens) <= self.max_seq_pages
 
+    @property
+    def free_pages(self) -> int:
+        return self._n_free_pages
+
+    @property
+    def free_slots(self) -> int:
+        return len(self._free_slots)
+
+    def refs(self, page: int) -> int:
+        """How many block tables and prefix-cache nodes reference ``page`` (0: free)."""
+        return int(self._refs[page])
+
     def usage(self) -> PoolUsage:
         with self._lock:
-            total = sum(t.nbytes for t in (self.recurrent, self.conv, self.k, self.v))
+            tensors = (self.recurrent, self.conv, self.k, self.v, self.snap_recurrent, self.snap_conv)
             return PoolUsage(
                 self.n_slots - len(self._free_slots),
                 self.n_slots,
                 self.n_pages - self._n_free_pages,
                 self.n_pages,
                 self.page_size,
-                total,
+                sum(t.nbytes for t in tensors),
+                self.n_snapshots - len(self._free_snaps),
+                self.n_snapshots,
             )
 
     # ------------------------------------------------------------------ alloc / free
-    def alloc(self, tokens: int) -> PoolSeq | None:
+    def alloc(self, tokens: int, shared: Sequence[int] = ()) -> PoolSeq | None:
         """A slot and the pages for ``tokens`` rows, zeroed linear state; None when they are not free.
-        The pages are the lowest run of consecutive free pages where there is one (a combine then
-        assembles each attention layer's K/V in place: ``StateDestination``), else the lowest free."""
-        need = self.pages_for(tokens)
+        ``shared``: pages already in use (a cached prefix's) that begin the block table, referenced
+        once more instead of taken; only the rest are new. The new pages are the lowest run of
+        consecutive free pages where there is one (a combine then assembles each attention layer's
+        K/V in place: ``StateDestination``), else the lowest free."""
+        total = self.pages_for(tokens)
+        need = total - len(shared)
+        if need < 0:
+            raise ValueError(f"{len(shared)} shared pages exceed the {total} pages of {tokens} tokens")
         with self._lock:
             if not self._free_slots or need > self._n_free_pages:
                 return None
+            if shared and bool((self._refs[list(shared)] <= 0).any()):
+                raise ValueError("shared pages must be in use")
             slot = self._free_slots.pop()
-            pages = self._take_pages(need)
+            self._add_refs(shared, 1)
+            pages = list(shared) + self._take_pages(need)
         self.recurrent[:, slot].zero_()
         self.conv[:, slot].zero_()
-        return PoolSeq(slot, pages, need * self.page_size)
+        return PoolSeq(slot, pages, total * self.page_size)
 
     def _take_pages(self, need: int) -> list[int]:
         """Mark ``need`` free pages used (caller holds the lock): the first run of ``need`` consecutive
         free pages, or the lowest free pages when no run is that long."""
+        if need == 0:
+            return []
         free = self._page_free
         counts = torch.cumsum(free, 0)  # [n_pages + 1]: free pages among 0..i
         window = counts[need:] - counts[:-need]  # [m]: free pages among m+1..m+need
@@ -138,17 +182,78 @@ class StatePool:
         else:
             pages = torch.nonzero(free).flatten()[:need].tolist()
         free[pages] = False
+        self._refs[pages] = 1
         self._n_free_pages -= need
         return pages
 
+    def _add_refs(self, pages: Sequence[int], delta: int) -> int:
+        """Add ``delta`` to each page's count (caller holds the lock); returns how many pages became
+        free (count 0), which go back to the free list."""
+        if not pages:
+            return 0
+        if 0 in pages:
+            raise ValueError("page 0 is scratch: it is never referenced")
+        idx = torch.tensor(list(pages), dtype=torch.int64)
+        self._refs.index_add_(0, idx, torch.full((len(idx),), delta, dtype=torch.int32))
+        if delta > 0:
+            return 0
+        counts = self._refs[idx]
+        if bool((counts < 0).any()):
+            raise RuntimeError(f"page references went negative: {pages}")
+        freed = idx[counts == 0].unique()
+        self._page_free[freed] = True
+        self._n_free_pages += int(freed.numel())
+        return int(freed.numel())
+
+    def share(self, pages: Sequence[int]) -> None:
+        """One more reference to each of ``pages`` (in use already): the prefix cache keeps them."""
+        with self._lock:
+            if pages and bool((self._refs[list(pages)] <= 0).any()):
+                raise ValueError("only pages in use can be shared")
+            self._add_refs(pages, 1)
+
+    def release(self, pages: Sequence[int]) -> int:
+        """Drop one reference to each of ``pages``; returns how many became free."""
+        with self._lock:
+            return self._add_refs(pages, -1)
+
     def free(self, seq: PoolSeq) -> None:
+        """Give back ``seq``'s slot and its references to its pages (a page still referenced by the
+        prefix cache or another request stays in use)."""
         with self._lock:
             if seq.slot:
                 self._free_slots.append(seq.slot)
-            if seq.pages:
-                self._page_free[seq.pages] = True
-                self._n_free_pages += len(seq.pages)
+            self._add_refs(seq.pages, -1)
         seq.slot, seq.pages, seq.capacity = 0, [], 0
+
+    # ------------------------------------------------------------------ prefix-cache snapshots
+    def save_snapshot(self, slot: int) -> int | None:
+        """A free snapshot row holding a copy of ``slot``'s linear state (recurrent + conv of every
+        linear layer); None when every row is taken."""
+        with self._lock:
+            if not self._free_snaps:
+                return None
+            snap = self._free_snaps.pop()
+        self.snap_recurrent[:, snap].copy_(self.recurrent[:, slot])
+        self.snap_conv[:, snap].copy_(self.conv[:, slot])
+        return snap
+
+    def load_snapshot(self, snap: int, slot: int) -> None:
+        """Copy snapshot ``snap`` into ``slot``'s linear state."""
+        self.recurrent[:, slot].copy_(self.snap_recurrent[:, snap])
+        self.conv[:, slot].copy_(self.snap_conv[:, snap])
+
+    def drop_snapshot(self, snap: int) -> None:
+        with self._lock:
+            if snap in self._free_snaps or not 0 <= snap < self.n_snapshots:
+                raise ValueError(f"snapshot {snap} is not taken")
+            self._free_snaps.append(snap)
+
+    def copy_page(self, src: int, dst: int) -> None:
+        """Every attention layer's rows of page ``src`` into page ``dst`` (copy-on-write of a cached
+        prefix's partial last page)."""
+        self.k[:, dst].copy_(self.k[:, src])
+        self.v[:, dst].copy_(self.v[:, src])
 
     def first_row(self, seq: PoolSeq, length: int) -> int | None:
         """The flat row of position 0 when positions ``0..length-1`` of ``seq`` sit in consecutive

@@ -35,7 +35,8 @@ def pool_sizes(
     cfg: HybridConfig, settings: Settings, max_context: int, device: torch.device, dtype: torch.dtype
 ) -> tuple[int, int]:
     """``(slots, kv_tokens)``. KV rows: ``kv_pool_tokens`` if set; else on CUDA ``kv_pool_fraction``
-    of the free memory less the slots, at most ``slots * max_context``; on CPU ``2 * max_context``."""
+    of the free memory less the slots and the prefix cache's snapshots (``prefix_snapshots``, each
+    the size of a slot), at most ``slots * max_context``; on CPU ``2 * max_context``."""
     slots = settings.max_running
     if settings.kv_pool_tokens:
         return slots, settings.kv_pool_tokens
@@ -43,6 +44,7 @@ def pool_sizes(
     per_token = max(bytes_per_token(cfg, dtype), 1)
     if device.type == "cuda":
         free = free_device_memory(device)
-        budget = int(free * settings.kv_pool_fraction) - slots * bytes_per_slot(cfg, dtype)
+        rows = slots + settings.prefix_snapshots  # linear-state rows: slots and snapshots
+        budget = int(free * settings.kv_pool_fraction) - rows * bytes_per_slot(cfg, dtype)
         return slots, max(settings.kv_page_size, min(cap, budget // per_token))
     return slots, min(cap, 2 * max_context)
