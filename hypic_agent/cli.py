@@ -11,10 +11,12 @@ from rich.console import Console
 from rich.markup import escape
 
 from hypic_agent.config import MODES, Settings
+from hypic_agent.config_docs import REGENERATE, current_rows, env_value, help_epilog
+from hypic_agent.config_docs import markdown as config_markdown
 from hypic_agent.errors import HypicError
 from hypic_agent.runtime.models.cli import models_app
 from hypic_agent.startup import LOGGER as STARTUP_LOGGER
-from hypic_agent.startup import StartupLog
+from hypic_agent.startup import StartupLog, port_problem
 
 app = typer.Typer(
     help="HYPIC position-independent segment caching for hybrid-attention LLMs.",
@@ -63,6 +65,8 @@ def generate(
 
     With --url the request goes to a running `hypic-agent serve` (its cache persists between
     calls); without, the model is loaded here and the server's app runs in-process."""
+    import httpx
+
     from hypic_agent import cli_generate as g
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
@@ -74,8 +78,6 @@ def generate(
             local_only={"model": model, "device": device},
             max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
         )  # fmt: skip
-        if not raw:
-            g.require_sdk()
         if url is None:
             g.check_model(settings)
     except (g.BadArgument, HypicError) as e:
@@ -97,35 +99,72 @@ def generate(
                     line = g.stream_completion(client, req, sys.stdout)
     except HypicError as e:
         raise _fail(e.message, 1, e.type) from e
-    except g.client_errors() as e:
-        raise _fail(g.client_error_message(e, url), 1) from e
+    except g.ServerError as e:
+        raise _fail(e.message, 1, e.kind) from e
+    except httpx.HTTPError as e:  # the transport: unreachable, timed out, cut off
+        raise _fail(g.transport_error_message(e, url), 1) from e
     err.print(escape(line), style="dim", highlight=False, soft_wrap=True)
 
 
-@app.command()
-def serve(
-    host: str | None = typer.Option(None, help="bind address (default 127.0.0.1, or HYPIC_HOST)"),
-    port: int | None = typer.Option(None, help="port (default 8000, or HYPIC_PORT)"),
-    model: str | None = typer.Option(
-        None, help="model name/path (default: the embedded SmolLM2; tiny:<arch> for tests)"
+def _env(name: str) -> str:
+    """``(HYPIC_PORT; default 8000)``: a serve option's variable and default, read from ``Settings``."""
+    field = Settings.model_fields[name]
+    default = field.default_factory() if field.default_factory is not None else field.default  # type: ignore[call-arg]
+    return f"(HYPIC_{name.upper()}; default {env_value(default)})"
+
+
+@app.command("config")
+def config_cmd(
+    markdown: bool = typer.Option(
+        False, "--markdown", help=f"print docs/configuration.md instead (regenerate it: {REGENERATE})"
     ),
-    device: str | None = typer.Option(None, help="auto | cpu | cuda | cuda:N"),
+) -> None:
+    """Every setting: its environment variable, the value in effect here and what it does."""
+    if markdown:
+        sys.stdout.write(config_markdown())
+        return
+    try:
+        settings = Settings()
+    except ValueError as e:  # a variable that does not parse: say which
+        raise _fail(f"the environment's settings do not validate: {e}", 2) from e
+    for row, value in current_rows(settings):
+        changed = "" if value == row.default else f"   (default {row.default})"
+        typer.echo(f"{row.env}={value}{changed}")
+        typer.echo(f"    {row.type}" + (f": {row.description}" if row.description else ""))
+
+
+@app.command(epilog=help_epilog())
+def serve(
+    host: str | None = typer.Option(None, help=f"bind address {_env('host')}"),
+    port: int | None = typer.Option(None, help=f"port {_env('port')}; checked before the model loads"),
+    model: str | None = typer.Option(
+        None, help=f"catalog name, HF folder, .gguf file or tiny:<arch> {_env('model')}; see `hypic-agent models list`"
+    ),
+    device: str | None = typer.Option(None, help=f"auto | cpu | cuda | cuda:N {_env('device')}"),
     prewarm: str | None = typer.Option(None, help="JSON list of segments to register + pre-warm before serving"),
     tenant: str = typer.Option("default", help="tenant that owns the --prewarm segments"),
     scatter_workers: int | None = typer.Option(
-        None, "--scatter-workers", min=1, help="worker processes that build cold segments (default 1: in process)"
+        None,
+        "--scatter-workers",
+        min=1,
+        help=f"worker processes that build cold segments, 1 = in process {_env('scatter_workers')}",
     ),
     devices: str | None = typer.Option(
-        None, help="the scatter workers' devices, comma-separated (cuda:1,cuda:2; default: see scatter_devices)"
+        None,
+        help="the scatter workers' devices, comma-separated: cuda:1,cuda:2 (HYPIC_SCATTER_DEVICES, a JSON list; "
+        "default: the CPU on CPU, every GPU but rank 0's on CUDA)",
     ),
     split_segment_tokens: int | None = typer.Option(
         None,
         "--split-segment-tokens",
         min=0,
-        help="cut segments longer than this into cached pieces of this many tokens (built in parallel; 0 = off)",
+        help="cut segments longer than this into cached pieces of this many tokens (built in parallel; 0 = off) "
+        + _env("split_segment_tokens"),
     ),
 ) -> None:
-    """Start the HTTP API server (segment-aware generate, segments store, OpenAI-compatible chat)."""
+    """Start the HTTP API server (segment-aware generate, segments store, OpenAI-compatible chat).
+
+    Every setting is an environment variable (listed below); the options override theirs."""
     from hypic_agent.api.serve import run_server
     from hypic_agent.runtime.workers.devices import DeviceError
     from hypic_agent.runtime.workers.pool import WorkerStartError
@@ -141,11 +180,11 @@ def serve(
             updates["split_segment_tokens"] = split_segment_tokens
         if devices is not None:
             updates["scatter_devices"] = [d.strip() for d in devices.split(",") if d.strip()]
-        run_server(
-            settings.model_copy(update=updates) if updates else settings,
-            prewarm=Path(prewarm) if prewarm else None,
-            tenant=tenant,
-        )
+        settings = settings.model_copy(update=updates) if updates else settings
+        problem = port_problem(settings.host, settings.port)  # before the load, not after it
+        if problem is not None:
+            raise _fail(problem, 2)
+        run_server(settings, prewarm=Path(prewarm) if prewarm else None, tenant=tenant)
     except HypicError as e:
         err.print(f"[red]error ({e.type}):[/red] {e.message}")
         raise typer.Exit(2) from e

@@ -3,23 +3,25 @@
 Every argument is checked before anything is loaded (``check_request``: mode, seam, sampling,
 segment files and kinds, URL), so a bad one fails in well under a second. Then:
 
-* ``--url URL``: the request goes to a running server through the SDK (``hypic_client``): no
-  model load, and the server's segment cache serves repeated segments (``cached_tokens``);
+* ``--url URL``: the request goes to a running server (``POST /v1/generate``, streamed, over httpx):
+  no model load, and the server's segment cache serves repeated segments (``cached_tokens``);
 * otherwise the model is loaded here (start-up progress on stderr) and the server's own app runs
-  in-process behind the same SDK calls, with a throw-away segment store;
+  in-process behind the same HTTP calls (its test client), with a throw-away segment store;
 * ``--raw`` (local only, no segments): complete the prompt text as is, without the chat template.
 
+Only the server's dependencies are needed (httpx, fastapi): not the Python SDK (``hypic_client``).
 The completion streams to stdout; usage and timings go to stderr (``usage_line``).
 """
 
 from __future__ import annotations
 
+import json
 import math
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -43,14 +45,14 @@ class GenerateRequest:
     temperature: float = 0.0
     top_p: float = 1.0
     top_k: int = 0
-    sdk_kwargs: dict[str, Any] = field(default_factory=dict)
 
     def body(self) -> dict[str, Any]:
-        """Keyword arguments of ``Hypic.generate``."""
-        return dict(
+        """The JSON body of a streamed ``POST /v1/generate`` (unset mode / seam: the server's defaults)."""
+        body = dict(
             segments=list(self.segments), query=self.prompt, mode=self.mode, seam=self.seam,
             max_tokens=self.max_tokens, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
         )  # fmt: skip
+        return {k: v for k, v in body.items() if v is not None} | {"stream": True}
 
 
 def read_segments(files: list[Path], kinds: list[str]) -> tuple[dict[str, Any], ...]:
@@ -116,15 +118,6 @@ def check_request(
     return GenerateRequest(prompt=prompt, segments=segments, mode=mode, seam=seam, **sampling)
 
 
-def require_sdk() -> None:
-    try:
-        import hypic_client  # noqa: F401
-    except ImportError as e:
-        raise BadArgument(
-            "the Python SDK is not installed: pip install -e ./sdk/python (from the repository root)"
-        ) from e
-
-
 def check_model(settings: Settings) -> None:
     """An unknown model name or a missing path fails here, before the load (a catalog model that
     is not downloaded yet is fine: the load fetches it; tiny:<arch> is checked by the load)."""
@@ -136,27 +129,48 @@ def check_model(settings: Settings) -> None:
     resolve_model(name, settings, fetch=False)
 
 
-def client_errors() -> tuple[type[Exception], ...]:
-    """The SDK's error classes (connection, status, stream), or none without the SDK."""
-    try:
-        from hypic_client import HypicError as ClientError
-    except ImportError:
-        return ()
-    return (ClientError,)
+class ServerError(Exception):
+    """The server answered an error: a status other than 200, or an error event in the stream."""
+
+    def __init__(self, message: str, kind: str = "", status: int | None = None) -> None:
+        super().__init__(message)
+        self.message, self.kind, self.status = message, kind, status
+
+    @classmethod
+    def of_payload(cls, payload: Any, status: int | None) -> ServerError:
+        """From the API's error body ``{"error": {"type", "message", "param"}}`` (or anything else)."""
+        err = payload.get("error") if isinstance(payload, dict) else None
+        if isinstance(err, dict):
+            param = f" (param {err['param']})" if err.get("param") else ""
+            return cls(
+                f"{err.get('message') or 'the server reported an error'}{param}", str(err.get("type") or ""), status
+            )
+        return cls(f"the server answered {status}: {str(payload)[:300]}", "", status)
 
 
-def client_error_message(e: Exception, url: str | None) -> str:
+def transport_error_message(e: Exception, url: str | None) -> str:
     """What went wrong talking to the server, in words (an unreachable ``--url`` says so)."""
-    from hypic_client import APIConnectionError, APITimeoutError
+    import httpx
 
-    if isinstance(e, APITimeoutError):
+    if isinstance(e, httpx.TimeoutException):
         return f"the server at {url or 'in-process'} did not answer in time ({e})"
-    if isinstance(e, APIConnectionError) and url is not None:
-        return f"cannot reach a server at {url} ({e.__cause__ or e}); is `hypic-agent serve` running there?"
-    return str(e)
+    if isinstance(e, httpx.TransportError) and url is not None:
+        return f"cannot reach a server at {url} ({e}); is `hypic-agent serve` running there?"
+    return f"{type(e).__name__}: {e}"
 
 
 # ---------------------------------------------------------------------------- clients
+@contextmanager
+def remote_client(url: str, api_key: str | None) -> Iterator[Any]:
+    """An httpx client for the server at ``url`` (bearer ``api_key``); a long read timeout: a cold
+    request on CPU can take minutes before its first token."""
+    import httpx
+
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    with httpx.Client(base_url=url, headers=headers, timeout=httpx.Timeout(600.0, connect=10.0)) as client:
+        yield client
+
+
 _RECOMPUTED = ("content-length", "content-encoding", "transfer-encoding")
 
 
@@ -166,7 +180,7 @@ def _in_process(test_client: Any) -> Any:
 
     class InProcess(httpx.BaseTransport):
         def handle_request(self, request: httpx.Request) -> httpx.Response:
-            # by method, URL and bytes: the test client may be built on another httpx
+            # by method, URL and bytes: the test client may be built on another httpx (starlette's: httpx2)
             r = test_client.request(request.method, str(request.url), headers=request.headers, content=request.read())
             headers = [(k, v) for k, v in r.headers.multi_items() if k.lower() not in _RECOMPUTED]
             return httpx.Response(r.status_code, headers=headers, content=r.content, request=request)
@@ -175,18 +189,11 @@ def _in_process(test_client: Any) -> Any:
 
 
 @contextmanager
-def remote_client(url: str, api_key: str | None) -> Iterator[Any]:
-    from hypic_client import Hypic
-
-    with Hypic(url, api_key=api_key, timeout=600.0, max_retries=0) as client:
-        yield client
-
-
-@contextmanager
 def local_client(settings: Settings, engine: Any) -> Iterator[Any]:
-    """The server's app over this process's engine, with a segment store in a temporary folder."""
+    """The server's app over this process's engine, with a segment store in a temporary folder, behind
+    an httpx client: the same calls (and errors) as against a server."""
+    import httpx
     from fastapi.testclient import TestClient
-    from hypic_client import Hypic
 
     from hypic_agent.api.app import create_app
 
@@ -195,34 +202,81 @@ def local_client(settings: Settings, engine: Any) -> Iterator[Any]:
         app = create_app(settings.model_copy(update={"store_dir": Path(tmp) / "store", "database_url": db}), engine)
         with (
             TestClient(app, raise_server_exceptions=False) as tc,
-            Hypic("http://in-process", transport=_in_process(tc), timeout=600.0, max_retries=0) as client,
+            httpx.Client(base_url="http://in-process", transport=_in_process(tc), timeout=600.0) as client,
         ):
             yield client
 
 
+def sse_payloads(lines: Iterable[str]) -> Iterator[Any]:
+    """The JSON payloads of a server-sent event stream (``data:`` lines up to a blank line form one
+    event; comments skipped), up to ``data: [DONE]``."""
+    data: list[str] = []
+    for raw in _with_end(lines):
+        line = raw.rstrip("\r\n")
+        if line.startswith(":"):
+            continue
+        if line:
+            name, _, value = line.partition(":")
+            if name == "data":
+                data.append(value.removeprefix(" "))
+            continue
+        if not data:
+            continue
+        text, data = "\n".join(data), []
+        if text.strip() == "[DONE]":
+            return
+        try:
+            yield json.loads(text)
+        except ValueError:
+            raise ServerError(f"the server sent a stream event that is not JSON: {text[:200]!r}") from None
+
+
+def _with_end(lines: Iterable[str]) -> Iterator[str]:
+    yield from lines
+    yield ""  # a last event without its blank line is still dispatched
+
+
 # ---------------------------------------------------------------------------- output
-def usage_line(resp: Any, seconds: float) -> str:
-    u, t = resp.usage, resp.timings
-    ttft = f"ttft {t.ttft_ms:.0f} ms, " if t is not None and t.ttft_ms is not None else ""
-    mode = getattr(u, "mode", None)
+def usage_line(final: dict[str, Any], seconds: float) -> str:
+    """``5 tokens in 1.2 s (ttft 300 ms, finish=length); prompt 127 tokens: 87 cached, 40 recomputed; mode hypic``."""
+    u, t = final.get("usage") or {}, final.get("timings") or {}
+    ttft = f"ttft {t['ttft_ms']:.0f} ms, " if t.get("ttft_ms") is not None else ""
+    mode = u.get("mode")
     return (
-        f"{u.completion_tokens} tokens in {seconds:.1f} s ({ttft}finish={resp.finish_reason}); prompt "
-        f"{u.prompt_tokens} tokens: {u.cached_tokens} cached, {u.recomputed_tokens} recomputed"
-        + (f"; mode {mode}" if mode else "")
+        f"{u.get('completion_tokens', 0)} tokens in {seconds:.1f} s ({ttft}finish={final.get('finish_reason')}); "
+        f"prompt {u.get('prompt_tokens', 0)} tokens: {u.get('cached_tokens', 0)} cached, "
+        f"{u.get('recomputed_tokens', 0)} recomputed" + (f"; mode {mode}" if mode else "")
     )
 
 
 def stream_completion(client: Any, req: GenerateRequest, out: TextIO) -> str:
-    """Stream the completion's text to ``out``; the usage line."""
+    """Stream the completion's text to ``out`` (``client``: an ``httpx.Client`` at the server); the
+    usage line. Raises ``ServerError`` for an error answer and httpx's errors for the transport."""
     t0 = time.perf_counter()
-    with client.generate(stream=True, **req.body()) as stream:
-        for delta in stream.text_deltas():
-            out.write(delta)
-            out.flush()
-        resp = stream.final_response()
+    final: dict[str, Any] | None = None
+    with client.stream("POST", "/v1/generate", json=req.body(), headers={"Accept": "text/event-stream"}) as r:
+        if r.status_code != 200:
+            r.read()
+            try:
+                payload: Any = r.json()
+            except ValueError:
+                payload = r.text
+            raise ServerError.of_payload(payload, r.status_code)
+        for ev in sse_payloads(r.iter_lines()):
+            if isinstance(ev, dict) and ev.get("error"):
+                raise ServerError.of_payload(ev, r.status_code)
+            if not isinstance(ev, dict):
+                raise ServerError(f"the server sent a stream event that is not an object: {str(ev)[:200]}")
+            if ev.get("text"):
+                out.write(ev["text"])
+                out.flush()
+            if ev.get("finish_reason") is not None or ev.get("usage") is not None:
+                final = ev
     out.write("\n")
     out.flush()
-    return usage_line(resp, time.perf_counter() - t0)
+    if final is None:
+        raise ServerError("the server's stream ended without its final event (finish_reason and usage)")
+    return usage_line(final, time.perf_counter() - t0)
 
 
 def raw_completion(engine: Any, req: GenerateRequest, seed: int, out: TextIO) -> str:

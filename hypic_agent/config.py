@@ -35,8 +35,12 @@ class Settings(BaseSettings):
         description="catalog name (see `hypic-agent models`), local HF folder, .gguf file, or tiny:<arch>",
     )
     device: str = Field(default="auto", description="auto | cpu | cuda | cuda:N")
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
-    kernel_backend: Literal["auto", "torch", "fla"] = "auto"
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        default="auto", description="weights and activations; auto = bfloat16 on CUDA, float32 on CPU"
+    )
+    kernel_backend: Literal["auto", "torch", "fla"] = Field(
+        default="auto", description="linear-attention and norm kernels: auto (fla on CUDA when installed), torch, fla"
+    )
     max_context: int = Field(default=32768, ge=16, description="upper bound on prompt + completion tokens")
     cuda_graphs: bool = Field(
         default=True, description="replay short forwards' feed-forward blocks from CUDA graphs (CUDA only)"
@@ -61,7 +65,9 @@ class Settings(BaseSettings):
         description="cold-batch layouts kept as CUDA graphs (LRU; ~4.7 GB each at 4 x 1k tokens of "
         "the Qwen3.5-35B-A3B shape)",
     )
-    seed: int = 0
+    seed: int = Field(
+        default=0, description="seed of random weights (tiny:<arch>, random:<config>) and of --raw sampling"
+    )
     kernels: KernelSettings = Field(
         default_factory=KernelSettings, description="kernel choices (HYPIC_KERNELS__<FIELD>; see KernelSettings)"
     )
@@ -88,8 +94,13 @@ class Settings(BaseSettings):
     )
 
     # --- HYPIC -----------------------------------------------------------------------
-    default_mode: ModeName = "hypic"
-    default_seam: float = Field(default=8, ge=0)
+    default_mode: ModeName = Field(default="hypic", description="mode of a request that names none")
+    default_seam: float = Field(
+        default=8,
+        ge=0,
+        description="seam of a request that names none: tokens recomputed at each cached segment's start (a count "
+        "> 1), a fraction of the segment in (0, 1], or 0",
+    )
     seam_budget: float = Field(
         default=0.03,
         ge=0,
@@ -97,7 +108,9 @@ class Settings(BaseSettings):
         description='seam="auto": the share of the cached segments\' tokens recomputed in context, spread over a '
         "request's segments by their measured deviation (1 = full_recompute)",
     )
-    pair_dtype: Literal["float32", "bfloat16"] = "float32"
+    pair_dtype: Literal["float32", "bfloat16"] = Field(
+        default="float32", description="dtype of the linear layers' stored transition pairs"
+    )
     build_prefix: Literal["none", "bos", "template", "document"] = Field(
         default="none",
         description="what cold segments are prefilled after (runtime.hypic.build_context): nothing (isolated), the "
@@ -148,16 +161,21 @@ class Settings(BaseSettings):
     # --- store -----------------------------------------------------------------------
     database_url: str | None = Field(default=None, description="SQLAlchemy URL; default sqlite file in home")
     store_dir: Path | None = Field(default=None, description="disk tier folder; default <home>/store")
-    gpu_budget_bytes: int = Field(default=8 << 30, ge=0)
+    gpu_budget_bytes: int = Field(default=8 << 30, ge=0, description="bytes of entries the GPU tier keeps (CUDA only)")
     cuda_headroom_bytes: int = Field(
         default=2 << 30,
         ge=0,
         description="free block kept in the CUDA caching allocator, refilled while a request's forward runs, "
         "so the next request's new entries never wait on cudaMalloc before its first kernel; 0 = off",
     )
-    cpu_budget_bytes: int = Field(default=4 << 30, ge=0)
-    disk_budget_bytes: int = Field(default=64 << 30, ge=0)
-    default_ttl_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    cpu_budget_bytes: int = Field(default=4 << 30, ge=0, description="bytes of entries the CPU memory tier keeps")
+    disk_budget_bytes: int = Field(default=64 << 30, ge=0, description="bytes of entries the disk tier keeps")
+    default_ttl_s: float | None = Field(
+        default=None,
+        gt=0,
+        allow_inf_nan=False,
+        description="seconds a stored segment lives unless it sets its own ttl; unset: no expiry",
+    )
     hit_flush_interval_s: float = Field(
         default=2.0,
         ge=0,
@@ -179,8 +197,8 @@ class Settings(BaseSettings):
     )
 
     # --- API -------------------------------------------------------------------------
-    host: str = "127.0.0.1"
-    port: int = 8000
+    host: str = Field(default="127.0.0.1", description="address serve listens on (0.0.0.0: every interface)")
+    port: int = Field(default=8000, description="port serve listens on")
     switch_interval_ms: float | None = Field(
         default=None,
         gt=0,
@@ -202,9 +220,11 @@ class Settings(BaseSettings):
     metrics_tenant_labels: bool = Field(
         default=False, description="label per-tenant metrics (rate-limit refusals) with tenant names"
     )
-    max_segments: int = Field(default=256, ge=1)
-    max_body_bytes: int = Field(default=8 << 20, ge=1024)
-    max_tokens_limit: int = Field(default=4096, ge=1)
+    max_segments: int = Field(default=256, ge=1, description="segments in one request, at most (more: 400)")
+    max_body_bytes: int = Field(default=8 << 20, ge=1024, description="bytes of a request body, at most (more: 413)")
+    max_tokens_limit: int = Field(
+        default=4096, ge=1, description="max_tokens a request may ask for, at most (more: 400)"
+    )
     model_aliases: list[str] = Field(
         default_factory=list,
         description="more names the served model answers to in a request's `model` (any other name: 404)",
@@ -227,7 +247,7 @@ class Settings(BaseSettings):
         "is compiled from them: 400 schema levels took 8 s)",
     )
     tenant_requests_per_minute: int = Field(default=0, ge=0, description="0 = unlimited")
-    log_level: str = "INFO"
+    log_level: str = Field(default="INFO", description="DEBUG | INFO | WARNING | ERROR (JSON log lines on stderr)")
 
     def resolved_store_dir(self) -> Path:
         return self.store_dir or (self.home / "store")

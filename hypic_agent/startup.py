@@ -18,7 +18,9 @@ then *copies* it to the download folder, so for a download the count is the larg
 
 from __future__ import annotations
 
+import errno
 import logging
+import socket
 import sys
 import threading
 import time
@@ -68,6 +70,30 @@ def largest_file_bytes(path: Path | None) -> int:
         except OSError:  # a temp file moved or removed while we walk
             continue
     return largest
+
+
+def port_problem(host: str, port: int) -> str | None:
+    """Why ``serve`` could not listen on ``host:port`` now, or None: the bind uvicorn does later (same
+    family rule and ``SO_REUSEADDR``), tried and released before the model load, so a busy port
+    fails in a second instead of after the load. Port 0 (any free port) is never a problem."""
+    if port == 0:
+        return None
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((host, port))
+    except OSError as e:
+        where = f"[{host}]:{port}" if family == socket.AF_INET6 else f"{host}:{port}"
+        if e.errno == errno.EADDRINUSE:
+            return (
+                f"port {port} on {host} is already in use (another `hypic-agent serve`?): stop that process, "
+                "or pick a free port with --port N (or HYPIC_PORT)"
+            )
+        if e.errno == errno.EACCES:
+            return f"no permission to listen on {where} (ports below 1024 need privileges): use --port 8000 or higher"
+        return f"cannot listen on {where}: {e.strerror or e}; check --host (or HYPIC_HOST) and --port"
+    return None
 
 
 class StartupLog:

@@ -104,6 +104,48 @@ def test_raw_local_run(tmp_path: Path) -> None:
     assert re.search(r"\d+ tokens in [\d.]+ s .*prompt 9 tokens, raw", res.output), res.output
 
 
+@pytest.fixture
+def no_sdk(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``import hypic_client`` fails, as after README command 1 without ``-e ./sdk/python``."""
+    import sys
+
+    for name in [m for m in sys.modules if m == "hypic_client" or m.startswith("hypic_client.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "hypic_client", None)  # a None entry makes the import raise ImportError
+
+
+def test_local_run_needs_no_sdk(no_sdk: None, files: list[Path], tmp_path: Path) -> None:
+    """``generate`` works from the server's own install: the Python SDK is not a dependency."""
+    with pytest.raises(ImportError):
+        import hypic_client  # noqa: F401
+    res = invoke("-p", "Which city?", "--model", TINY, "--device", "cpu", "--segment", str(files[0]),
+                 "--max-tokens", "2", home=tmp_path)  # fmt: skip
+    assert res.exit_code == 0, res.output
+    m = USAGE.search(res.output)
+    assert m is not None and m.group(5) == "hypic", res.output
+    assert int(m.group(2)) > len(PARIS) and int(m.group(3)) == 0
+
+
+def test_sse_payloads_reads_the_servers_framing() -> None:
+    from hypic_agent.cli_generate import ServerError, sse_payloads
+
+    lines = [
+        ": ping",
+        'data: {"text": "a"}',
+        "",
+        'data: {"text":',
+        'data: "b"}',
+        "",
+        "data: [DONE]",
+        "",
+        'data: {"x": 1}',
+    ]
+    assert list(sse_payloads(lines)) == [{"text": "a"}, {"text": "b"}]  # multi-line data joined; [DONE] ends it
+    assert list(sse_payloads(['data: {"text": "c"}'])) == [{"text": "c"}]  # no closing blank line
+    with pytest.raises(ServerError, match="not JSON"):
+        list(sse_payloads(["data: oops", ""]))
+
+
 # ---------------------------------------------------------------------------- --url
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
@@ -145,6 +187,21 @@ def test_url_run_uses_the_servers_cache(server: str, files: list[Path], no_load:
     assert int(u2.group(3)) >= len(PARIS) + len(LYON) - 2 * 8 - 2, second.output
 
 
+def test_url_run_needs_no_sdk(server: str, files: list[Path], no_load: None, no_sdk: None) -> None:
+    res = invoke("-p", "Which city is the capital?", "--url", server, "--max-tokens", "2", "--segment", str(files[1]))
+    assert res.exit_code == 0, res.output
+    m = USAGE.search(res.output)
+    assert m is not None and int(m.group(2)) > len(LYON), res.output
+
+
+def test_url_error_answer_says_what_the_server_said(server: str, no_load: None) -> None:
+    """A 4xx from the server: its error type and message, exit code 1 (here: max_tokens over the limit)."""
+    res = invoke("-p", "hi", "--url", server, "--max-tokens", "100000")
+    assert res.exit_code == 1, res.output
+    out = " ".join(res.output.split())
+    assert "error (" in out and "max_tokens" in out, res.output
+
+
 def test_url_unreachable_says_so(no_load: None) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -181,6 +238,37 @@ def test_serve_start_up_log_reads_well_in_a_file(tmp_path: Path, monkeypatch: py
     assert startup[1].startswith(f"reading the weights of {TINY} (tiny)")
     assert "pre-warming 2 segments: 2 segments of 2 segments (100%)" in startup
     assert startup[-1].startswith(f"model {TINY} ready, 2 stored entries (start-up took ")
+
+
+def test_serve_on_a_busy_port_fails_before_loading(no_load: None, tmp_path: Path) -> None:
+    """Another process listens on the port: a clear error and exit code 2 before any model load (the
+    ``no_load`` fixture fails the test if a load starts), and no "listening" line."""
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        t0 = time.perf_counter()
+        res = CliRunner().invoke(
+            app, ["serve", "--model", TINY, "--device", "cpu", "--port", str(port)],
+            env={"HYPIC_HOME": str(tmp_path)},
+        )  # fmt: skip
+    assert res.exit_code == 2, res.output
+    out = " ".join(res.output.split())
+    assert f"port {port} on 127.0.0.1 is already in use" in out and "--port N (or HYPIC_PORT)" in out, res.output
+    assert "listening" not in res.output and time.perf_counter() - t0 < 5
+
+
+def test_port_problem_names_the_cause() -> None:
+    from hypic_agent.startup import port_problem
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        assert "already in use" in (port_problem("127.0.0.1", port) or "")
+    assert port_problem("127.0.0.1", port) is None  # free again once the listener is gone
+    assert port_problem("127.0.0.1", 0) is None
+    assert "cannot listen on 192.0.2.1" in (port_problem("192.0.2.1", port) or "")  # not an address of this host
 
 
 def test_serve_missing_prewarm_file_fails_before_loading(no_load: None, tmp_path: Path) -> None:
