@@ -8,10 +8,21 @@ the eviction policy needs (``nbytes``, ``prefill_ms``, ``hits``, ``last_used_at`
 Rows also keep the segment's token ids and framed text so a stored id can be resolved (and
 recomputed) after its payload is gone. Methods return ``EntryRecord`` dataclasses, never ORM
 objects, so results are safe to share across threads.
+
+Damage: a SQLite file that fails ``PRAGMA integrity_check`` at start is quarantined and its
+readable rows salvaged into a fresh file (``integrity.py``; ``Registry.quarantined`` says what
+happened). Rows are read as raw values and decoded one by one: a value that does not decode
+(``meta`` that is not JSON, a ``token_ids`` blob of the wrong size, a ``created_at`` that is not a
+number, ...) is replaced by a safe default and named in ``EntryRecord.damaged``, so one bad row
+never fails a lookup, a listing or start-up; the store repairs such rows from the payload files'
+headers (``recovery.py``). Writes go through SQL statements, never through ORM objects loaded
+from a possibly damaged row.
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields, replace
@@ -32,16 +43,22 @@ from sqlalchemy import (
     delete,
     event,
     func,
+    insert,
     select,
+    type_coerce,
     update,
 )
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import DeclarativeBase, Mapped, defer, mapped_column, sessionmaker
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
 from sqlalchemy.pool import StaticPool
+from sqlalchemy.types import NullType
 
 from hypic_agent.config import Settings
 from hypic_agent.errors import InvalidRequestError
-from hypic_agent.segments.keys import token_bytes, tokens_from_bytes
+from hypic_agent.segments.integrity import Quarantined, check_sqlite, lenient_text, quarantine_db, sqlite_path
+from hypic_agent.segments.keys import token_bytes, token_digest, tokens_from_bytes
+
+log = logging.getLogger(__name__)
 
 Tier = Literal["gpu", "cpu", "disk", "none"]
 State = Literal["writing", "ready"]
@@ -88,7 +105,10 @@ class EntryRow(Base):
 
 @dataclass(frozen=True)
 class EntryRecord:
-    """One registry row. ``token_ids`` / ``text`` are ``None`` when not loaded or not kept."""
+    """One registry row. ``token_ids`` / ``text`` are ``None`` when not loaded or not kept.
+
+    ``damaged`` names the fields whose stored values did not decode (they hold a safe default
+    here: ``{}``, ``None``, ``0``, ``tier = none``); empty for a sound row."""
 
     key: str
     tenant: str
@@ -112,6 +132,7 @@ class EntryRecord:
     title: str | None = None
     meta: Mapping[str, Any] = field(default_factory=dict)
     seq: int | None = None
+    damaged: tuple[str, ...] = ()
 
     @property
     def expires_at(self) -> float | None:
@@ -121,47 +142,183 @@ class EntryRecord:
         return replace(self, **changes)
 
 
+IDENTITY = ("key", "tenant", "kind", "model_fingerprint")
+"""Fields without which a row cannot be told apart or checked: damage here is not repaired from
+defaults (the row is rebuilt from its payload file's header, or quarantined)."""
+
+
 @dataclass(frozen=True)
 class Page:
     items: list[EntryRecord]
     next_cursor: str | None
 
 
-_COPIED = [f.name for f in fields(EntryRecord) if f.name not in ("token_ids", "meta", "seq")]
+_COPIED = [f.name for f in fields(EntryRecord) if f.name not in ("token_ids", "meta", "seq", "damaged")]
+_TABLE: Any = EntryRow.__table__
+COLUMNS: tuple[str, ...] = tuple(c.name for c in _TABLE.c)
+_TIERS = ("gpu", "cpu", "disk", "none")
+_STATES = ("writing", "ready")
 
 
-def _to_record(row: EntryRow, *, with_payload_fields: bool = True) -> EntryRecord:
-    values = {name: getattr(row, name) for name in _COPIED if with_payload_fields or name != "text"}
-    ids = tokens_from_bytes(row.token_ids) if with_payload_fields and row.token_ids is not None else None
-    return EntryRecord(**values, token_ids=ids, meta=dict(row.meta or {}), seq=row.seq)
+def _raw(*skip: str) -> list[Any]:
+    """Every column as the driver returns it (no type processing: a bad value cannot fail the query)."""
+    return [type_coerce(c, NullType()).label(c.name) for c in _TABLE.c if c.name not in skip]
 
 
-def _fill(row: EntryRow, rec: EntryRecord) -> None:
-    for name in _COPIED:
-        setattr(row, name, getattr(rec, name))
-    row.expires_at = rec.expires_at
-    row.token_ids = token_bytes(rec.token_ids) if rec.token_ids is not None else None
-    row.meta = dict(rec.meta)
+def _values(rec: EntryRecord) -> dict[str, Any]:
+    values = {name: getattr(rec, name) for name in _COPIED}
+    values["expires_at"] = rec.expires_at
+    values["token_ids"] = token_bytes(rec.token_ids) if rec.token_ids is not None else None
+    values["meta"] = dict(rec.meta)
+    return values
+
+
+class _Decoder:
+    """Decodes one raw row field by field; what does not decode gets a default and is named."""
+
+    def __init__(self, raw: Mapping[str, Any]) -> None:
+        self.raw = raw
+        self.bad: list[str] = []
+
+    def _fail(self, name: str, default: Any) -> Any:
+        self.bad.append(name)
+        return default
+
+    def text(self, name: str, default: Any = None, *, required: bool = False) -> Any:
+        v = self.raw.get(name)
+        if isinstance(v, bytes | bytearray | memoryview) and not required:  # a key is never a blob
+            v = lenient_text(bytes(v))
+        if v is None and not required:
+            return None
+        if not isinstance(v, str) or (required and not v):
+            return self._fail(name, default)
+        return v
+
+    def integer(self, name: str, default: int = 0) -> int:
+        v = self.raw.get(name)
+        if isinstance(v, float) and v.is_integer():
+            v = int(v)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            return int(self._fail(name, default))
+        return v
+
+    def number(self, name: str, default: float | None, *, optional: bool = False, positive: bool = False) -> Any:
+        v = self.raw.get(name)
+        if v is None and optional:
+            return None
+        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or (positive and v <= 0):
+            return self._fail(name, default)
+        if v < 0 and not positive and name != "created_at" and name != "last_used_at":
+            return self._fail(name, default)
+        return float(v)
+
+    def flag(self, name: str) -> bool:
+        v = self.raw.get(name)
+        if isinstance(v, bool) or v in (0, 1):
+            return bool(v)
+        return bool(self._fail(name, False))
+
+    def choice(self, name: str, options: tuple[str, ...], default: str) -> Any:
+        v = self.text(name, default)
+        if v not in options:
+            return self._fail(name, default) if name not in self.bad else default
+        return v
+
+    def tokens(self, *, digest: str | None, check_digest: bool) -> tuple[int, ...] | None:
+        v = self.raw.get("token_ids")
+        if v is None:
+            return None
+        if not isinstance(v, bytes | bytearray | memoryview) or len(v) % 4:
+            return self._fail("token_ids", None)  # type: ignore[no-any-return]
+        ids = tokens_from_bytes(bytes(v))
+        if check_digest and digest is not None and token_digest(ids) != digest:
+            return self._fail("token_ids", None)  # type: ignore[no-any-return]
+        return ids
+
+    def meta(self) -> dict[str, Any]:
+        v = self.raw.get("meta")
+        if v is None:
+            return {}
+        if isinstance(v, bytes | bytearray | memoryview):
+            v = lenient_text(bytes(v))
+        if isinstance(v, str):
+            try:
+                v = json.loads(v)
+            except ValueError:
+                return dict(self._fail("meta", {}))
+        if not isinstance(v, dict):
+            return dict(self._fail("meta", {}))
+        return v
+
+
+def decode_row(
+    raw: Mapping[str, Any] | Any, *, with_payload_fields: bool = True, check_tokens: bool = False
+) -> EntryRecord:
+    """An ``EntryRecord`` from raw column values; never raises for a bad value (see ``damaged``).
+
+    ``check_tokens``: also decode the token ids (and compare them with the token digest), then
+    leave them out of the record (start-up reads every row this way)."""
+    d = _Decoder(raw)
+    created = d.number("created_at", None)
+    last = d.number("last_used_at", None)
+    created = created if created is not None else (last if last is not None else 0.0)
+    last = last if last is not None else created
+    digest = d.text("token_digest")
+    ids = d.tokens(digest=digest, check_digest=check_tokens) if with_payload_fields or check_tokens else None
+    seq = raw.get("seq")
+    rec = EntryRecord(
+        key=d.text("key", "", required=True),
+        tenant=d.text("tenant", "", required=True),
+        kind=d.text("kind", "text", required=True),
+        model_fingerprint=d.text("model_fingerprint", "", required=True),
+        n_tokens=d.integer("n_tokens", len(ids) if ids is not None else 0),
+        created_at=created,
+        last_used_at=last,
+        nbytes=d.integer("nbytes"),
+        tier=d.choice("tier", _TIERS, "none"),
+        location=d.text("location"),
+        checksum=d.text("checksum"),
+        hits=d.integer("hits"),
+        pinned=d.flag("pinned"),
+        ttl_s=d.number("ttl_s", None, optional=True, positive=True),
+        prefill_ms=d.number("prefill_ms", 0.0),
+        state=d.choice("state", _STATES, "ready"),
+        token_digest=digest,
+        token_ids=ids if with_payload_fields else None,
+        text=d.text("text") if with_payload_fields else None,
+        title=d.text("title"),
+        meta=d.meta(),
+        seq=int(seq) if isinstance(seq, int) else None,
+        damaged=tuple(dict.fromkeys(d.bad)),
+    )
+    if "location" in rec.damaged or "tier" in rec.damaged:  # where the payload is: unknown
+        rec = rec.replace(tier="none", location=None, checksum=None)
+    return rec
 
 
 class Registry:
     """CRUD + queries over ``hypic_entries``. Thread-safe (one session per call)."""
 
-    def __init__(self, url: str, *, echo: bool = False) -> None:
+    def __init__(self, url: str, *, echo: bool = False, check: bool = True) -> None:
         self.url = url
+        self.quarantined: Quarantined | None = None
         kwargs: dict[str, Any] = {"echo": echo, "future": True}
+        path = sqlite_path(url)
         if url.startswith("sqlite"):
             kwargs["connect_args"] = {"check_same_thread": False, "timeout": 30}
-            path = url.split("///", 1)[1] if "///" in url else ""
-            if path in ("", ":memory:"):
+            if path is None:
                 kwargs["poolclass"] = StaticPool
             else:
-                Path(path).parent.mkdir(parents=True, exist_ok=True)
+                path.parent.mkdir(parents=True, exist_ok=True)
+                if check:
+                    self._check_file(path)
         self.engine = create_engine(url, **kwargs)
         if url.startswith("sqlite"):
             event.listen(self.engine, "connect", _sqlite_pragmas)
         Base.metadata.create_all(self.engine)
         self._session = sessionmaker(self.engine, expire_on_commit=False)
+        if self.quarantined is not None and self.quarantined.rows:
+            self._restore(self.quarantined)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Registry:
@@ -170,19 +327,52 @@ class Registry:
     def close(self) -> None:
         self.engine.dispose()
 
+    # ------------------------------------------------------------------ integrity
+    def _check_file(self, path: Path) -> None:
+        """Quarantine a damaged SQLite file before anything opens it (``integrity.py``)."""
+        problem = check_sqlite(path)
+        if problem is None:
+            return
+        q = quarantine_db(path, problem, _TABLE.name, COLUMNS)
+        self.quarantined = q
+        log.warning(
+            "registry %s failed its integrity check (%s): moved to %s; %d rows salvaged%s; the rest is "
+            "rebuilt from the payload files' headers",
+            path, problem, ", ".join(str(p) for p in q.moved), len(q.rows),
+            " (some pages were unreadable)" if q.unreadable else "",
+        )  # fmt: skip
+
+    def _restore(self, q: Quarantined) -> None:
+        """Insert the salvaged rows as they were (raw values; decoded like any row when read)."""
+        cols = ", ".join(q.columns)
+        marks = ", ".join("?" for _ in q.columns)
+        restored = 0
+        with self.engine.connect() as conn:
+            dbapi = conn.connection.dbapi_connection
+            assert dbapi is not None
+            for row in q.rows:
+                try:
+                    dbapi.execute(f"INSERT OR IGNORE INTO {_TABLE.name} ({cols}) VALUES ({marks})", row)
+                    restored += 1
+                except Exception as exc:  # a NULL where none may be, a value SQLite refuses
+                    log.warning("registry: a salvaged row (seq %r) could not be restored: %s", row[0], exc)
+            dbapi.commit()
+        log.info("registry: %d of %d salvaged rows restored", restored, len(q.rows))
+
     # ------------------------------------------------------------------ writes
     def upsert(self, rec: EntryRecord) -> EntryRecord:
         """Insert or overwrite the row of ``rec.key`` (``seq`` kept on overwrite)."""
+        values = _values(rec)
         for _ in range(2):
             try:
                 with self._session.begin() as s:
-                    row = s.scalars(select(EntryRow).where(EntryRow.key == rec.key)).one_or_none()
-                    if row is None:
-                        row = EntryRow()
-                        s.add(row)
-                    _fill(row, rec)
-                    s.flush()
-                    return _to_record(row)
+                    seq = s.scalar(select(EntryRow.seq).where(EntryRow.key == rec.key))
+                    if seq is None:
+                        result: Any = s.execute(insert(EntryRow).values(**values))
+                        seq = result.inserted_primary_key[0]
+                    else:
+                        s.execute(update(EntryRow).where(EntryRow.seq == seq).values(**values))
+                    return rec.replace(seq=int(seq), damaged=())
             except IntegrityError:  # a concurrent insert of the same key won: overwrite it
                 continue
         raise RuntimeError(f"could not upsert registry row {rec.key}")
@@ -200,6 +390,22 @@ class Registry:
             return 0
         with self._session.begin() as s:
             return _rowcount(s.execute(delete(EntryRow).where(EntryRow.key.in_(keys))))
+
+    def delete_seqs(self, seqs: Iterable[int]) -> int:
+        """Remove rows by ``seq`` (rows whose key itself is damaged)."""
+        seqs = list(seqs)
+        if not seqs:
+            return 0
+        with self._session.begin() as s:
+            return _rowcount(s.execute(delete(EntryRow).where(EntryRow.seq.in_(seqs))))
+
+    def raw_rows(self, seqs: Iterable[int]) -> list[dict[str, Any]]:
+        """Rows as the driver returns them (to quarantine a row that cannot be decoded)."""
+        seqs = list(seqs)
+        if not seqs:
+            return []
+        with self._session() as s:
+            return [dict(m) for m in s.execute(select(*_raw()).where(EntryRow.seq.in_(seqs))).mappings()]
 
     def clear_payloads(self, keys: Iterable[str]) -> int:
         """Rows whose payload is gone: ``tier = none``, no file, ``ready`` (the rows stay)."""
@@ -232,16 +438,20 @@ class Registry:
         if ttl_s is not UNSET and ttl_s is not None and not 0 < ttl_s < math.inf:
             raise InvalidRequestError(f"ttl must be a finite number > 0 seconds, got {ttl_s}", param="cache.ttl")
         with self._session.begin() as s:
-            row = self._row(s, key, tenant)
-            if row is None:
+            rec = self._get(s, key, tenant)
+            if rec is None:
                 return None
+            values: dict[str, Any] = {}
             if pinned is not None:
-                row.pinned = pinned
+                values["pinned"] = pinned
+                rec = rec.replace(pinned=pinned)
             if ttl_s is not UNSET:
-                row.ttl_s = ttl_s
-                row.expires_at = None if ttl_s is None else row.last_used_at + ttl_s
-            s.flush()
-            return _to_record(row)
+                values["ttl_s"] = ttl_s
+                values["expires_at"] = None if ttl_s is None else rec.last_used_at + ttl_s
+                rec = rec.replace(ttl_s=ttl_s)
+            if values:
+                s.execute(update(EntryRow).where(EntryRow.seq == rec.seq).values(**values))
+            return rec
 
     def set_location(
         self,
@@ -269,16 +479,13 @@ class Registry:
     def get(self, key: str, tenant: str | None = None) -> EntryRecord | None:
         """The row of ``key`` (only if it belongs to ``tenant`` when one is given)."""
         with self._session() as s:
-            row = self._row(s, key, tenant)
-            return None if row is None else _to_record(row)
+            return self._get(s, key, tenant)
 
     def list_entries(self, tenant: str, *, limit: int = 50, cursor: str | None = None, kind: str | None = None) -> Page:
         """A tenant's entries, newest first. ``cursor`` is ``next_cursor`` of the previous page."""
         if not 1 <= limit <= 1000:
             raise InvalidRequestError(f"limit must be in [1, 1000], got {limit}", param="limit")
-        stmt = (
-            select(EntryRow).where(EntryRow.tenant == tenant).options(defer(EntryRow.token_ids), defer(EntryRow.text))
-        )
+        stmt = select(*_raw("token_ids", "text")).where(EntryRow.tenant == tenant)
         if kind is not None:
             stmt = stmt.where(EntryRow.kind == kind)
         if cursor is not None:
@@ -290,16 +497,20 @@ class Registry:
             stmt = stmt.where(EntryRow.seq < int(cursor))
         stmt = stmt.order_by(EntryRow.seq.desc()).limit(limit + 1)
         with self._session() as s:
-            rows = list(s.scalars(stmt))
-            items = [_to_record(r, with_payload_fields=False) for r in rows[:limit]]
+            rows = [decode_row(m, with_payload_fields=False) for m in s.execute(stmt).mappings()]
+        items = rows[:limit]
         more = len(rows) > limit
         return Page(items=items, next_cursor=str(items[-1].seq) if more and items else None)
 
-    def records(self) -> list[EntryRecord]:
-        """All rows without token ids / text (for recovery and the in-memory index)."""
-        stmt = select(EntryRow).options(defer(EntryRow.token_ids), defer(EntryRow.text)).order_by(EntryRow.seq)
+    def records(self, *, check_tokens: bool = False) -> list[EntryRecord]:
+        """All rows without token ids / text (for recovery and the in-memory index);
+        ``check_tokens`` also decodes each row's token ids against its digest (``damaged``)."""
+        skip = ("text",) if check_tokens else ("token_ids", "text")
+        stmt = select(*_raw(*skip)).order_by(EntryRow.seq)
         with self._session() as s:
-            return [_to_record(r, with_payload_fields=False) for r in s.scalars(stmt)]
+            return [
+                decode_row(m, with_payload_fields=False, check_tokens=check_tokens) for m in s.execute(stmt).mappings()
+            ]
 
     def expired(self, now: float, limit: int = 1000) -> list[str]:
         """Keys whose sliding TTL has run out by ``now``."""
@@ -315,14 +526,16 @@ class Registry:
             return int(s.scalar(stmt) or 0)
 
     @staticmethod
-    def _row(s: Any, key: str, tenant: str | None) -> EntryRow | None:
-        stmt = select(EntryRow).where(EntryRow.key == key)
+    def _get(s: Any, key: str, tenant: str | None) -> EntryRecord | None:
+        stmt = select(*_raw()).where(EntryRow.key == key)
         if tenant is not None:
             stmt = stmt.where(EntryRow.tenant == tenant)
-        return s.scalars(stmt).one_or_none()
+        m = s.execute(stmt.limit(1)).mappings().first()
+        return None if m is None else decode_row(m)
 
 
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+    dbapi_conn.text_factory = lenient_text  # a flipped byte in a TEXT value must not fail the query
     cur = dbapi_conn.cursor()
     cur.execute("PRAGMA journal_mode=WAL")
     cur.execute("PRAGMA synchronous=NORMAL")

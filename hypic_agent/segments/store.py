@@ -14,8 +14,13 @@ written through on ``put``, so every entry that fits the disk budget survives a 
 * tenants (``quota.py``): a tenant's pinned bytes stay within its share of each tier, and
   one tenant's entries never push another tenant's below its reserved share;
 * safety: a disk entry whose checksum, format, key or model fingerprint does not check out is
-  dropped to ``tier = none`` the same way; a hit whose fingerprint / token digest differs from
-  what the caller expects is deleted with its row. Neither is ever served.
+  dropped to ``tier = none`` the same way and its file quarantined (``<store>/quarantine/``),
+  unless its own header proves the file intact and the row's checksum wrong (then the row is
+  fixed); a hit whose fingerprint / token digest differs from what the caller expects is
+  deleted with its row. Neither is ever served;
+* damage: ``open()`` rebuilds rows from the payload files' headers when the registry lost them
+  and repairs rows whose values do not decode (``recovery.py``); a damaged row met later
+  (``info``, ``list_entries``, ``set_policy``) is repaired the same way, never raised.
 
 NOTE: one store object owns one store dir; registry rows are the source of truth for what is
 on disk, and ``open()`` makes the two consistent after a crash (``recovery.py``).
@@ -39,8 +44,9 @@ from hypic_agent.config import Settings
 from hypic_agent.errors import InvalidRequestError
 from hypic_agent.segments.entries import EntryMeta, Fetch, IndexEntry, Tensors
 from hypic_agent.segments.eviction import EvictionPolicy
+from hypic_agent.segments.headers import record_from_header
 from hypic_agent.segments.quota import TenantShares
-from hypic_agent.segments.recovery import recover
+from hypic_agent.segments.recovery import RecoveryReport, recover, repair_row
 from hypic_agent.segments.registry import UNSET, EntryRecord, Page, Registry
 from hypic_agent.segments.singleflight import SingleFlight, StoreFlights
 from hypic_agent.segments.tier_policy import TierPolicy
@@ -87,6 +93,7 @@ class SegmentStore(TierPolicy, UsageLog, StoreFlights):
         self._pending: dict[str, tuple[float, int]] = {}
         self._last_flush = 0.0
         self._opened = False
+        self.recovery = RecoveryReport()
         self._counts = dict.fromkeys(("hits", "misses", "evicted", "expired", "corrupt", "rejected"), 0)
         self._tier_evictions = {"gpu": 0, "cpu": 0, "disk": 0}
 
@@ -117,7 +124,8 @@ class SegmentStore(TierPolicy, UsageLog, StoreFlights):
         """Recover after a crash or restart: drop half-written entries and orphan files."""
         with self._lock:
             if not self._opened:
-                self._index = {e.key: e for e in recover(self.registry, self.disk, self.clock())}
+                self.recovery = recover(self.registry, self.disk, self.clock())
+                self._index = {e.key: e for e in self.recovery.entries}
                 self.disk.used = sum(e.file_bytes for e in self._index.values() if e.location)
                 self._enforce_locked(set(), self.clock())
                 self._opened = True
@@ -238,14 +246,16 @@ class SegmentStore(TierPolicy, UsageLog, StoreFlights):
                 return self._miss()
             location, checksum = e.location, e.checksum
         try:  # disk read + verification outside the lock
-            tensors, md = self.disk.read(location, checksum)
-            if md.get("key") != key or md.get("model_fingerprint") != e.model_fingerprint:
-                raise CorruptEntryError(f"{location} belongs to another key or model")
+            tensors, _ = self._read_checked(e, location, checksum)
         except CorruptEntryError as exc:
-            log.warning("dropping the payload of entry %s (its row stays, rebuilt on next use): %s", key, exc)
             with self._lock:
-                if self._index.get(key) is e:
+                if self._index.get(key) is e and e.location == location:
                     self._counts["corrupt"] += 1
+                    moved = self.disk.quarantine(location)
+                    log.warning(
+                        "dropping the payload of entry %s (its row stays, rebuilt on next use): %s; file quarantined "
+                        "to %s", key, exc, moved,
+                    )  # fmt: skip
                     self._drop_payload_locked(e)
                 return self._miss()
         with self._lock:
@@ -255,6 +265,30 @@ class SegmentStore(TierPolicy, UsageLog, StoreFlights):
             self._settle_locked(e)
             self._enforce_locked({key}, now)
             return self._hit_locked(e, now, held if held is not None else tensors, "disk")
+
+    def _read_checked(self, e: IndexEntry, location: str, checksum: str | None) -> tuple[Tensors, dict[str, str]]:
+        """Read ``e``'s file; a checksum that does not match is checked once more against the file's
+        own header (the row's checksum may be what is damaged: then the row is corrected)."""
+        try:
+            tensors, md = self.disk.read(location, checksum)
+        except CorruptEntryError as exc:
+            if "checksum mismatch" not in str(exc):
+                raise
+            h = self.disk.inspect(location)  # raises CorruptEntryError for a damaged file
+            rec = record_from_header(h, self.clock())
+            if not h.verified or (rec.key, rec.model_fingerprint, rec.token_digest) != (
+                e.key, e.model_fingerprint, e.token_digest
+            ):  # fmt: skip
+                raise
+            tensors, md = self.disk.read(location, h.checksum)
+            with self._lock:
+                if self._index.get(e.key) is e and e.location == location:
+                    log.warning("entry %s: its row's checksum did not match its intact file; row corrected", e.key)
+                    e.checksum = h.checksum
+                    self.registry.set_location(e.key, tier=e.tier, checksum=h.checksum)
+        if md.get("key") != e.key or md.get("model_fingerprint") != e.model_fingerprint:
+            raise CorruptEntryError(f"{location} belongs to another key or model")
+        return tensors, md
 
     def contains(self, key: str) -> bool:
         with self._lock:
@@ -295,6 +329,8 @@ class SegmentStore(TierPolicy, UsageLog, StoreFlights):
                     raise refused
             self._flush_locked()
             rec = self.registry.set_policy(key, pinned=pinned, ttl_s=ttl_s)
+            if rec is not None and rec.damaged:
+                rec = self._repaired_locked(rec)
             if pinned is not None:
                 e.pinned = pinned
             if ttl_s is not UNSET:
@@ -307,12 +343,20 @@ class SegmentStore(TierPolicy, UsageLog, StoreFlights):
         """The registry row (with token ids and text) of ``key``."""
         with self._lock:
             self._flush_locked()
-            return self.registry.get(key, tenant)
+            rec = self.registry.get(key, tenant)
+            return self._repaired_locked(rec) if rec is not None else None
 
     def list_entries(self, tenant: str, *, limit: int = 50, cursor: str | None = None, kind: str | None = None) -> Page:
+        """A tenant's rows, newest first; a row with values that do not decode is repaired (or shown
+        with safe defaults), never fails the page."""
         with self._lock:
             self._flush_locked()
-        return self.registry.list_entries(tenant, limit=limit, cursor=cursor, kind=kind)
+        page = self.registry.list_entries(tenant, limit=limit, cursor=cursor, kind=kind)
+        if not any(r.damaged for r in page.items):
+            return page
+        with self._lock:
+            items = [self._repaired_listed_locked(r) if r.damaged else r for r in page.items]
+        return Page(items=items, next_cursor=page.next_cursor)
 
     def expire(self, now: float | None = None) -> int:
         """Drop every entry whose TTL ran out; returns how many."""
@@ -325,6 +369,24 @@ class SegmentStore(TierPolicy, UsageLog, StoreFlights):
             return len(dead)
 
     # ------------------------------------------------------------------ helpers
+    def _repaired_locked(self, rec: EntryRecord) -> EntryRecord:
+        """``rec`` (with token ids and text), repaired and written back if any of it did not decode;
+        its tokens are also checked against its token digest."""
+        e = self._index.get(rec.key)
+        truth = e.to_record() if e is not None and e.tenant == rec.tenant else None
+        try:
+            return repair_row(self.registry, self.disk, rec, truth, self.clock())
+        except Exception as exc:  # never fail a read over a repair: answer the row as decoded
+            log.warning("registry row %s could not be repaired (%s); answered with defaults", rec.key, exc)
+            return rec
+
+    def _repaired_listed_locked(self, rec: EntryRecord) -> EntryRecord:
+        full = self.registry.get(rec.key, rec.tenant) if rec.key else None
+        if full is None:
+            return rec
+        fixed = self._repaired_locked(full)
+        return fixed.replace(token_ids=None, text=None)
+
     def _require_open(self) -> None:
         if not self._opened:
             raise RuntimeError("SegmentStore.open() must run before use")

@@ -13,6 +13,7 @@ from typing import Any
 
 from hypic_agent.segments.entries import EntryMeta, IndexEntry, Tensors
 from hypic_agent.segments.eviction import EvictionPolicy
+from hypic_agent.segments.headers import row_header
 from hypic_agent.segments.quota import TenantQuota, fair_victims
 from hypic_agent.segments.registry import Registry
 from hypic_agent.segments.tiers import DiskTier, MemoryTier
@@ -84,8 +85,7 @@ class TierPolicy(TenantQuota):
     # ------------------------------------------------------------------ disk copy
     def _write_through(self, entry: IndexEntry, tensors: Tensors, meta: EntryMeta) -> str | None:
         """Write the disk copy outside the lock, then publish it if the entry is still current."""
-        md = {"key": entry.key, "model_fingerprint": entry.model_fingerprint, "tenant": entry.tenant,
-              "token_digest": entry.token_digest or "", "kind": entry.kind}  # fmt: skip
+        md = row_header(entry, meta)  # the file describes its row: a lost registry is rebuilt from it
         try:
             written = self.disk.write(entry.key, tensors, md)
         except OSError as exc:
