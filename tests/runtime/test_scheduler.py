@@ -58,7 +58,13 @@ def test_batched_equals_alone_in_every_mode(mode):
         assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
         assert a.prepared.prompt_tokens == b.prepared.prompt_tokens
     assert sched.stats.forwards < sum(len(a.token_ids) for a in alone)  # steps were shared
-    assert eng.scheduler.snapshot()["slots_used"] == 0 and eng.scheduler.snapshot()["pages_used"] == 0
+    snap = sched.snapshot()
+    assert snap["slots_used"] == 0
+    # prefix_cache keeps each prompt's segments in the radix cache: those pages only, until evicted
+    assert snap["pages_used"] == snap["prefix_pages"] and (snap["prefix_pages"] > 0) == (mode == "prefix_cache")
+    with eng.engine.lock:
+        sched.radix.clear()
+    assert sched.snapshot()["pages_used"] == 0 and sched.snapshot()["prefix_snapshots"] == 0
     eng.close()
 
 

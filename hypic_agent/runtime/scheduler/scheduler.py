@@ -31,12 +31,14 @@ from hypic_agent.errors import ContextLengthError, QueueFullError
 from hypic_agent.runtime.engine import Engine
 from hypic_agent.runtime.output import OutputStream
 from hypic_agent.runtime.prompt_pieces import PromptPieces
+from hypic_agent.runtime.runner.pool import PoolSeq
+from hypic_agent.runtime.runner.radix_cache import RadixCache, RadixHit
 from hypic_agent.runtime.runner.runner import ModelRunner
 from hypic_agent.runtime.sampling import make_generator
 from hypic_agent.runtime.scheduler.request import EventSink, GenerationRequest, RequestHandle
 from hypic_agent.runtime.scheduler.sampler import sample_rows
 from hypic_agent.runtime.scheduler.stats import SchedulerStats
-from hypic_agent.runtime.scheduler.work import LiveRequest
+from hypic_agent.runtime.scheduler.work import LiveRequest, prefix_keys
 
 log = logging.getLogger("hypic.scheduler")
 _Waiting = tuple[int, int, RequestHandle, PromptPieces]
@@ -47,6 +49,7 @@ class Scheduler:
         self.engine = engine
         self.runner = runner
         self.pool = runner.pool
+        self.radix = RadixCache(self.pool)  # prefix_cache mode: cached prefixes over the pool's pages
         self.max_running = min(settings.max_running, self.pool.n_slots)
         self.max_waiting = settings.max_waiting
         self.chunk = settings.prefill_chunk_tokens
@@ -158,8 +161,24 @@ class Scheduler:
         while self._waiting and len(self.live) < self.max_running:
             _, _, handle, pieces = self._waiting[0]
             need = pieces.total + handle.request.sampling.max_tokens
-            seq = self.pool.alloc(need)
+            keys: list[str] | None = None
+            hit: RadixHit | None = None
+            try:
+                if pieces.spec.name == "prefix_cache":
+                    keys = prefix_keys(self.engine, pieces, handle.request.tenant)
+                    hit = self.radix.match(keys)  # locked: what makes room below never evicts it
+                seq = self._reserve(need, hit)
+            except Exception as exc:  # the head fails alone; it must not block the queue
+                if hit is not None:
+                    self.radix.unlock(hit.node)
+                heapq.heappop(self._waiting)
+                self._n_waiting -= 1
+                self.stats.failed += 1
+                handle.fail(exc)
+                continue
             if seq is None:
+                if hit is not None:
+                    self.radix.unlock(hit.node)
                 return  # the head waits for memory (FCFS: nobody overtakes it)
             heapq.heappop(self._waiting)
             self._n_waiting -= 1
@@ -167,11 +186,24 @@ class Scheduler:
             s = handle.request.sampling
             r = LiveRequest(handle, pieces, OutputStream(self.engine.tokenizer, s, self.engine.eos_ids), None, seq)
             r.gen = make_generator(s, self.engine.device)
+            if keys is not None:
+                r.radix, r.prefix_keys, r.held = self.radix, keys, (hit.node if hit is not None else None)
             self.live.append(r)
             try:
-                r.start(self.engine, self.pool, self.chunk)
+                r.start(self.engine, self.pool, self.chunk, hit)
             except Exception as exc:
                 self._retire(r, error=exc)
+
+    def _reserve(self, need: int, hit: RadixHit | None) -> PoolSeq | None:
+        """A slot and the pages for ``need`` tokens, the hit's full pages shared (None: not free).
+        Pages short: the radix cache's least recently used unlocked prefixes are evicted first."""
+        shared = hit.shared if hit is not None else ()
+        seq = self.pool.alloc(need, shared)
+        if seq is None and self.pool.free_slots:
+            short = self.pool.pages_for(need) - len(shared) - self.pool.free_pages
+            if short > 0 and self.radix.evict(short):
+                seq = self.pool.alloc(need, shared)
+        return seq
 
     def _run_step(self) -> None:
         decoders = [r for r in self.live if r.decoding]
@@ -238,6 +270,9 @@ class Scheduler:
         if r.seq is not None:
             self.pool.free(r.seq)
             r.seq = None
+        if r.held is not None and r.radix is not None:
+            r.radix.unlock(r.held)  # its cached prefix may be evicted now
+            r.held = None
         if error is not None:
             self.stats.failed += 1
             r.handle.fail(error)
@@ -262,6 +297,7 @@ class Scheduler:
     # ------------------------------------------------------------------ introspection
     def snapshot(self) -> dict[str, int]:
         u = self.pool.usage()
+        rs = self.radix.stats()
         return {
             "waiting": self._n_waiting,
             "running": sum(1 for r in self.live if r.decoding),
@@ -270,4 +306,7 @@ class Scheduler:
             "slots_total": u.slots_total,
             "pages_used": u.pages_used,
             "pages_total": u.pages_total,
+            "prefix_nodes": rs.nodes,
+            "prefix_pages": rs.pages,
+            "prefix_snapshots": rs.snapshots,
         }

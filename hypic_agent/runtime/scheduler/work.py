@@ -3,9 +3,10 @@
 Prepare work by mode:
 
 * ``full_recompute``: the whole prompt as chunks of the runner's extend forward;
-* ``prefix_cache``: the longest cached prefix is loaded into the pool, the rest runs as chunks;
-  the chunk that ends the request's segments stops exactly there, so the boundary state can be
-  exported into the prefix cache;
+* ``prefix_cache``: the longest cached prefix (``runner.radix_cache``) begins the request's block
+  table (its pages shared, the partial last one copied) and its snapshot is the slot's linear
+  state; the rest runs as chunks, the chunk that ends the request's segments stopping exactly
+  there, so the boundary is recorded in the cache (the pages shared, the linear state snapshotted);
 * composed modes (``hypic`` and its ablations): the engine's combine forward (cold segments built
   inside it, or, while others decode, a bounded batch of cold segments per step first), writing
   its state straight into the request's slot and pages (``runner.destination``: no ``pool.load``).
@@ -26,12 +27,18 @@ from hypic_agent.runtime.prompt_pieces import PromptPieces
 from hypic_agent.runtime.results import Prepared, full_prepared, prefix_prepared
 from hypic_agent.runtime.runner.destination import StateDestination
 from hypic_agent.runtime.runner.pool import PoolSeq, StatePool
+from hypic_agent.runtime.runner.radix_cache import RadixCache, RadixHit, RadixNode
 from hypic_agent.runtime.scheduler.request import RequestHandle
 from hypic_agent.runtime.scheduler.stats import SchedulerStats
 
 
 def split_chunks(tokens: Sequence[int], size: int) -> list[tuple[int, ...]]:
     return [tuple(tokens[i : i + size]) for i in range(0, len(tokens), size)]
+
+
+def prefix_keys(engine: Engine, pieces: PromptPieces, tenant: str) -> list[str]:
+    """A ``prefix_cache`` prompt's segment keys: the radix cache's path."""
+    return [engine.entry_key(s, tenant, 0) for s in pieces.segs]
 
 
 @dataclass
@@ -47,6 +54,8 @@ class LiveRequest:
     last_token: int | None = None  # to feed in the next decode step
     boundary: int = 0  # prefix_cache: sequence length whose state goes into the prefix cache
     prefix_keys: list[str] = field(default_factory=list)
+    radix: RadixCache | None = None  # prefix_cache: the scheduler's cache
+    held: RadixNode | None = None  # prefix_cache: the node locked for this request (unlocked at retire)
     ttft_ms: float = 0.0
     cost_ms: dict[str, float] = field(default_factory=dict)
 
@@ -63,8 +72,10 @@ class LiveRequest:
         return self.last_token is None and self.first_logits is None
 
     # ------------------------------------------------------------------ prepare plans
-    def start(self, engine: Engine, pool: StatePool, chunk: int) -> None:
-        """Right after admission (``seq`` allocated): load what is cached, queue the chunks."""
+    def start(self, engine: Engine, pool: StatePool, chunk: int, hit: RadixHit | None = None) -> None:
+        """Right after admission (``seq`` allocated): resume at what is cached, queue the chunks.
+        ``prefix_cache``: ``prefix_keys`` and ``radix`` are set; ``hit`` (locked, ``held``) is the
+        match whose full pages begin ``seq``'s block table."""
         p = self.pieces
         assert self.seq is not None
         if p.spec.name == "full_recompute":
@@ -72,23 +83,30 @@ class LiveRequest:
             self.chunks.extend(split_chunks([t for s in p.segs for t in s] + p.suffix, chunk))
         elif p.spec.name == "prefix_cache":
             t0 = time.perf_counter()
-            keys = [engine.entry_key(s, self.tenant, 0) for s in p.segs]
-            depth, state = engine.prefix_cache.lookup(keys)
-            if state is not None:
-                pool.load(self.seq, state)
+            keys = self.prefix_keys or prefix_keys(engine, p, self.tenant)
+            self.prefix_keys, depth = keys, 0
+            if hit is not None and self.radix is not None:
+                self.radix.restore(hit, self.seq)
+                self.seq.tokens = [t for s in p.segs[: hit.depth] for t in s]
+                depth = hit.depth
             reused = self.seq.length
             missed = [t for s in p.segs[depth:] for t in s]
-            if depth < len(p.segs):
-                self.boundary, self.prefix_keys = reused + len(missed), keys
+            if depth < len(p.segs) and self.radix is not None:
+                self.boundary = reused + len(missed)
             self.chunks.extend(split_chunks(missed, chunk) + split_chunks(p.suffix, chunk))
             lookup_ms = {"prefix_lookup_ms": (time.perf_counter() - t0) * 1e3}
             self.prepared = prefix_prepared(keys, p.segs, p.kinds, depth, reused, p.total, None, lookup_ms)
 
     def after_chunk(self, engine: Engine, pool: StatePool) -> None:
-        """After a chunk ran: a prefix-cache request that reached its boundary records it."""
+        """After a chunk ran: a prefix-cache request that reached its boundary records it (its pages
+        shared into the radix cache, its linear state snapshotted; the end node stays locked)."""
         assert self.seq is not None
-        if self.boundary and self.seq.length == self.boundary:
-            engine.prefix_cache.insert(self.prefix_keys, self.pieces.segs, pool.export(self.seq))
+        if self.boundary and self.seq.length == self.boundary and self.radix is not None:
+            node = self.radix.insert(self.prefix_keys, [len(s) for s in self.pieces.segs], self.seq)
+            if node is not None:
+                if self.held is not None:
+                    self.radix.unlock(self.held)
+                self.held = node
             self.boundary = 0
 
     def composed_step(self, engine: Engine, pool: StatePool, budget: int, alone: bool, stats: SchedulerStats) -> int:
