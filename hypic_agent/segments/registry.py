@@ -29,6 +29,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
 from sqlalchemy import (
     JSON,
     BigInteger,
@@ -224,16 +225,21 @@ class _Decoder:
             return self._fail(name, default) if name not in self.bad else default
         return v
 
-    def tokens(self, *, digest: str | None, check_digest: bool) -> tuple[int, ...] | None:
+    def tokens(self, *, digest: str | None, check_digest: bool, keep: bool) -> tuple[int, ...] | None:
+        """The token ids (``keep``), checked: a blob of whole int32 values >= 0 and, with
+        ``check_digest``, matching the row's token digest (checked on the array: start-up does
+        this for every row)."""
         v = self.raw.get("token_ids")
         if v is None:
             return None
         if not isinstance(v, bytes | bytearray | memoryview) or len(v) % 4:
             return self._fail("token_ids", None)  # type: ignore[no-any-return]
-        ids = tokens_from_bytes(bytes(v))
-        if check_digest and digest is not None and token_digest(ids) != digest:
+        arr = np.frombuffer(bytes(v), dtype="<i4")
+        if arr.size and int(arr.min()) < 0:
             return self._fail("token_ids", None)  # type: ignore[no-any-return]
-        return ids
+        if check_digest and digest is not None and token_digest(arr) != digest:  # type: ignore[arg-type]
+            return self._fail("token_ids", None)  # type: ignore[no-any-return]
+        return tokens_from_bytes(bytes(v)) if keep else None
 
     def meta(self) -> dict[str, Any]:
         v = self.raw.get("meta")
@@ -264,7 +270,7 @@ def decode_row(
     created = created if created is not None else (last if last is not None else 0.0)
     last = last if last is not None else created
     digest = d.text("token_digest")
-    ids = d.tokens(digest=digest, check_digest=check_tokens) if with_payload_fields or check_tokens else None
+    ids = d.tokens(digest=digest, check_digest=check_tokens, keep=with_payload_fields)
     seq = raw.get("seq")
     rec = EntryRecord(
         key=d.text("key", "", required=True),

@@ -45,6 +45,7 @@ from hypic_agent.errors import InvalidRequestError
 from hypic_agent.segments.entries import EntryMeta, Fetch, IndexEntry, Tensors
 from hypic_agent.segments.eviction import EvictionPolicy
 from hypic_agent.segments.headers import record_from_header
+from hypic_agent.segments.keys import token_digest
 from hypic_agent.segments.quota import TenantShares
 from hypic_agent.segments.recovery import RecoveryReport, recover, repair_row
 from hypic_agent.segments.registry import UNSET, EntryRecord, Page, Registry
@@ -372,6 +373,10 @@ class SegmentStore(TierPolicy, UsageLog, StoreFlights):
     def _repaired_locked(self, rec: EntryRecord) -> EntryRecord:
         """``rec`` (with token ids and text), repaired and written back if any of it did not decode;
         its tokens are also checked against its token digest."""
+        if not rec.damaged and (
+            rec.token_ids is None or rec.token_digest is None or token_digest(rec.token_ids) == rec.token_digest
+        ):
+            return rec
         e = self._index.get(rec.key)
         truth = e.to_record() if e is not None and e.tenant == rec.tenant else None
         try:

@@ -190,7 +190,13 @@ def test_emptied_registry_rebuilds_every_row_from_the_headers(tmp_path, caplog):
 
 @pytest.mark.parametrize(
     ("column", "value"),
-    [("meta", "{not json"), ("token_ids", b"\x01\x02\x03"), ("created_at", "yesterday"), ("token_ids", b"\0" * 8)],
+    [
+        ("meta", "{not json"),
+        ("token_ids", b"\x01\x02\x03"),
+        ("created_at", "yesterday"),
+        ("token_ids", b"\0" * 8),
+        ("token_ids", b"\xff" * 8),
+    ],
 )
 def test_a_bad_value_is_repaired_from_its_file_header(tmp_path, column, value):
     clock = FakeClock()
