@@ -184,6 +184,47 @@ def test_kill_9_mid_build_still_gives_the_entries_and_the_worker_comes_back(tiny
         _assert_same_entries(got, build_entries(model, more, [8, 8]))
 
 
+def _wait(cond, what: str, timeout_s: float = 120.0) -> None:
+    """Poll ``cond`` until it holds; fail with ``what`` after ``timeout_s`` (a bound, not a timing assert)."""
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+def test_a_worker_killed_while_idle_gets_no_job_and_a_failed_restart_is_tried_again(tiny, pool, monkeypatch):
+    """kill -9 between builds: the next build sends the dead worker nothing (its share goes to the live
+    worker, nothing is rebuilt on rank 0), and its restart, whose first try fails, is tried again
+    until the worker is back (it used to stay dead for good after one failed restart)."""
+    _, model, _ = tiny
+    w = pool.workers[1]
+    real_start = type(w).start
+    tries: list[int] = []
+
+    def first_try_fails(launch):
+        tries.append(1)
+        return "injected: the new process died while loading" if len(tries) == 1 else real_start(w, launch)
+
+    monkeypatch.setattr(w, "start", first_try_fails)
+    monkeypatch.setattr(pool, "restart_backoff_s", 0.1)
+    failures0, restarts0, rebuilt0 = pool.stats.failures, pool.stats.restarts, pool.stats.rebuilt_locally
+    refails0, entries0 = pool.stats.restart_failures, pool.stats.entries
+    victim = w.proc.pid
+    os.kill(victim, signal.SIGKILL)
+    _wait(lambda: not w.proc.is_alive(), "the killed worker to exit", 20)
+    assert pool.alive() == [0]  # a dead process is not counted as ready (the metrics' gauge)
+    segs, seams = _segments([26, 31], seed=3300), [8, 8]
+    got = pool.build(segs, seams)
+    with single_thread():
+        _assert_same_entries(got, build_entries(model, segs, seams))
+    assert pool.stats.failures == failures0 + 1
+    assert pool.stats.rebuilt_locally == rebuilt0  # both segments came from worker 0, none from rank 0
+    assert pool.stats.entries == entries0 + 2
+    _wait(lambda: pool.stats.restarts == restarts0 + 1, "the worker's second restart try")
+    assert len(tries) == 2 and pool.stats.restart_failures == refails0 + 1
+    assert pool.alive() == [0, 1] and w.proc.pid != victim and _gone([victim])
+
+
 def test_a_worker_that_cannot_load_the_model_is_an_error_at_start_up(tiny):
     settings, model, fingerprint = tiny
     before = set(mp.active_children())
@@ -336,3 +377,59 @@ def test_through_the_http_server_the_answer_is_the_single_process_one_and_metric
                 assert "hypic_scatter_failures_total 0.0" in metrics
     assert answers[0] == answers[1] and answers[0]
     assert _gone(pids)  # the server's shutdown stopped its workers
+
+
+def test_http_cold_8_segments_then_a_killed_worker_both_answer_200(tmp_path):
+    """Issue 38 item 7: ``serve --model tiny:qwen3_5_text --scatter-workers 2``: a cold request of 8
+    documents answers 200 with every entry built on the workers; after kill -9 of a worker the next
+    cold request answers 200 too, with the answer one process gives; the worker comes back and the
+    third request is built on both again."""
+    from fastapi.testclient import TestClient
+
+    from hypic_agent.api import create_app
+
+    topics = ["rivers", "cities", "mountains", "harbours", "bridges", "markets", "castles", "forests"]
+
+    def body(tag: str) -> dict:
+        docs = [
+            {"kind": "document", "title": f"{tag} {t}", "text": f"{tag}: notes on the {t} of region {i}. " * 4}
+            for i, t in enumerate(topics)
+        ]
+        return {"segments": docs, "query": "Which region has castles?", "max_tokens": 4, "temperature": 0}
+
+    settings = Settings(home=tmp_path / "two", device="cpu", model=TINY, scatter_workers=2)
+    with TestClient(create_app(settings)) as client:
+        pool = client.app.state.hypic.engine.scatter_pool  # type: ignore[attr-defined]
+        pids = pool.pids()
+        assert len(pids) == 2
+        cold = client.post("/v1/generate", json=body("alpha"))
+        assert cold.status_code == 200, cold.text
+        assert cold.json()["usage"]["cached_tokens"] == 0
+        assert pool.stats.entries == 8 and pool.stats.rebuilt_locally == 0 and pool.stats.jobs == 2
+
+        victim = pool.workers[0].proc.pid
+        os.kill(victim, signal.SIGKILL)
+        _wait(lambda: not pool.workers[0].proc.is_alive(), "the killed worker to exit", 20)
+        after = client.post("/v1/generate", json=body("beta"))
+        assert after.status_code == 200, after.text
+        # all 8 built by the live worker: the dead one got no job, nothing was rebuilt on rank 0
+        assert (pool.stats.failures, pool.stats.entries, pool.stats.rebuilt_locally) == (1, 16, 0), (
+            f"{pool.stats}: a worker killed while idle must be reaped before the next build routes to it"
+        )
+
+        _wait(lambda: pool.alive() == [0, 1], "the killed worker's restart")
+        assert pool.stats.restarts == 1 and pool.workers[0].proc.pid != victim and _gone([victim])
+        jobs = pool.stats.jobs
+        third = client.post("/v1/generate", json=body("gamma"))
+        assert third.status_code == 200, third.text
+        assert pool.stats.entries == 24 and pool.stats.jobs == jobs + 2  # both workers built again
+        metrics = client.get("/metrics").text
+        assert "hypic_scatter_workers_alive 2.0" in metrics and "hypic_scatter_restarts_total 1.0" in metrics
+        pids = pool.pids()
+    assert _gone(pids)
+    # the answer after the kill is the one-process answer
+    with TestClient(create_app(Settings(home=tmp_path / "one", device="cpu", model=TINY))) as one:
+        ref = one.post("/v1/generate", json=body("beta"))
+    assert ref.status_code == 200
+    assert after.json()["text"] == ref.json()["text"]
+    assert after.json()["usage"]["prompt_tokens"] == ref.json()["usage"]["prompt_tokens"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -39,6 +39,7 @@ class Launch:
     start_timeout_s: float
     delay_s: float = 0.0
     group_delay_s: float = 0.0
+    stop: threading.Event = field(default_factory=threading.Event)  # set when the pool closes: starts give up
 
 
 class WorkerHandle:
@@ -96,6 +97,8 @@ class WorkerHandle:
         while not launch.store.check([prefix + LOADED]):
             if not self.proc.is_alive():
                 raise RuntimeError("the process exited")
+            if launch.stop.is_set():
+                raise RuntimeError("the pool is closing")
             if time.monotonic() > deadline:
                 raise RuntimeError(f"no model loaded within {launch.start_timeout_s:.0f} s")
             time.sleep(0.05)
@@ -113,13 +116,22 @@ class WorkerHandle:
         t = threading.Thread(target=join, daemon=True, name=f"scatter-join-{self.index}")
         t.start()
         deadline = time.monotonic() + launch.timeout_s
-        while t.is_alive() and self.proc.is_alive() and time.monotonic() < deadline:
+        while t.is_alive() and self.proc.is_alive() and not launch.stop.is_set() and time.monotonic() < deadline:
             t.join(0.05)
         if not box:
+            if launch.stop.is_set():
+                raise RuntimeError("the pool is closing")
             raise RuntimeError("the process exited" if not self.proc.is_alive() else "no rendezvous in time")
         if isinstance(box[0], Exception):
             raise box[0]
         return box[0]  # type: ignore[no-any-return]
+
+    def exited(self) -> str | None:
+        """How the process ended (``"exit code 1"``, ``"killed by signal 9"``), or None while it runs."""
+        if self.proc is None or self.proc.is_alive():
+            return None
+        code = self.proc.exitcode
+        return f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
 
     def kill(self) -> None:
         self.alive = False

@@ -9,8 +9,13 @@ into rank 0's device, ``stream_layers`` layers at a time as the worker builds th
 A worker that dies or does not answer within ``timeout_s`` is killed; the segments it had not
 returned whole are rebuilt locally (``local_build``, rank 0's model), so the call still returns
 every entry, complete; the worker is restarted in the background, and ``stats.failures`` /
-``stats.restarts`` count it. ``close`` drains in-flight builds, stops the
-workers, then kills any that did not exit, and joins them all: no process outlives the pool.
+``stats.restarts`` count it. A worker process that died while idle (``kill -9`` between requests)
+is noticed before any job is sent to it: by a supervisor thread every ``supervise_s`` and at the
+start of every ``build``, whose segments then go to the live workers only. A restart that fails
+(the new process dies while it loads) is tried again, ``restart_backoff_s`` later and doubling up
+to a minute, until it succeeds or the pool closes (``stats.restart_failures``). ``close`` drains
+in-flight builds, stops the workers, then kills any that did not exit, and joins them all: no
+process outlives the pool.
 """
 
 from __future__ import annotations
@@ -51,6 +56,7 @@ class PoolStats:
     entries: int = 0
     failures: int = 0  # workers that died or timed out during a build
     restarts: int = 0  # workers brought back after a failure
+    restart_failures: int = 0  # restarts that failed (tried again after a backoff)
     rebuilt_locally: int = 0  # segments rank 0 built because their worker failed
     groups: int = 0  # (entry, layer group) messages received whole
     transfer_ms: list[float] = field(default_factory=list)  # per entry: its groups' header to last byte, summed
@@ -78,9 +84,13 @@ class WorkerPool:
         delay_s: float = 0.0,
         group_delay_s: float = 0.0,
         start_timeout_s: float = 600.0,
+        supervise_s: float = 1.0,
+        restart_backoff_s: float = 1.0,
     ) -> None:
         """``stream_layers``: layers per message as a worker streams its entries back (0: whole
-        entries after the build); ``delay_s`` / ``group_delay_s``: fault injection (``WorkerSpec``)."""
+        entries after the build); ``delay_s`` / ``group_delay_s``: fault injection (``WorkerSpec``);
+        ``supervise_s``: how often a thread looks for worker processes that died while idle (0: only
+        at each ``build``); ``restart_backoff_s``: the first wait before a failed restart is tried again."""
         if not devices:
             raise ValueError("a worker pool needs at least one device")
         if policy not in ("lpt", "round_robin"):
@@ -94,6 +104,7 @@ class WorkerPool:
         self.cost = cost or CostModel()
         self.stream_layers = stream_layers
         self.delay_s = delay_s
+        self.restart_backoff_s = restart_backoff_s
         self.stats = PoolStats()
         self.workers = [WorkerHandle(i, d) for i, d in enumerate(devices)]
         self.queued_ms = [0.0] * len(self.workers)
@@ -114,8 +125,10 @@ class WorkerPool:
             group_delay_s,
         )
         self._launch: Launch | None = launch  # None once closed (the store let go)
+        self._stop = launch.stop  # set by close: restarts and the supervisor give up
         self._exec = ThreadPoolExecutor(max_workers=len(self.workers), thread_name_prefix="scatter")
         self._restarting: list[threading.Thread] = []
+        self._supervisor: threading.Thread | None = None
         self._closed = False
         try:
             errors = list(self._exec.map(lambda w: w.start(launch), self.workers))
@@ -125,31 +138,73 @@ class WorkerPool:
         except BaseException:
             self.close(drain=False)
             raise
+        if supervise_s > 0:
+            self._supervisor = threading.Thread(
+                target=self._supervise, args=(supervise_s,), daemon=True, name="scatter-supervisor"
+            )
+            self._supervisor.start()
 
     # ------------------------------------------------------------------ failure / restart
-    def _fail(self, w: WorkerHandle, why: BaseException) -> None:
+    def _fail(self, w: WorkerHandle, why: BaseException | str) -> None:
         """``w`` died or timed out (its lock held): kill it and restart it in the background."""
-        log.warning("scatter worker %d failed (%s); its segments are rebuilt on rank 0", w.index, why)
-        self.stats.failures += 1
+        log.warning("scatter worker %d failed (%s); it is restarted, rank 0 builds what it had", w.index, why)
+        with self._queue_lock:
+            self.stats.failures += 1
         w.kill()
         if not self._closed:
             t = threading.Thread(target=self._restart, args=(w,), daemon=True, name=f"scatter-restart-{w.index}")
-            self._restarting.append(t)
+            self._restarting = [r for r in self._restarting if r.is_alive()] + [t]
             t.start()
 
     def _restart(self, w: WorkerHandle) -> None:
-        with w.lock:
-            if self._closed or self._launch is None:
+        """Start ``w`` again; a failed start is tried again after a backoff (doubling, at most 60 s)
+        until one succeeds or the pool closes: a worker is never given up for good."""
+        wait = self.restart_backoff_s
+        while True:
+            with w.lock:
+                if self._closed or self._launch is None:
+                    return
+                err = w.start(self._launch)
+                if err is None:
+                    with self._queue_lock:
+                        self.stats.restarts += 1
+                    return
+            with self._queue_lock:
+                self.stats.restart_failures += 1
+            if self._closed:
                 return
-            err = w.start(self._launch)
-            if err is None:
-                self.stats.restarts += 1
-            else:
-                log.error("scatter worker %d could not be restarted: %s", w.index, err)
+            log.error("scatter worker %d could not be restarted (%s); trying again in %.0f s", w.index, err, wait)
+            if self._stop.wait(wait):
+                return
+            wait = min(2 * wait, 60.0)
+
+    def reap(self) -> list[int]:
+        """Fail (and restart) every worker marked ready whose process has exited (killed while idle);
+        the indices failed. A worker busy with a job is left to its job, which notices by itself."""
+        failed = []
+        for w in self.workers:
+            if not w.alive or w.exited() is None or not w.lock.acquire(blocking=False):
+                continue
+            try:
+                how = w.exited()
+                if w.alive and how is not None:  # still so, now that its lock is held
+                    self._fail(w, f"its process {w.proc.pid} ended: {how}")
+                    failed.append(w.index)
+            finally:
+                w.lock.release()
+        return failed
+
+    def _supervise(self, every_s: float) -> None:
+        while not self._stop.wait(every_s):
+            try:
+                self.reap()
+            except Exception:  # never let the supervisor die: the next build reaps as well
+                log.exception("scatter supervisor")
 
     # ------------------------------------------------------------------ building
     def alive(self) -> list[int]:
-        return [w.index for w in self.workers if w.alive]
+        """Workers ready for jobs: started, and their process still running."""
+        return [w.index for w in self.workers if w.alive and w.exited() is None]
 
     def pids(self) -> list[int]:
         return [w.proc.pid for w in self.workers if w.proc is not None and w.proc.is_alive()]
@@ -173,6 +228,7 @@ class WorkerPool:
         segment prefilled after ``prefix`` (the build context's tokens; empty: isolated builds)."""
         if self._closed:
             raise RuntimeError("the worker pool is closed")
+        self.reap()  # a worker killed since the last build gets no job: its share goes to the others
         segs = [tuple(int(t) for t in s) for s in segments]
         ctx = tuple(int(t) for t in prefix)
         out: list[SegmentEntry | None] = [None] * len(segs)
@@ -263,7 +319,10 @@ class WorkerPool:
         if self._closed:
             return
         self._closed = True
+        self._stop.set()  # restarts waiting for a model load or a backoff give up, the supervisor ends
         self._exec.shutdown(wait=drain)
+        if self._supervisor is not None:
+            self._supervisor.join(timeout=self.timeout_s)
         for t in self._restarting:
             t.join(timeout=self.timeout_s)
         for w in self.workers:

@@ -19,10 +19,10 @@ from typing import Any
 
 import torch
 
-from hypic_agent.runtime.graphs import mixer_in, mixer_out
 from hypic_agent.runtime.hypic.build import ColdBatch
 from hypic_agent.runtime.hypic.entry import SegmentEntry
 from hypic_agent.runtime.models.hybrid import HybridForCausalLM
+from hypic_agent.runtime.runner.stage_graphs import mixer_in, mixer_out
 from hypic_agent.runtime.workers import protocol as wire
 from hypic_agent.runtime.workers.channel import Channel
 
