@@ -209,19 +209,75 @@ class Settings(BaseSettings):
     auth_failures_per_minute: int = Field(
         default=20,
         ge=0,
-        description="wrong API keys (or metrics tokens) one client address may send per minute; past it every "
-        "request from that address that needs a key gets 429 until the minute has passed; 0 = unlimited",
+        description="wrong API keys (or metrics tokens) one client address may send per minute that start with the "
+        "same auth_key_prefix_chars characters; past it that address's wrong keys with that prefix get 429 until "
+        "the minute has passed (a valid key always authenticates); 0 = unlimited",
+    )
+    auth_address_failures_per_minute: int = Field(
+        default=100,
+        ge=0,
+        description="wrong API keys one client address may send per minute whatever their prefix; past it every "
+        "wrong key from that address gets 429 (valid keys still authenticate); 0 = unlimited",
+    )
+    auth_key_prefix_chars: int = Field(
+        default=8,
+        ge=1,
+        description="leading characters of a presented key that identify it for auth_failures_per_minute",
     )
     metrics_token: str | None = Field(
         default=None,
-        description="bearer token GET /metrics requires; unset: /metrics is open without api_keys and answers "
-        "loopback clients only with them",
+        description="bearer token GET /metrics requires (401 without it); unset: /metrics is open without "
+        "api_keys and closed (401) with them unless metrics_open is set",
+    )
+    metrics_open: bool = Field(
+        default=False,
+        description="with api_keys on and no metrics_token: serve GET /metrics to any client without a key "
+        "(for a scraper on a trusted network); default closed (401)",
     )
     metrics_tenant_labels: bool = Field(
         default=False, description="label per-tenant metrics (rate-limit refusals) with tenant names"
     )
     max_segments: int = Field(default=256, ge=1, description="segments in one request, at most (more: 400)")
     max_body_bytes: int = Field(default=8 << 20, ge=1024, description="bytes of a request body, at most (more: 413)")
+    max_inflight_body_bytes: int = Field(
+        default=256 << 20,
+        ge=0,
+        description="request body bytes the server holds at once (being read, or of requests not yet answered); "
+        "a request that would go over it gets 503 with Retry-After (one request is always let in); 0 = unlimited",
+    )
+    header_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="a connection must finish sending a request's headers within this many seconds of opening "
+        "(or of its previous response); else it is answered 408 (if it sent anything) and closed",
+    )
+    body_timeout_s: float = Field(
+        default=120.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="a request's body must arrive within this many seconds of its headers; else 408 and the "
+        "connection is closed",
+    )
+    max_connections: int = Field(
+        default=2048,
+        ge=0,
+        description="open HTTP connections at most; one more is answered 503 and closed at once; 0 = unlimited",
+    )
+    max_request_store_bytes: int | None = Field(
+        default=None,
+        ge=0,
+        description="estimated entry bytes one request may add to the segment store (PUT /v1/segments, or a "
+        "prompt's new segments), from each new segment's tokens and the model's entry sizes, checked before "
+        "anything is built (413 over it); None = auto: a full context window cut into 32 segments, at least "
+        "1 GiB; 0 = unlimited",
+    )
+    tenant_store_bytes_per_minute: int | None = Field(
+        default=None,
+        ge=0,
+        description="estimated entry bytes one tenant's requests may add to the store in any 60 s (429 with "
+        "Retry-After over it); None = auto: 4 x the auto max_request_store_bytes; 0 = unlimited",
+    )
     max_tokens_limit: int = Field(
         default=4096, ge=1, description="max_tokens a request may ask for, at most (more: 400)"
     )

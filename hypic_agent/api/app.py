@@ -96,7 +96,7 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.hypic = None
-    app.state.auth_failures = FailedKeyLimiter(settings.auth_failures_per_minute)
+    app.state.auth_failures = FailedKeyLimiter.from_settings(settings)
 
     def count_error(type_: str) -> None:
         metrics.errors.labels(type_).inc()

@@ -4,15 +4,16 @@ Keys come from ``Settings.api_keys`` (``{"<key>": "<tenant>"}``), sent as
 ``Authorization: Bearer <key>`` or ``X-API-Key: <key>``. With no keys configured the server is
 open and every request belongs to the single tenant ``default``. The tenant namespace is salted
 into every segment key (``segments/keys.py``), so tenants never share, list or time each
-other's entries. A client address that sends more than ``Settings.auth_failures_per_minute``
-wrong keys gets 429 for every keyed request, right keys too, until its minute has passed
-(``FailedKeyLimiter``); the address is the TCP peer (a proxy in front is one address).
+other's entries. Wrong keys are limited per key prefix and client address
+(``Settings.auth_failures_per_minute``) and per address (``auth_address_failures_per_minute``):
+past either, that address's wrong keys get 429 until the window has passed; a valid key always
+authenticates (``FailedKeyLimiter``). The address is the TCP peer (a proxy in front is one address).
 """
 
 from __future__ import annotations
 
+import hashlib
 import hmac
-import ipaddress
 import threading
 import time
 from collections import OrderedDict, deque
@@ -20,7 +21,8 @@ from collections.abc import Callable, Mapping
 
 from fastapi import Request
 
-from hypic_agent.errors import AuthError, RateLimitError
+from hypic_agent.config import Settings
+from hypic_agent.errors import RateLimitError
 
 DEFAULT_TENANT = "default"
 
@@ -33,31 +35,21 @@ class KeyAuth:
     def open(self) -> bool:
         return not self._keys
 
-    def tenant_of(self, request: Request) -> str:
-        if self.open:
-            return DEFAULT_TENANT
-        key = presented_key(request)
-        if not key:
-            raise AuthError("missing API key; send 'Authorization: Bearer <key>'", param="authorization")
-        for known, tenant in self._keys.items():  # constant-time compare against every key
-            if hmac.compare_digest(known.encode(), key.encode()):
-                return tenant
-        raise AuthError("unknown API key; check the key you were given", param="authorization")
+    def tenant_for(self, key: str) -> str | None:
+        """The tenant of ``key``, or None; compared in constant time against every known key."""
+        found = None
+        for known, tenant in self._keys.items():
+            if hmac.compare_digest(known.encode(), key.encode("utf-8", "surrogatepass")):
+                found = found or tenant
+        return found
 
 
 def client_address(request: Request) -> str:
     return request.client.host if request.client is not None else "unknown"
 
 
-def is_loopback(address: str) -> bool:
-    try:
-        return ipaddress.ip_address(address).is_loopback
-    except ValueError:
-        return False
-
-
 def same_secret(a: str, b: str) -> bool:
-    return hmac.compare_digest(a.encode(), b.encode())
+    return hmac.compare_digest(a.encode("utf-8", "surrogatepass"), b.encode("utf-8", "surrogatepass"))
 
 
 def presented_key(request: Request) -> str | None:
@@ -97,57 +89,85 @@ class RateLimiter:
 
 
 class FailedKeyLimiter:
-    """Wrong keys per client address in a sliding window (``per_minute == 0`` disables it).
+    """Wrong keys per (key prefix, client address) and per address, in a sliding window.
 
-    ``check`` raises 429 while an address has ``per_minute`` failures in the window; ``record``
-    counts one. At most ``max_addresses`` addresses are tracked (the least recent go first)."""
+    ``check`` raises 429 while the pair has ``per_minute`` failures in the window, or the address
+    ``per_address_minute`` failures with any prefix (``0`` disables either); ``record`` counts one.
+    Only wrong keys are checked: a valid key is never refused here, so one tenant's (or an
+    attacker's) wrong keys cannot lock another tenant out of a shared address. The prefix is the
+    key's first ``prefix_chars`` characters, held as a hash. At most ``max_tracked`` pairs and
+    addresses are tracked (the least recent go first)."""
 
     def __init__(
         self,
         per_minute: int,
+        per_address_minute: int = 0,
+        *,
+        prefix_chars: int = 8,
         clock: Callable[[], float] = time.monotonic,
         window_s: float = 60.0,
-        max_addresses: int = 10_000,
+        max_tracked: int = 10_000,
     ) -> None:
         self.per_minute = per_minute
+        self.per_address_minute = per_address_minute
+        self.prefix_chars = prefix_chars
         self.window_s = window_s
         self.clock = clock
-        self.max_addresses = max_addresses
-        self._failures: OrderedDict[str, deque[float]] = OrderedDict()
+        self.max_tracked = max_tracked
+        self._failures: OrderedDict[tuple[str, str], deque[float]] = OrderedDict()
         self._lock = threading.Lock()
 
-    def _recent(self, address: str, now: float) -> deque[float] | None:
-        q = self._failures.get(address)
+    @classmethod
+    def from_settings(cls, settings: Settings) -> FailedKeyLimiter:
+        return cls(
+            settings.auth_failures_per_minute,
+            settings.auth_address_failures_per_minute,
+            prefix_chars=settings.auth_key_prefix_chars,
+        )
+
+    def _prefix(self, key: str) -> str:
+        return hashlib.sha256(key[: self.prefix_chars].encode("utf-8", "surrogatepass")).hexdigest()[:16]
+
+    def _buckets(self, key: str, address: str) -> list[tuple[tuple[str, str], int, str]]:
+        """(bucket, limit, what) of the limits that are on."""
+        out = []
+        if self.per_minute > 0:
+            out.append(((self._prefix(key), address), self.per_minute, "with this key prefix from this address"))
+        if self.per_address_minute > 0:
+            out.append((("*", address), self.per_address_minute, "from this address"))
+        return out
+
+    def _recent(self, bucket: tuple[str, str], now: float) -> deque[float] | None:
+        q = self._failures.get(bucket)
         while q and q[0] <= now - self.window_s:
             q.popleft()
         if q is not None and not q:
-            del self._failures[address]
+            del self._failures[bucket]
             return None
         return q
 
-    def check(self, address: str) -> None:
-        if self.per_minute <= 0:
-            return
+    def check(self, key: str, address: str) -> None:
+        """Raise ``RateLimitError`` (with ``retry_after``) when ``key`` is one wrong key too many."""
         now = self.clock()
         with self._lock:
-            q = self._recent(address, now)
-            if q is not None and len(q) >= self.per_minute:
-                err = RateLimitError(
-                    f"{len(q)} wrong API keys from this address within {self.window_s:.0f} s (the limit is "
-                    f"{self.per_minute}); requests that need a key are refused until then",
-                    param="authorization",
-                )
-                err.retry_after = q[0] + self.window_s - now  # type: ignore[attr-defined]
-                raise err
+            for bucket, limit, what in self._buckets(key, address):
+                q = self._recent(bucket, now)
+                if q is not None and len(q) >= limit:
+                    err = RateLimitError(
+                        f"{len(q)} wrong API keys {what} within {self.window_s:.0f} s (the limit is {limit}); "
+                        "wrong keys are refused until then: check the key you were given",
+                        param="authorization",
+                    )
+                    err.retry_after = q[0] + self.window_s - now  # type: ignore[attr-defined]
+                    raise err
 
-    def record(self, address: str) -> None:
-        if self.per_minute <= 0:
-            return
+    def record(self, key: str, address: str) -> None:
         now = self.clock()
         with self._lock:
-            q = self._recent(address, now) or deque()
-            q.append(now)
-            self._failures[address] = q
-            self._failures.move_to_end(address)
-            while len(self._failures) > self.max_addresses:
+            for bucket, limit, _ in self._buckets(key, address):
+                q = self._recent(bucket, now) or deque(maxlen=limit)
+                q.append(now)
+                self._failures[bucket] = q
+                self._failures.move_to_end(bucket)
+            while len(self._failures) > self.max_tracked:
                 self._failures.popitem(last=False)

@@ -4,35 +4,36 @@ from __future__ import annotations
 
 from fastapi import BackgroundTasks, Request
 
-from hypic_agent.api.auth import (
-    DEFAULT_TENANT,
-    FailedKeyLimiter,
-    client_address,
-    is_loopback,
-    presented_key,
-    same_secret,
-)
+from hypic_agent.api.auth import DEFAULT_TENANT, FailedKeyLimiter, client_address, presented_key, same_secret
 from hypic_agent.api.state import ServerState, get_state
-from hypic_agent.errors import AuthError, ForbiddenError, RateLimitError
+from hypic_agent.errors import AuthError, RateLimitError
 
 
 def _failures(request: Request) -> FailedKeyLimiter:
     return request.app.state.auth_failures
 
 
+def _wrong_key(request: Request, st: ServerState, key: str, message: str) -> AuthError:
+    """Count a wrong key; raise 429 once its prefix (or its address) sent too many, else return the 401."""
+    failures, address = _failures(request), client_address(request)
+    st.metrics.auth_failures.inc()
+    failures.check(key, address)
+    failures.record(key, address)
+    return AuthError(message, param="authorization")
+
+
 def authenticate(request: Request, st: ServerState) -> str:
-    """The caller's tenant; 401 for a missing or wrong key, 429 once its address sent too many wrong ones."""
+    """The caller's tenant. A valid key always authenticates; a missing key is 401, a wrong one 401
+    (429 once its address sent too many wrong keys with its prefix, or in all)."""
     if st.auth.open:
         return DEFAULT_TENANT
-    failures, address = _failures(request), client_address(request)
-    failures.check(address)
-    try:
-        return st.auth.tenant_of(request)
-    except AuthError:
-        if presented_key(request):
-            failures.record(address)
-            st.metrics.auth_failures.inc()
-        raise
+    key = presented_key(request)
+    if not key:
+        raise AuthError("missing API key; send 'Authorization: Bearer <key>'", param="authorization")
+    name = st.auth.tenant_for(key)
+    if name is not None:
+        return name
+    raise _wrong_key(request, st, key, "unknown API key; check the key you were given")
 
 
 def tenant(request: Request, background: BackgroundTasks) -> str:
@@ -51,25 +52,22 @@ def tenant(request: Request, background: BackgroundTasks) -> str:
 
 
 def metrics_access(request: Request) -> None:
-    """``/metrics``: the metrics token when one is set; else, with API keys on, loopback clients only."""
+    """``/metrics``: the metrics token when one is set (401 without it); else open without API keys,
+    and with them closed (401) unless ``Settings.metrics_open``. A tenant's key is not the token."""
     st = get_state(request)
     token = st.settings.metrics_token
-    address = client_address(request)
     if token:
-        failures = _failures(request)
-        failures.check(address)
         got = presented_key(request)
-        if got is None or not same_secret(got, token):
-            if got:
-                failures.record(address)
-                st.metrics.auth_failures.inc()
-            raise AuthError(
-                "GET /metrics needs the metrics token: send 'Authorization: Bearer <HYPIC_METRICS_TOKEN>'",
-                param="authorization",
-            )
-    elif not st.auth.open and not is_loopback(address):
-        raise ForbiddenError(
-            "with API keys on, GET /metrics answers loopback clients only; set HYPIC_METRICS_TOKEN to scrape it "
-            "from elsewhere",
-            param=None,
-        )
+        if got and same_secret(got, token):
+            return
+        message = "GET /metrics needs the metrics token: send 'Authorization: Bearer <HYPIC_METRICS_TOKEN>'"
+        if got:
+            raise _wrong_key(request, st, got, message)
+        raise AuthError(message, param="authorization")
+    if st.auth.open or st.settings.metrics_open:
+        return
+    raise AuthError(
+        "GET /metrics is closed while API keys are on: set HYPIC_METRICS_TOKEN and send it as "
+        "'Authorization: Bearer <token>', or set HYPIC_METRICS_OPEN=true to serve it without one",
+        param="authorization",
+    )

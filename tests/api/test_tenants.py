@@ -90,32 +90,38 @@ def test_metrics_refuse_without_their_token_when_keys_are_on(make_client):
     assert r.status_code == 200 and "hypic_requests_total" in r.text
 
 
-def test_metrics_without_a_token_answer_loopback_only(make_client):
+def test_metrics_without_a_token_are_closed_with_keys_on(make_client):
     from fastapi.testclient import TestClient
 
     c = make_client(api_keys=KEYS)
-    r = c.get("/metrics", headers=A)  # the test client's address is not loopback
-    assert r.status_code == 403 and err(r)["type"] == "forbidden"
-    local = TestClient(c.app, client=("127.0.0.1", 40000))  # same app, a loopback peer
-    assert local.get("/metrics").status_code == 200
+    for client in (c, TestClient(c.app, client=("127.0.0.1", 40000))):  # a loopback peer is no exception
+        for headers in ({}, A):  # nor is a tenant's key
+            r = client.get("/metrics", headers=headers)
+            assert r.status_code == 401 and err(r)["type"] == "unauthorized", r.text
+            assert "HYPIC_METRICS_TOKEN" in err(r)["message"] and "HYPIC_METRICS_OPEN" in err(r)["message"]
     assert make_client().get("/metrics").status_code == 200  # no API keys: open as before
+    opened = make_client(api_keys=KEYS, metrics_open=True)
+    assert opened.get("/metrics").status_code == 200 and "hypic_requests_total" in opened.get("/metrics").text
 
 
-def test_wrong_keys_get_429_after_the_configured_count(make_client):
+def test_wrong_keys_get_429_after_the_configured_count_and_valid_keys_still_pass(make_client):
     from fastapi.testclient import TestClient
 
-    c = make_client(api_keys=KEYS, auth_failures_per_minute=3)
+    c = make_client(api_keys=KEYS, auth_failures_per_minute=3, metrics_token="m-tok")
     now = [1000.0]
     c.app.state.auth_failures.clock = lambda: now[0]
-    wrong = {"Authorization": "Bearer guess"}
+    wrong = {"Authorization": "Bearer guessing-1"}
     assert [c.get("/v1/segments", headers=wrong).status_code for _ in range(3)] == [401, 401, 401]
     r = c.get("/v1/segments", headers=wrong)
     assert r.status_code == 429 and err(r)["type"] == "rate_limited" and int(r.headers["retry-after"]) == 60
-    assert c.get("/v1/segments", headers=A).status_code == 429  # a right key from that address too
-    assert c.get("/health", headers=A).status_code == 429
-    assert c.get("/v1/segments").status_code == 429  # no key: still the same address
+    assert c.get("/v1/segments", headers={"Authorization": "Bearer guessing-2"}).status_code == 429  # same prefix
+    assert c.get("/v1/segments", headers={"Authorization": "Bearer other"}).status_code == 401  # another prefix
+    assert c.get("/v1/segments", headers=A).status_code == 200  # a right key from that address still works
+    assert c.get("/health", headers=A).status_code == 200
+    assert c.get("/v1/segments").status_code == 401  # no key: a plain 401
     other = TestClient(c.app, client=("10.0.0.7", 40000))
-    assert other.get("/v1/segments", headers=A).status_code == 200  # another address is not affected
+    assert other.get("/v1/segments", headers=wrong).status_code == 401  # another address has its own count
     now[0] += 61
-    assert c.get("/v1/segments", headers=A).status_code == 200  # the minute has passed
-    assert "hypic_auth_failures_total 3.0" in TestClient(c.app, client=("127.0.0.1", 1)).get("/metrics").text
+    assert c.get("/v1/segments", headers=wrong).status_code == 401  # the minute has passed
+    text = c.get("/metrics", headers={"Authorization": "Bearer m-tok"}).text
+    assert "hypic_auth_failures_total 8.0" in text  # every wrong key counted, refused ones too

@@ -1,7 +1,8 @@
 """``GET /v1/models``, ``GET /v1/models/{id}``, ``/health``, ``/metrics``.
 
 With API keys on, ``/health`` without a key says only ``{"status": "ok"}`` (liveness); with a
-valid key it adds the model, store and auth details. ``/metrics`` is behind ``metrics_access``.
+valid key it adds the model, store and auth details. ``/metrics`` is behind ``metrics_access``
+(with API keys on: the metrics token, or ``Settings.metrics_open``).
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ async def health(request: Request) -> Any:
     "/metrics",
     response_class=PlainTextResponse,
     dependencies=[Depends(metrics_access)],
-    responses=error_responses(401, 403, 429, 500, 503),
+    responses=error_responses(401, 429, 500, 503),
 )
 async def metrics(request: Request) -> Response:
     return Response(get_state(request).metrics.render(), media_type=CONTENT_TYPE_LATEST)
