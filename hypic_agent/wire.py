@@ -6,7 +6,9 @@
 * ``Finite``: a float that is not NaN or +-Infinity (Python's JSON parser accepts both);
 * ``JsonObject``: free-form JSON (segment ``metadata``) whose strings are ``Text`` and whose
   numbers are finite, walked without recursion however deep it nests;
-* sampling ranges (``Temperature``, ``TopP``, ``TopK``, ``Seed``, ``Seam``).
+* sampling ranges (``Temperature``, ``TopP``, ``TopK``, ``Seed``, ``Seam``, ``MaxTokens``), strict:
+  a number must be a JSON number (``"4"``, ``true`` are type errors; an integer field also refuses
+  ``4.0``), and ``Flag`` a JSON boolean (``"yes"``, ``1`` refused).
 
 Violations raise ``PydanticCustomError`` of type ``INVALID_VALUE``; the API answers those with
 400 ``invalid_request`` and the field as ``param`` (shape and type errors stay 422).
@@ -17,7 +19,7 @@ from __future__ import annotations
 import math
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, Field
+from pydantic import AfterValidator, Field, Strict
 from pydantic_core import PydanticCustomError
 
 INVALID_VALUE = "invalid_value"
@@ -128,30 +130,38 @@ def _in_range(low: int, high: int, what: str) -> Any:
 Text = Annotated[str, AfterValidator(check_text), Field(json_schema_extra={"pattern": "^[^\\u0000]*$"})]
 Finite = Annotated[float, AfterValidator(check_finite)]
 JsonObject = Annotated[dict[str, Any], AfterValidator(check_json)]
+Flag = Annotated[bool, Strict()]
+"""A JSON ``true`` / ``false`` only."""
 Temperature = Annotated[
     float,
+    Strict(),
     AfterValidator(check_temperature),
     Field(json_schema_extra={"anyOf": [{"const": 0}, {"minimum": MIN_TEMPERATURE, "maximum": MAX_TEMPERATURE}]}),
 ]
-TopP = Annotated[float, AfterValidator(check_top_p), Field(json_schema_extra={"exclusiveMinimum": 0, "maximum": 1})]
+TopP = Annotated[
+    float, Strict(), AfterValidator(check_top_p), Field(json_schema_extra={"exclusiveMinimum": 0, "maximum": 1})
+]
 TopK = Annotated[
     int,
+    Strict(),
     AfterValidator(_in_range(0, INT32_MAX, "an integer")),
     Field(json_schema_extra={"minimum": 0, "maximum": INT32_MAX}),
 ]
 Seed = Annotated[
     int,
+    Strict(),
     AfterValidator(_in_range(0, SEED_LIMIT - 1, "an unsigned 64-bit integer")),
     Field(json_schema_extra={"minimum": 0, "maximum": SEED_LIMIT - 1}),
 ]
 _TOKEN_SEAM = {"type": "integer", "minimum": 1, "maximum": INT32_MAX}
 Seam = Annotated[
-    float | Literal["auto", "blend"],
+    Annotated[float, Strict()] | Literal["auto", "blend"],
     AfterValidator(check_seam),
     Field(json_schema_extra={"anyOf": [{"minimum": 0, "maximum": 1}, _TOKEN_SEAM, {"enum": ["auto", "blend"]}]}),
 ]
 MaxTokens = Annotated[
     int,
+    Strict(),
     AfterValidator(_in_range(1, INT32_MAX, "a token count")),
     Field(json_schema_extra={"minimum": 1, "maximum": INT32_MAX}),
 ]

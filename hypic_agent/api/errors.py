@@ -10,18 +10,23 @@ Mapping onto HTTP:
 | a value out of range (``wire.py``)      | 400    | ``invalid_request``        |
 | any other schema violation              | 422    | ``invalid_request``        |
 | body over ``max_body_bytes``            | 413    | ``payload_too_large``      |
+| body not in within ``body_timeout_s``   | 408    | ``request_timeout``        |
+| bodies held over ``max_inflight_body_bytes`` | 503 | ``overloaded``          |
 | unknown route / method                  | 404/405| ``not_found`` / ``method_not_allowed`` |
 | anything else (``ErrorGuardMiddleware``)| 500    | ``internal_error``         |
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from hypic_agent.errors import (  # noqa: F401 (re-exported for the routes)
     HypicError,
@@ -38,9 +43,11 @@ _HTTP_TYPES = {
     403: "forbidden",
     404: "not_found",
     405: "method_not_allowed",
+    408: "request_timeout",
     413: "payload_too_large",
     415: "unsupported_media_type",
     429: "rate_limited",
+    503: "overloaded",
 }
 
 
@@ -70,6 +77,26 @@ def _loc_param(loc: tuple[Any, ...]) -> str | None:
 _VALUE_ERRORS = (INVALID_VALUE, "string_unicode")
 """Well-typed values out of range, or text that is not valid Unicode: 400, not 422."""
 
+_JSON_TYPES = {str: "a string", bool: "a boolean", int: "an integer", float: "a number", dict: "an object"}
+_TYPE_LABELS = {"float", "int", "bool", "str", "none", "dict", "list"}
+"""The labels pydantic puts after a union field's name, one per member (``seam.float``)."""
+
+
+def _got(error: Mapping[str, Any]) -> str:
+    """``, got a string ("4")`` for a type error: what the client sent, briefly."""
+    if not str(error.get("type", "")).endswith("_type") or "input" not in error:
+        return ""
+    value = error["input"]
+    if value is None:
+        return ", got null"
+    what = next((name for t, name in _JSON_TYPES.items() if type(value) is t), None)
+    if what is None:
+        return ", got an array" if isinstance(value, list) else ""
+    if isinstance(value, dict):
+        return f", got {what}"
+    shown = json.dumps(value, ensure_ascii=False)
+    return f", got {what} ({shown if len(shown) <= 40 else shown[:37] + '...'})"
+
 
 def validation_error(exc: RequestValidationError) -> tuple[int, dict[str, Any]]:
     errors = exc.errors()
@@ -90,6 +117,12 @@ def validation_error(exc: RequestValidationError) -> tuple[int, dict[str, Any]]:
         return 422, envelope("unknown_kind", str(first.get("msg")), f"{_loc_param(loc) or 'segments'}.kind")
     param = _loc_param(_strip_tags(loc))
     msg = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
+    if kind.endswith("_type") or kind == "literal_error":  # a union's members: say every type it takes
+        same = [e for e in errors if _loc_param(_strip_tags(tuple(e.get("loc", ())))) == param]
+        options = dict.fromkeys(str(e.get("msg", "")).removeprefix("Input should be ") for e in same)
+        if len(options) > 1:
+            msg = "Input should be " + " or ".join(options)
+        msg += _got(first)
     if kind == "string_unicode":
         msg = "is not valid Unicode text (a lone UTF-16 surrogate?)"
     if kind == "missing":
@@ -109,11 +142,22 @@ def _strip_tags(loc: tuple[Any, ...]) -> tuple[Any, ...]:
         # a union/discriminator tag right after a segment's index ("segments", 0, "document", "text")
         if isinstance(p, str) and p in tags and i > 1 and isinstance(loc[i - 1], int) and loc[i - 2] == "segments":
             continue
-        # a union member's label ("stop", "list[function-after[check_text(), str]]", 1)
-        if isinstance(p, str) and "[" in p:
+        # a union member's label ("stop", "list[function-after[check_text(), str]]", 1; "seam", "float")
+        if isinstance(p, str) and ("[" in p or (p in _TYPE_LABELS and i > 0 and isinstance(loc[i - 1], str))):
             continue
         out.append(p)
     return tuple(out)
+
+
+_METHODS = ("DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT")
+
+
+def allowed_methods(request: Request) -> list[str]:
+    """Every method some route of the app takes at this path (Starlette's 405 names only the first
+    route that matched the path, e.g. ``GET`` for ``/v1/segments/{id}``, which also takes PATCH and
+    DELETE): each method is matched against every route, as the router would."""
+    routes = request.app.router.routes
+    return [m for m in _METHODS if any(r.matches({**request.scope, "method": m})[0] == Match.FULL for r in routes)]
 
 
 def install_error_handlers(app: FastAPI, on_error: Any = None) -> None:
@@ -144,9 +188,12 @@ def install_error_handlers(app: FastAPI, on_error: Any = None) -> None:
         msg = str(exc.detail)
         if exc.status_code == 404 and msg == "Not Found":
             msg = f"no route {request.method} {request.url.path}; see GET /docs for the routes"
+        headers = dict(exc.headers or {})
         if exc.status_code == 405:
-            msg = f"{request.method} is not allowed on {request.url.path}"
-        return _respond(exc.status_code, envelope(type_, msg), dict(exc.headers or {}) or None)
+            allowed = allowed_methods(request)
+            headers["Allow"] = ", ".join(allowed) or headers.get("Allow", "")
+            msg = f"{request.method} is not allowed on {request.url.path}; it takes {', '.join(allowed)}"
+        return _respond(exc.status_code, envelope(type_, msg), headers or None)
 
     # NOTE: any other exception is answered by ``middleware.ErrorGuardMiddleware`` (a handler for
     # ``Exception`` here would run in Starlette's outermost middleware, which re-raises it)

@@ -3,8 +3,9 @@
 Requests check types and shapes here (violations: 422) and every value's range with the
 ``hypic_agent.wire`` types (finite numbers, sampling ranges, text without lone surrogates or
 NUL: violations 400 with a ``param``); modes, segment counts and context limits are checked by
-the service (400). Responses keep the names of ``/work/shared/DESIGN.md`` and what
-``hypic_client`` parses.
+the service (400). Types are strict (``strict=True``, inherited by ``ChatRequest``): a number is
+a JSON number and a flag a JSON boolean, never a string that looks like one (``"4"``, ``"yes"``).
+Responses keep the names of ``/work/shared/DESIGN.md`` and what ``hypic_client`` parses.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ MAX_STOP_CHARS = 1000
 
 class SamplingIn(BaseModel):
     """Sampling fields shared by generate and chat (ranges checked by ``SamplingParams.validate``)."""
+
+    model_config = ConfigDict(strict=True)
 
     max_tokens: MaxTokens = Field(default=64, description="completion tokens at most (>= 1)")
     temperature: Temperature = Field(default=0.0, description="0 = greedy, else in [0.001, 5]")
@@ -57,7 +60,9 @@ class SamplingIn(BaseModel):
 
 class GenerateRequest(SamplingIn):
     model_config = ConfigDict(
-        extra="forbid", json_schema_extra={"anyOf": [{"required": ["segments"]}, {"required": ["query"]}]}
+        extra="forbid",
+        strict=True,
+        json_schema_extra={"anyOf": [{"required": ["segments"]}, {"required": ["query"]}]},
     )
 
     segments: list[SegmentIn] = Field(default_factory=list)
@@ -67,7 +72,7 @@ class GenerateRequest(SamplingIn):
 
 
 class PutSegmentsRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     segments: list[SegmentIn] = Field(json_schema_extra={"minItems": 1})
     mode: Text | None = Field(
@@ -79,7 +84,7 @@ class PutSegmentsRequest(BaseModel):
 
 
 class CacheUpdate(BaseModel):
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"minProperties": 1})
+    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra={"minProperties": 1})
 
     pin: bool | None = None
     ttl: float | None = Field(
@@ -88,7 +93,7 @@ class CacheUpdate(BaseModel):
 
 
 class PatchSegmentRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     cache: CacheUpdate
 

@@ -102,7 +102,7 @@ class Segment:
 
 
 class CacheIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)  # "pin": "yes" is a type error, not true
     pin: bool = False
     ttl: float | None = Field(
         default=None, gt=0, allow_inf_nan=False, description="seconds after last use (finite); none = no expiry"

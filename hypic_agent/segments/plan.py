@@ -94,8 +94,8 @@ def build_plan(
     ``add_bos=None`` prepends BOS exactly when the tokenizer itself would. Segments given by
     id go through ``resolve`` (required when any is present).
     """
-    if not segments and not (query and query.strip()):
-        raise InvalidRequestError("the prompt is empty: give segments or a non-empty query", param="segments")
+    if not segments and query is None:  # an empty query is a prompt: the generation prompt alone
+        raise InvalidRequestError("the prompt is empty: give segments or a query", param="segments")
     framer = framer or Framer(tokenizer)
     canon: list[CanonicalSegment] = []
     for i, seg in enumerate(segments):

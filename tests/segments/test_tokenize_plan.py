@@ -68,7 +68,9 @@ def test_detect_bos():
 
 def test_plan_errors(chat_tokenizer):
     with pytest.raises(InvalidRequestError, match="prompt is empty"):
-        build_plan([], "  ", chat_tokenizer, CTX)
+        build_plan([], None, chat_tokenizer, CTX)
+    for blank in ("", "  "):  # an empty query is a prompt: the generation prompt alone
+        assert build_plan([], blank, chat_tokenizer, CTX).suffix_ids
     with pytest.raises(InvalidRequestError, match="prompt is empty"):
         PromptPlan(segments=(), suffix_ids=())
     only_suffix = build_plan([], "hello", chat_tokenizer, CTX)
