@@ -107,6 +107,26 @@ def run_load(serving: Serving, trace: Trace, mode: str, rate: float, n: int, max
     }
 
 
+def burst(serving: Serving, trace: Trace, mode: str, n: int, max_tokens: int) -> dict[str, Any]:
+    """``n`` warm requests submitted together against one alone: the last first token vs one alone's
+    TTFT (the same documents, so both are warm; each run is after the warm-up)."""
+    sampling = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+
+    def ttfts(plans: list[Any]) -> list[float]:
+        t0 = time.perf_counter()
+        handles = [serving.scheduler.submit(GenerationRequest(p, sampling, mode, t0=t0)) for p in plans]
+        out = []
+        for h in handles:
+            out += [ev.ttft_ms for ev in h.events() if isinstance(ev, FinishEvent)]
+        return out
+
+    plans = [trace.request() for _ in range(n)]
+    ttfts(plans)  # every document cached, the layouts seen
+    alone = sorted(ttfts([p])[0] for p in plans[:3])[1]  # median of three alone
+    together = ttfts(plans)
+    return {"mode": mode, "n": n, "alone_ttft_ms": alone, "last_ttft_ms": max(together), "ratio": max(together) / alone}
+
+
 def main() -> None:
     ap = model_args(argparse.ArgumentParser(description=__doc__))
     ap.add_argument("--modes", nargs="+", default=["full_recompute", "prefix_cache", "hypic"])
@@ -124,11 +144,13 @@ def main() -> None:
     ap.add_argument("--chunk", type=int, default=8192, help="Settings.prefill_chunk_tokens")
     ap.add_argument("--entry-budget-gib", type=float, default=30.0)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--burst", type=int, default=8, help="warm requests submitted together (0: no burst row)")
     ap.add_argument("--out", default="bench_out/qps.json")
     args = ap.parse_args()
     dtype = getattr(torch, args.dtype)
     model = random_model(load_shape(args.shape, args.layers), args.device, dtype)
     rows: list[dict[str, Any]] = []
+    bursts: list[dict[str, Any]] = []
     summary: dict[str, float] = {}
     for mode in args.modes:
         settings = Settings(
@@ -143,13 +165,16 @@ def main() -> None:
         serving = Serving.of(engine)
         trace = Trace(args, model.config.vocab_size)
         run_load(serving, trace, mode, 0.0, args.warm_requests, args.max_tokens, args.seed)
+        if args.burst:
+            bursts.append(burst(serving, trace, mode, args.burst, args.max_tokens))
+            print(bursts[-1], flush=True)
         best = 0.0
         for rate in args.loads:
             n = args.per_load or max(12, round(rate * 12))
             row = run_load(serving, trace, mode, rate, n, args.max_tokens, args.seed + int(rate * 100))
             rows.append(row)
             print({k: round(v, 2) if isinstance(v, float) else v for k, v in row.items()}, flush=True)
-            write_json(args.out, {"args": vars(args), "rows": rows, "partial": True})
+            write_json(args.out, {"args": vars(args), "rows": rows, "burst": bursts, "partial": True})
             if row["p90_ttft_ms"] <= args.sla * 1e3:
                 best = max(best, row["achieved_qps"])
             else:
@@ -162,12 +187,14 @@ def main() -> None:
             torch.cuda.empty_cache()
     cols = ["mode", "offered_qps", "achieved_qps", "p50_ttft_ms", "p90_ttft_ms", "p50_tpot_ms", "requests"]
     print_table(rows, cols)
+    if bursts:
+        print_table(bursts, ["mode", "n", "alone_ttft_ms", "last_ttft_ms", "ratio"])
     base = summary.get("prefix_cache") or 0.0
     for mode, q in summary.items():
         ratio = f" ({q / base:.2f}x prefix_cache)" if base else ""
         print(f"{mode}: highest load with p90 TTFT <= {args.sla} s: {q:.2f} QPS{ratio}")
     dev = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
-    write_json(args.out, {"args": vars(args), "rows": rows, "qps_at_sla": summary, "device": dev})
+    write_json(args.out, {"args": vars(args), "rows": rows, "burst": bursts, "qps_at_sla": summary, "device": dev})
 
 
 class _NoText:

@@ -45,7 +45,7 @@ class KernelConfig:
       layers before the combine forward (``combine_inputs``); False runs them inside each layer's
       scan (kept for A/B measurements).
     * ``graph_bucket_step``: the layer graphs' token buckets above 2,048 rows
-      (``runtime.graphs.bucket_sizes``).
+      (``runner.stage_graphs.bucket_sizes``).
     * ``max_fused_cold_tokens``: above this many cold tokens a request's cold segments go through
       ``scatter_prefill``'s batches instead of its combine forward.
     * ``recurrent_scan_max_tokens``: KDA and decay-only (Mamba2, Lightning, Ring-linear) varlen scans

@@ -29,6 +29,7 @@ from hypic_agent.runtime.hypic.cache import EntryCache
 from hypic_agent.runtime.hypic.entry import SegmentEntry
 from hypic_agent.runtime.models.hybrid import HybridForCausalLM
 from hypic_agent.runtime.router import Route
+from hypic_agent.runtime.runner.graph_set import GraphSet
 from hypic_agent.runtime.scatter import scatter_prefill
 
 if TYPE_CHECKING:
@@ -45,6 +46,7 @@ class ColdBuilds:
         *,
         fingerprint: str,
         model_spec: str | None = None,
+        graphs: GraphSet | None = None,
     ) -> None:
         """Starts the scatter workers when ``settings.scatter_workers > 1`` (raises ``DeviceError`` /
         ``WorkerStartError`` at once on bad input)."""
@@ -52,6 +54,7 @@ class ColdBuilds:
         self.settings = settings
         self.kernels = kernels
         self.build_context = build_context
+        self.graphs = graphs  # the engine's runner's (cold cores, token-local stages)
         self.pair_dtype = getattr(torch, settings.pair_dtype)
         self.device = next(model.parameters()).device
         self.pool: WorkerPool | None = None
@@ -68,7 +71,7 @@ class ColdBuilds:
         def local(
             segs: list[tuple[int, ...]], seams: list[int], dt: torch.dtype, prefix: tuple[int, ...]
         ) -> list[SegmentEntry]:
-            return build_entries(self.model, segs, seams, pair_dtype=dt, prefix=prefix)
+            return build_entries(self.model, segs, seams, pair_dtype=dt, prefix=prefix, graphs=self.graphs)
 
         return WorkerPool(
             s.model_dump_json(),
@@ -94,7 +97,10 @@ class ColdBuilds:
         if sum(len(segs[i]) for i in r.cold) > self.kernels.max_fused_cold_tokens:
             return None
         cold_segs, cold_seams = [segs[i] for i in r.cold], [seams[i] for i in r.cold]
-        return ColdBatch(self.model, cold_segs, cold_seams, pair_dtype=self.pair_dtype, prefix=ctx.tokens)
+        colds = self.graphs.colds if self.graphs is not None else None
+        return ColdBatch(
+            self.model, cold_segs, cold_seams, pair_dtype=self.pair_dtype, prefix=ctx.tokens, graphs=colds
+        )
 
     def fill(
         self,
@@ -124,7 +130,9 @@ class ColdBuilds:
         cold_segs, cold_seams = [segs[i] for i in idx], [seams[i] for i in idx]
         if self.pool is not None:  # the job carries the context: workers build after the same tokens
             return self.pool.build(cold_segs, cold_seams, self.pair_dtype, prefix)
-        return scatter_prefill([self.model], cold_segs, cold_seams, pair_dtype=self.pair_dtype, prefix=prefix)
+        return scatter_prefill(
+            [self.model], cold_segs, cold_seams, pair_dtype=self.pair_dtype, prefix=prefix, graphs=self.graphs
+        )
 
     def store(
         self, cache: EntryCache, r: Route, built: Sequence[SegmentEntry], kinds: Sequence[str], tenant: str

@@ -25,15 +25,12 @@ from typing import TYPE_CHECKING, Any
 from hypic_agent.config import Settings
 from hypic_agent.runtime.cold_builds import ColdBuilds, with_built
 from hypic_agent.runtime.forward import prefill
-from hypic_agent.runtime.graphs import bucket_sizes, enable_cuda_graphs
 from hypic_agent.runtime.headroom import AllocatorHeadroom
 from hypic_agent.runtime.hypic.auto_seams import ProfileTable
 from hypic_agent.runtime.hypic.blend import BlendPlan
 from hypic_agent.runtime.hypic.build_context import BuildContext
 from hypic_agent.runtime.hypic.cache import EntryCache, MemoryEntryCache
-from hypic_agent.runtime.hypic.cold_graphs import enable_cold_graphs
 from hypic_agent.runtime.hypic.combine import combine
-from hypic_agent.runtime.hypic.combine_graphs import enable_combine_graphs
 from hypic_agent.runtime.hypic.layout import plan_layout
 from hypic_agent.runtime.hypic.modes import mode_spec, validate_seam
 from hypic_agent.runtime.hypic.prefix_cache import PrefixCache
@@ -43,6 +40,8 @@ from hypic_agent.runtime.prompt_pieces import PlanLike, PromptPieces, make_piece
 from hypic_agent.runtime.results import Prepared, SegmentUsage, fold_pieces, full_prepared, prefix_prepared
 from hypic_agent.runtime.router import route
 from hypic_agent.runtime.runner.destination import StateDestination
+from hypic_agent.runtime.runner.graph_set import GraphSet
+from hypic_agent.runtime.runner.runner import ModelRunner
 
 if TYPE_CHECKING:
     from hypic_agent.runtime.workers.pool import WorkerPool
@@ -81,12 +80,8 @@ class Engine:
         self.device = next(model.parameters()).device
         self.lock = threading.RLock()
         self.max_context = min(self.settings.max_context, model.config.max_position_embeddings)
-        if self.settings.cuda_graphs and self.device.type == "cuda" and model.ffn_graphs is None:
-            enable_cuda_graphs(model, bucket_sizes(self.kernels.graph_bucket_step))
-        if self.settings.cuda_graphs and self.device.type == "cuda" and model.combine_graphs is None:
-            enable_combine_graphs(model, self.settings.combine_graph_after, self.settings.combine_graphs_max)
-        if self.settings.cuda_graphs and self.device.type == "cuda" and model.cold_graphs is None:
-            enable_cold_graphs(model, self.settings.cold_graph_after, self.settings.cold_graphs_max)
+        # the one runner of this model: every forward and every CUDA graph (``Serving`` gives it the pool)
+        self.runner = ModelRunner(model, graphs=GraphSet.of(model, self.settings, self.kernels, self.device))
         self.headroom = AllocatorHeadroom(self.device, self.settings.cuda_headroom_bytes)
         self.serving: object | None = None  # its ``runtime.serving.Serving`` (one per engine), set there
         self.seams = SeamPlanner(model, tokenizer, fingerprint, self.settings, self.lock)
@@ -98,6 +93,7 @@ class Engine:
             self.build_context,
             fingerprint=fingerprint,
             model_spec=model_spec,
+            graphs=self.runner.graphs,
         )
 
     @property
@@ -180,20 +176,6 @@ class Engine:
         once the entries are there (``SeamPlanner.plan``)."""
         return self.seams.plan(p, tenant)
 
-    def cold_segments(self, p: PromptPieces, tenant: str) -> list[int]:
-        """Indices of a composed prompt's cacheable segments that have no entry yet (first occurrence)."""
-        _, keys = self.seams_and_keys(p, tenant)
-        with self.lock:
-            return list(route(keys, self.cache).cold)
-
-    def build_cold(self, p: PromptPieces, tenant: str, indices: Sequence[int]) -> None:
-        """Build and store the entries of segments ``indices`` of a composed prompt (a bounded piece of
-        a cold request's work, between decode steps of others)."""
-        seams, keys = self.seams_and_keys(p, tenant)
-        sub = [keys[i] if i in set(indices) else None for i in range(len(keys))]
-        with self.lock:
-            self.cold.fill(self.cache, route(sub, self.cache), p.segs, p.kinds, seams, tenant)
-
     def _full(self, segs: list[tuple[int, ...]], kinds: list[str], suffix: list[int]) -> Prepared:
         t0 = time.perf_counter()
         state = prefill(self.model, [[t for s in segs for t in s] + suffix])[0]
@@ -236,7 +218,8 @@ class Engine:
         t2 = time.perf_counter()
         blend = bp.pick(self.model, segs, entries, suffix) if bp is not None else None  # seam="blend"
         lay = plan_layout(segs, entries, seams, suffix, self.device, blend)
-        state = combine(self.model, lay, entries, spec, cold=cold, kernels=self.kernels, into=into)
+        graphs = self.runner.graphs
+        state = combine(self.model, lay, entries, spec, cold=cold, kernels=self.kernels, into=into, graphs=graphs)
         if cold is not None:
             share = cold.n_tokens / (cold.n_tokens + lay.active_ids.numel())
             cold.set_cost(_ms(t2) * share)

@@ -12,9 +12,9 @@ from typing import cast
 
 import torch
 
-from hypic_agent.runtime.graphs import feed_forward, mixer_in, mixer_out
 from hypic_agent.runtime.models.hybrid import HybridForCausalLM
 from hypic_agent.runtime.models.linear_mixer import at
+from hypic_agent.runtime.runner.stage_graphs import feed_forward, mixer_in, mixer_out
 from hypic_agent.runtime.state import AttentionLayerState, LayerState, LinearLayerState, RequestState
 
 

@@ -15,6 +15,7 @@ from hypic_agent.runtime.hypic.build import build_entries
 from hypic_agent.runtime.hypic.entry import SegmentEntry
 from hypic_agent.runtime.models.hybrid import HybridForCausalLM
 from hypic_agent.runtime.router import lpt_assign
+from hypic_agent.runtime.runner.graph_set import GraphSet
 
 
 def scatter_prefill(
@@ -25,9 +26,11 @@ def scatter_prefill(
     pair_dtype: torch.dtype = torch.float32,
     max_batch_tokens: int = 65536,
     prefix: Sequence[int] = (),
+    graphs: GraphSet | None = None,
 ) -> list[SegmentEntry]:
     """Build entries for ``segments`` on the workers' model replicas; result in input order.
-    ``prefix``: the build context's tokens (``build_entries``)."""
+    ``prefix``: the build context's tokens, ``graphs``: the first replica's runner graphs
+    (``build_entries``)."""
     if not segments:
         return []
     groups = lpt_assign([float(len(s)) for s in segments], len(models))
@@ -36,7 +39,8 @@ def scatter_prefill(
     for model, group in zip(models, groups, strict=True):
         for batch in _batches(group, [len(s) for s in segments], max_batch_tokens):
             segs, ws = [segments[i] for i in batch], [seams[i] for i in batch]
-            built = build_entries(model, segs, ws, pair_dtype=pair_dtype, prefix=prefix)
+            own = graphs if model is models[0] else None
+            built = build_entries(model, segs, ws, pair_dtype=pair_dtype, prefix=prefix, graphs=own)
             for i, e in zip(batch, built, strict=True):
                 out[i] = e.to(home)
     return [e for e in out if e is not None]

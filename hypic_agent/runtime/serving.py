@@ -22,7 +22,6 @@ from hypic_agent.runtime.engine import Engine
 from hypic_agent.runtime.prompt_pieces import PlanLike
 from hypic_agent.runtime.results import FinishEvent, TokenEvent
 from hypic_agent.runtime.runner.pool import StatePool
-from hypic_agent.runtime.runner.runner import ModelRunner
 from hypic_agent.runtime.runner.sizing import pool_sizes
 from hypic_agent.runtime.sampling import SamplingParams
 from hypic_agent.runtime.scheduler.request import GenerationRequest
@@ -70,9 +69,8 @@ class Serving:
         self.engine = engine
         self.pool = build_pool(engine)
         graphs = engine.settings.cuda_graphs and self.pool.device.type == "cuda"
-        self.runner = ModelRunner(
-            engine.model, self.pool, decode_graphs=graphs, max_batch=engine.settings.decode_graph_max_batch
-        )
+        self.runner = engine.runner  # the engine's one runner (its graphs), now over the pool
+        self.runner.attach(self.pool, decode_graphs=graphs, max_batch=engine.settings.decode_graph_max_batch)
         self.scheduler = Scheduler(engine, self.runner, engine.settings)
 
     def generate(

@@ -19,7 +19,6 @@ from hypic_agent.runtime.runner.destination import StateDestination
 from hypic_agent.runtime.runner.pool import StatePool
 from hypic_agent.runtime.sampling import SamplingParams
 from hypic_agent.runtime.scheduler.request import GenerationRequest
-from hypic_agent.runtime.scheduler.work import LiveRequest
 from hypic_agent.runtime.serving import Serving, build_pool
 from hypic_agent.runtime.state import AttentionLayerState
 
@@ -115,16 +114,6 @@ def test_combine_into_the_pool_equals_load(mode, fragmented, monkeypatch):
     assert placed == [not fragmented] * (2 * n_att)
 
 
-def _old_composed_step(self, engine, pool, budget, alone, stats):
-    """The path before ``StateDestination``: a standalone state, then ``StatePool.load``."""
-    prepared = engine.prepare_pieces(self.pieces, self.tenant)
-    pool.load(self.seq, prepared.state)
-    self.first_logits = prepared.state.last_logits
-    prepared.state = None
-    self.prepared = prepared
-    return prepared.recomputed_tokens
-
-
 def _serve(model) -> Serving:
     return Serving.of(Engine(model, tiny_tokenizer(), "t", Settings(**SETTINGS)))
 
@@ -135,16 +124,14 @@ def _final(events) -> FinishEvent:
     return evs[-1]
 
 
-def test_scheduled_composed_requests_skip_load_and_match_the_load_path(monkeypatch):
+def test_scheduled_composed_requests_skip_load_and_batched_match_alone(monkeypatch):
     model, _, _ = make_model("qwen3_5_text")
     sampling = SamplingParams(max_tokens=6, ignore_eos=True, logprobs=True)
     plans = [_plan(200 + 10 * i) for i in range(3)]
     reqs = [(p, m) for m in COMPOSED for p in plans]
-    with monkeypatch.context() as m:
-        m.setattr(LiveRequest, "composed_step", _old_composed_step)
-        old = _serve(model)
-        ref = [_final(old.generate(p, sampling, mode=mode)) for p, mode in reqs]
-        old.close()
+    old = _serve(model)  # one request at a time: each combine alone in its forward
+    ref = [_final(old.generate(p, sampling, mode=mode)) for p, mode in reqs]
+    old.close()
 
     def refuse(self, seq, state):
         raise AssertionError("a composed request went through StatePool.load")

@@ -23,6 +23,7 @@ import itertools
 import math
 import time
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -31,12 +32,15 @@ from hypic_agent.kernels._varlen import concat_ranges
 from hypic_agent.kernels.backend import to_device_async, upload_int64
 from hypic_agent.kernels.gdn_pairs import PairSink, SeamSplit
 from hypic_agent.runtime.forward import cu_seqlens_of
-from hypic_agent.runtime.hypic.cold_graphs import ColdGraphs, new_serial
 from hypic_agent.runtime.hypic.entry import AttentionEntry, LinearEntry, SegmentEntry
 from hypic_agent.runtime.models.hybrid import DecoderLayer, HybridForCausalLM
 from hypic_agent.runtime.models.linear_mixer import at
+from hypic_agent.runtime.runner.cold_graphs import ColdGraphs, new_serial
 from hypic_agent.runtime.runner.layer_loop import run_layers
 from hypic_agent.runtime.runner.plan import plan_forward
+
+if TYPE_CHECKING:
+    from hypic_agent.runtime.runner.graph_set import GraphSet
 
 
 def _carve(
@@ -111,7 +115,10 @@ class ColdBatch:
         *,
         pair_dtype: torch.dtype = torch.float32,
         prefix: Sequence[int] = (),
+        graphs: ColdGraphs | None = None,
     ) -> None:
+        """``graphs``: the runner's cold-core graphs (``GraphSet.colds``) the linear layers replay from
+        (None: eager)."""
         if not segments or any(len(s) == 0 for s in segments):
             raise ValueError("build_entries needs non-empty segments")
         k = self.prefix_len = len(prefix)
@@ -119,6 +126,7 @@ class ColdBatch:
         p = next(model.parameters())
         dev = p.device
         self.model = model
+        self.graphs = graphs
         self.serial = new_serial()
         self.lengths = [len(s) for s in segments]  # the segments' own lengths (what the entries hold)
         packed = [k + n for n in self.lengths]  # with the prefix ahead of each
@@ -220,9 +228,8 @@ class ColdBatch:
                 ops, conv_final = mixer.convolve(*xs, self.cu, None, **at(mixer, self.pos))
                 return mixer.mix_into_pairs(ops, self.cu, self.split, sink), conv_final
 
-            graphs = self.model.cold_graphs
-            if isinstance(graphs, ColdGraphs) and layer.mixer_kind == "gdn":  # replayed per layout where it can be
-                o, conv_final = graphs.run(self, li, core, tuple(inputs[:4]))
+            if self.graphs is not None and layer.mixer_kind == "gdn":  # replayed per layout where it can be
+                o, conv_final = self.graphs.run(self, li, core, tuple(inputs[:4]))
             else:
                 o, conv_final = core(self.sinks[li], *inputs)
             tails = [x.conv_tail for x in self._linear(li)]
@@ -257,18 +264,21 @@ def build_entries(
     *,
     pair_dtype: torch.dtype = torch.float32,
     prefix: Sequence[int] = (),
+    graphs: GraphSet | None = None,
 ) -> list[SegmentEntry]:
     """Prefill each segment in isolation (one packed batch) and return one entry per segment.
 
     ``seams[i]`` tokens at the start of segment i form its seam window; its body pair covers the
     rest. Segments must be non-empty; ``0 <= seams[i] <= len(segments[i])``. ``prefix``: tokens each
     segment is prefilled after (``BuildContext.tokens``; their rows are not in the entries).
+    ``graphs``: the runner's graphs to replay from (None: eager).
     """
-    batch = ColdBatch(model, segments, seams, pair_dtype=pair_dtype, prefix=prefix)
+    colds, stages = (graphs.colds, graphs.stages) if graphs is not None else (None, None)
+    batch = ColdBatch(model, segments, seams, pair_dtype=pair_dtype, prefix=prefix, graphs=colds)
     dev = batch.ids.device
     _sync(dev)
     t0 = time.perf_counter()
-    run_layers(model, plan_forward(None, [], [], colds=(batch,), device=dev), None)
+    run_layers(model, plan_forward(None, [], [], colds=(batch,), device=dev), None, stages)
     _sync(dev)
     batch.set_cost((time.perf_counter() - t0) * 1e3)
     return batch.entries

@@ -18,7 +18,7 @@ Attention layers: active tokens attend over spliced KV (cached bodies rotated to
 positions, or left at their local positions without ``rerotate``) and write fresh KV for the
 active rows. A linear mixer with RoPE inside (Ring-linear's ``lightning_rope``) gets the same
 treatment of its cached states: ``place(S, P)`` = ``R(P) S`` for a body whose segment starts at P.
-Feed-forward blocks replay from CUDA graphs where enabled (``runtime.graphs``).
+Feed-forward blocks replay from CUDA graphs where enabled (``runner.stage_graphs``).
 
 Served through the scheduler, the combine writes its result straight into the request's slot and
 pages of the state pool (``into``: ``runner.destination.StateDestination``): each attention layer
@@ -34,7 +34,6 @@ import torch
 
 from hypic_agent.kernels.config import DEFAULT_KERNELS, KernelConfig
 from hypic_agent.runtime.hypic.build import ColdBatch
-from hypic_agent.runtime.hypic.combine_graphs import CombineGraphs
 from hypic_agent.runtime.hypic.combine_inputs import CombineInputs, combine_inputs
 from hypic_agent.runtime.hypic.combine_work import CombineWork
 from hypic_agent.runtime.hypic.entry import SegmentEntry
@@ -42,8 +41,10 @@ from hypic_agent.runtime.hypic.layout import CombineLayout
 from hypic_agent.runtime.hypic.modes import ModeSpec
 from hypic_agent.runtime.models.hybrid import HybridForCausalLM
 from hypic_agent.runtime.runner.destination import StateDestination
+from hypic_agent.runtime.runner.graph_set import GraphSet
 from hypic_agent.runtime.runner.layer_loop import layer_steps
 from hypic_agent.runtime.runner.plan import plan_forward
+from hypic_agent.runtime.runner.stage_graphs import LayerGraphs
 from hypic_agent.runtime.state import RequestState
 
 
@@ -68,6 +69,7 @@ def combine(
     cold: ColdBatch | None = None,
     kernels: KernelConfig = DEFAULT_KERNELS,
     into: StateDestination | None = None,
+    graphs: GraphSet | None = None,
 ) -> RequestState:
     """Build the request's working state from entries + active tokens; sets ``last_logits``.
 
@@ -88,30 +90,31 @@ def combine(
     (``combine_graphs``; enabled with the layer graphs)."""
     kinds = {layer.mixer_kind for layer in model.layers} - {"attention"}
     stage = not kinds <= {"gdn"}  # the chunked path reads the pairs from the entries (combine_staging)
-    graphs = model.combine_graphs if cold is None and _graphable(model, lay, kinds) else None
+    whole = graphs.combines if graphs is not None and cold is None and _graphable(model, lay, kinds) else None
+    stages = graphs.stages if graphs is not None else None
     if lay.blend_rows is not None and any(layer.linear_attn is not None for layer in model.layers):
         fused_scan = False  # blend rows of a hybrid run on the chunked path, eagerly (blend_rows)
     if into is not None and into.length != lay.total:
         raise ValueError(f"a combine of {lay.total} tokens into a destination of {into.length}")
     building = cold.entries if cold is not None else ()
-    if isinstance(graphs, CombineGraphs):
-        state = graphs.replay(lay, entries, spec, fused_scan, kernels, into)
+    if whole is not None:
+        state = whole.replay(lay, entries, spec, fused_scan, kernels, into)
         if state is not None:
             return state
     if cold is not None:  # planned once the GPU has the first layer's work (see forward_steps)
         *_, state = forward_steps(
             model, lay, entries, spec,
             lambda: combine_inputs(model, lay, entries, spec.transition, fused_scan, building, kernels=kernels), cold,
-            into=into,
+            into=into, stages=stages,
         )  # fmt: skip
         assert isinstance(state, RequestState)
         return state
     inputs = combine_inputs(model, lay, entries, spec.transition, fused_scan, building, kernels=kernels)
-    if isinstance(graphs, CombineGraphs) and graphs.should_capture(lay, spec, fused_scan, kernels):
-        state = graphs.capture(lay, entries, spec, fused_scan, kernels, inputs, forward_steps, into, stage)
+    if whole is not None and whole.should_capture(lay, spec, fused_scan, kernels):
+        state = whole.capture(lay, entries, spec, fused_scan, kernels, inputs, forward_steps, into, stage)
         if state is not None:
             return state
-    *_, state = forward_steps(model, lay, entries, spec, inputs, cold, into=into)
+    *_, state = forward_steps(model, lay, entries, spec, inputs, cold, into=into, stages=stages)
     assert isinstance(state, RequestState)
     return state
 
@@ -125,6 +128,7 @@ def forward_steps(
     cold: ColdBatch | None = None,
     every: int = 0,
     into: StateDestination | None = None,
+    stages: LayerGraphs | None = None,
 ) -> Iterator[RequestState | None]:
     """The combine forward on planned ``inputs`` (``combine_inputs``), as one ``CombineWork`` (and the
     cold batch) through the runner's layer loop, in steps: yields None after every ``every`` layers
@@ -138,5 +142,5 @@ def forward_steps(
     work = CombineWork(lay, entries, spec, inputs, into)
     colds = (cold,) if cold is not None else ()
     plan = plan_forward(None, [], [], combines=(work,), colds=colds, device=lay.active_ids.device)
-    for out in layer_steps(model, plan, None, every=every):
+    for out in layer_steps(model, plan, None, every=every, stages=stages):
         yield None if out is None else work.state(out[0])

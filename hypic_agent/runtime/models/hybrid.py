@@ -139,9 +139,6 @@ class HybridForCausalLM(nn.Module):
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
-        self.ffn_graphs: object | None = None  # runtime.graphs.LayerGraphs when enabled
-        self.combine_graphs: object | None = None  # runtime.hypic.combine_graphs.CombineGraphs when enabled
-        self.cold_graphs: object | None = None  # runtime.hypic.cold_graphs.ColdGraphs when enabled
         self.kernels: KernelConfig = DEFAULT_KERNELS  # what ``set_kernels`` last handed down
         self._fused: list[FusedInputs] = []  # ``fuse_projections``
 

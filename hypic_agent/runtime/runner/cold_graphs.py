@@ -10,7 +10,7 @@ launch:
 
 * inputs: the layer's ``mixed, z, g, beta`` rows of the cold tokens, read in place. A graph
   replays only when they sit where they sat at capture, which the chained stage buffers of
-  ``runtime.graphs`` make so; elsewhere the core runs eagerly;
+  ``runner.stage_graphs`` make so; elsewhere the core runs eagerly;
 * the batch tables (``cu``, ``SeamSplit``) are those of the batch captured: same layout, same
   content (the runner keeps them alive);
 * the pairs are written through a static copy of the sink's pointer table, rewritten once per
@@ -76,8 +76,8 @@ class _Layout:
 
 
 class ColdGraphs:
-    """Per (cold-batch layout, linear layer) graphs of ``ColdBatch``'s linear core; attach with
-    ``enable_cold_graphs``."""
+    """Per (cold-batch layout, linear layer) graphs of ``ColdBatch``'s linear core; a runner's
+    ``GraphSet.colds``."""
 
     def __init__(self, capture_after: int = 2, max_layouts: int = 2) -> None:
         self.capture_after = capture_after
@@ -141,10 +141,3 @@ class ColdGraphs:
             log.warning("CUDA graph capture of the cold core failed (%s); running eagerly", self.disabled)
             return
         lay.graphs[li] = (graph, _addresses(xs), out, (batch.cu, batch.split))  # the tables the graph reads
-
-
-def enable_cold_graphs(model: Any, capture_after: int = 2, max_layouts: int = 2) -> ColdGraphs | None:
-    """Attach a cold-core graph runner to ``model`` (``capture_after`` 0: none); returns it."""
-    runner = ColdGraphs(capture_after, max_layouts) if capture_after > 0 else None
-    model.cold_graphs = runner
-    return runner

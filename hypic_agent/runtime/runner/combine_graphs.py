@@ -42,7 +42,6 @@ from typing import Any
 import torch
 
 from hypic_agent.kernels.config import KernelConfig
-from hypic_agent.runtime.graphs import eager_stages
 from hypic_agent.runtime.hypic.combine_inputs import CombineInputs
 from hypic_agent.runtime.hypic.combine_staging import StagedPairs
 from hypic_agent.runtime.hypic.entry import SegmentEntry
@@ -73,8 +72,8 @@ class _Captured:
 
 
 class CombineGraphs:
-    """Per (layout, mode, kernel choices) CUDA graphs of ``combine.forward_steps``; attach with
-    ``enable_combine_graphs``."""
+    """Per (layout, mode, kernel choices) CUDA graphs of ``combine.forward_steps``; a runner's
+    ``GraphSet.combines``."""
 
     def __init__(self, model: HybridForCausalLM, capture_after: int = 2, max_graphs: int = 4) -> None:
         self.model = model
@@ -183,13 +182,13 @@ class CombineGraphs:
         pool = torch.cuda.graph_pool_handle()
         try:
             torch.cuda.current_stream(dev).synchronize()  # the tables' host copies have landed
+            # handed no stage graphs, its token-local stages are captured as they run (eagerly)
             steps = forward_steps(self.model, lay, read, spec, inputs, None, LAYERS_PER_GRAPH)
             out = None
-            with eager_stages():
-                while out is None:
-                    graphs.append(torch.cuda.CUDAGraph())
-                    with torch.cuda.graph(graphs[-1], pool=pool, capture_error_mode="thread_local"):
-                        out = next(steps)
+            while out is None:
+                graphs.append(torch.cuda.CUDAGraph())
+                with torch.cuda.graph(graphs[-1], pool=pool, capture_error_mode="thread_local"):
+                    out = next(steps)
         except Exception as err:  # never fail a request over a graph
             self.disabled = f"{type(err).__name__}: {err}"
             log.warning("CUDA graph capture of a combine forward failed (%s); running eagerly", self.disabled)
@@ -200,10 +199,3 @@ class CombineGraphs:
         for graph in graphs:
             graph.replay()
         return out.clone() if into is None else into.absorb(out)
-
-
-def enable_combine_graphs(model: HybridForCausalLM, capture_after: int = 2, max_graphs: int = 4) -> CombineGraphs:
-    """Attach a combine graph runner to ``model`` (``combine.combine`` uses it); returns it."""
-    runner = CombineGraphs(model, capture_after, max_graphs)
-    model.combine_graphs = runner
-    return runner

@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from hypic_agent.runtime.graphs import eager_stages
 from hypic_agent.runtime.runner.plan import ForwardPlan
 
 if TYPE_CHECKING:
@@ -132,11 +131,11 @@ class DecodeGraphs:
             t.zero_()
         dev = self.ids.device
         try:
-            with eager_stages(), graph_kernels(self.runner.model):
+            with graph_kernels(self.runner.model):
                 side = torch.cuda.Stream(device=dev)
                 side.wait_stream(torch.cuda.current_stream(dev))
                 with torch.cuda.stream(side):  # warm-up outside the capture: compiles, workspaces
-                    self.runner.layers(self._plan(b))
+                    self.runner.layers(self._plan(b), eager=True)
                 # NOTE: a fresh plan (new tensor views) for the capture: RoPE tables are cached per
                 # positions tensor, and the warm-up's were computed outside the graph, from zeros
                 plan = self._plan(b)
@@ -145,7 +144,7 @@ class DecodeGraphs:
                     self._mempool = torch.cuda.graph_pool_handle()
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=self._mempool):
-                    logits = self.runner.layers(plan)
+                    logits = self.runner.layers(plan, eager=True)
         except Exception as err:  # never fail a request over a graph
             self.disabled = f"{type(err).__name__}: {err}"
             log.warning("decode graph capture (batch %d) failed (%s); decoding eagerly", b, self.disabled)

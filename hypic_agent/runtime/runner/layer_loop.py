@@ -20,11 +20,11 @@ from collections.abc import Iterator
 
 import torch
 
-from hypic_agent.runtime.graphs import mixer_in, mixer_out
 from hypic_agent.runtime.models.hybrid import HybridForCausalLM
 from hypic_agent.runtime.runner.mixers import attention_mix, linear_mix
 from hypic_agent.runtime.runner.plan import ForwardPlan
 from hypic_agent.runtime.runner.pool import StatePool
+from hypic_agent.runtime.runner.stage_graphs import LayerGraphs, mixer_in, mixer_out
 
 
 def _rows(xs: tuple[torch.Tensor, ...], a: int, b: int) -> tuple[torch.Tensor, ...]:
@@ -49,11 +49,17 @@ def last_hidden(h: torch.Tensor, plan: ForwardPlan) -> torch.Tensor:
 
 
 def layer_steps(
-    model: HybridForCausalLM, plan: ForwardPlan, pool: StatePool | None, *, every: int = 0
+    model: HybridForCausalLM,
+    plan: ForwardPlan,
+    pool: StatePool | None,
+    *,
+    every: int = 0,
+    stages: LayerGraphs | None = None,
 ) -> Iterator[torch.Tensor | None]:
     """Run ``plan`` (see module doc); yields None after every ``every`` layers (0: never; how a CUDA
     graph of the forward is captured in a few pieces), then the logits ``[N_seqs + N_combines,
-    vocab]``. ``pool``: the state pool the plan's sequences live in (None when it has none)."""
+    vocab]``. ``pool``: the state pool the plan's sequences live in (None when it has none);
+    ``stages``: the token-local stages' graphs to replay (None: eager, as inside a capture)."""
     if plan.seqs and pool is None:
         raise ValueError("a plan with pool rows needs the state pool")
     parts = [c.embed() for c in plan.colds]
@@ -67,8 +73,8 @@ def layer_steps(
         if every and li and li % every == 0:
             yield None
         # chained stages (views of the stage graphs' buffers, valid until the next stage: module doc
-        # of ``runtime.graphs``); every group below is done with them before ``mixer_out``
-        xs = mixer_in(model, li, h, keep=True)
+        # of ``runner.stage_graphs``); every group below is done with them before ``mixer_out``
+        xs = mixer_in(model, li, h, stages, keep=True)
         outs: list[torch.Tensor] = []
         a = 0
         for c in plan.colds:
@@ -91,15 +97,17 @@ def layer_steps(
             outs.append(w.mix(li, layer, _rows(xs, a, a + w.n_rows)))
             a += w.n_rows
         extra = xs[1:2] if layer.linear_attn is not None else xs[3:]  # GDN's z / the attention gate, if any
-        h = mixer_out(model, li, h, outs[0] if len(outs) == 1 else tuple(outs), *extra, keep=True)
+        h = mixer_out(model, li, h, outs[0] if len(outs) == 1 else tuple(outs), *extra, graphs=stages, keep=True)
     if not plan.seqs and not plan.combines:  # cold builds only: nothing to predict
         yield h.new_empty(0, model.config.vocab_size)
         return
     yield model.logits(last_hidden(h, plan))
 
 
-def run_layers(model: HybridForCausalLM, plan: ForwardPlan, pool: StatePool | None) -> torch.Tensor:
+def run_layers(
+    model: HybridForCausalLM, plan: ForwardPlan, pool: StatePool | None, stages: LayerGraphs | None = None
+) -> torch.Tensor:
     """``layer_steps`` to the end: the logits."""
-    *_, logits = layer_steps(model, plan, pool)
+    *_, logits = layer_steps(model, plan, pool, stages=stages)
     assert logits is not None
     return logits

@@ -97,7 +97,8 @@ def plan_forward(
 
 
 def _no_pool_rows(dev: torch.device, combines: tuple[CombineWork, ...], colds: tuple[ColdBatch, ...]) -> ForwardPlan:
-    """A plan of HYPIC work only (no pool rows)."""
+    """A plan of HYPIC work only (no pool rows). Nothing is copied from the host: a combine's CUDA
+    graph (``combine_graphs``) captures the forward this plan is made in."""
     longs = torch.zeros(0, dtype=torch.int64, device=dev)
     cu = torch.zeros(1, dtype=torch.int32)
     return ForwardPlan(
@@ -108,7 +109,7 @@ def _no_pool_rows(dev: torch.device, combines: tuple[CombineWork, ...], colds: t
         positions=longs,
         slots=longs,
         rows=longs,
-        cu_seqlens=cu.to(dev),
+        cu_seqlens=torch.zeros(1, dtype=torch.int32, device=dev),
         cu_host=cu,
         key_rows=longs,
         cu_keys_host=cu,

@@ -1,4 +1,5 @@
-"""``ModelRunner``: owns the model's weights, the state pool and the decode graphs, and runs any
+"""``ModelRunner``: owns the model's weights, every CUDA graph (``GraphSet``: token-local stages,
+whole combines, cold cores; and once it serves a state pool, the decode steps) and runs any
 ``ForwardPlan`` (decode rows, prefill chunks, composed requests' combines, cold builds) through the
 ONE layer loop (``layer_loop.layer_steps``) that dispatches each layer to its mixer kind.
 
@@ -6,7 +7,7 @@ The token-local stages (``mixer_in``: norm + projections; ``mixer_out``: output 
 residual, feed-forward) are the layer's own; what depends on the plan (which slots, which pages,
 decode or extend) is in ``mixers.py``, a combine's work in ``hypic.combine_work``. Decode-only plans
 replay from CUDA graphs per batch-size bucket on CUDA (``decode_graphs.DecodeGraphs``); everything
-else runs eagerly (its token-local stages still replay from ``runtime.graphs`` per token-count
+else runs eagerly (its token-local stages still replay from ``runner.stage_graphs`` per token-count
 bucket).
 """
 
@@ -18,6 +19,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from hypic_agent.runtime.models.hybrid import HybridForCausalLM
+from hypic_agent.runtime.runner.decode_graphs import DecodeGraphs
+from hypic_agent.runtime.runner.graph_set import GraphSet
 from hypic_agent.runtime.runner.layer_loop import run_layers
 from hypic_agent.runtime.runner.plan import ForwardPlan, plan_forward
 from hypic_agent.runtime.runner.pool import PoolSeq, StatePool
@@ -28,14 +31,37 @@ if TYPE_CHECKING:
 
 
 class ModelRunner:
-    def __init__(self, model: HybridForCausalLM, pool: StatePool, *, decode_graphs: bool = False, max_batch: int = 128):
+    def __init__(
+        self,
+        model: HybridForCausalLM,
+        pool: StatePool | None = None,
+        *,
+        graphs: GraphSet | None = None,
+        decode_graphs: bool = False,
+        max_batch: int = 128,
+    ) -> None:
+        """``pool``: the state pool it serves (None: forwards without pool rows only, until ``attach``);
+        ``graphs``: the stage / combine / cold graphs its forwards replay (None: none)."""
         self.model = model
-        self.pool = pool
-        self.decode_graphs = None
-        if decode_graphs and pool.device.type == "cuda":
-            from hypic_agent.runtime.runner.decode_graphs import DecodeGraphs
+        self.graphs = graphs if graphs is not None else GraphSet()
+        self._pool: StatePool | None = None
+        self.decode_graphs: DecodeGraphs | None = None
+        if pool is not None:
+            self.attach(pool, decode_graphs=decode_graphs, max_batch=max_batch)
 
+    def attach(self, pool: StatePool, *, decode_graphs: bool = False, max_batch: int = 128) -> None:
+        """Serve ``pool``; ``decode_graphs``: capture whole decode steps per batch bucket (CUDA only)."""
+        if self._pool is not None:
+            raise RuntimeError("this runner serves a state pool already")
+        self._pool = pool
+        if decode_graphs and pool.device.type == "cuda":
             self.decode_graphs = DecodeGraphs(self, min(max_batch, pool.n_slots))
+
+    @property
+    def pool(self) -> StatePool:
+        if self._pool is None:
+            raise RuntimeError("this runner serves no state pool (ModelRunner.attach)")
+        return self._pool
 
     @property
     def paged_decode(self) -> bool:
@@ -66,7 +92,7 @@ class ModelRunner:
             s.tokens.extend(toks)
         return logits
 
-    def layers(self, plan: ForwardPlan) -> torch.Tensor:
+    def layers(self, plan: ForwardPlan, *, eager: bool = False) -> torch.Tensor:
         """The layer loop (``layer_loop``): embed -> (mixer_in, each group's mixer, mixer_out) per layer
-        -> logits of the last rows."""
-        return run_layers(self.model, plan, self.pool)
+        -> logits of the last rows. ``eager``: replay no stage graph (inside a capture)."""
+        return run_layers(self.model, plan, self._pool, None if eager else self.graphs.stages)

@@ -39,10 +39,9 @@ views stay valid until the next replay of any stage: the caller must be done wit
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -186,61 +185,38 @@ class LayerGraphs:
         return self._graphs[key]
 
 
-def enable_cuda_graphs(model: HybridForCausalLM, buckets: tuple[int, ...] | None = None) -> LayerGraphs:
-    """Attach a graph runner to ``model`` (used by the stage functions below); returns it."""
-    runner = LayerGraphs(model, buckets)
-    model.ffn_graphs = runner
-    return runner
-
-
-_EAGER = threading.local()  # set while this thread captures a bigger graph (no replay inside a capture)
-
-
-@contextlib.contextmanager
-def eager_stages() -> Iterator[None]:
-    """Within this context the stage functions below run eagerly in this thread (how a CUDA graph
-    of a whole forward, ``hypic.combine_graphs``, captures them)."""
-    before = getattr(_EAGER, "on", False)
-    _EAGER.on = True
-    try:
-        yield
-    finally:
-        _EAGER.on = before
-
-
-def _runner(model: HybridForCausalLM) -> LayerGraphs | None:
-    runner = model.ffn_graphs
-    if getattr(_EAGER, "on", False):
-        return None
-    return runner if isinstance(runner, LayerGraphs) else None
-
-
-def feed_forward(model: HybridForCausalLM, li: int, h: torch.Tensor) -> torch.Tensor:
-    """Layer ``li``'s feed-forward half ``[T, D] -> [T, D]``."""
+def feed_forward(model: HybridForCausalLM, li: int, h: torch.Tensor, graphs: LayerGraphs | None = None) -> torch.Tensor:
+    """Layer ``li``'s feed-forward half ``[T, D] -> [T, D]``, replayed from ``graphs`` where it can be."""
     layer = model.layers[li]
-    runner = _runner(model)
-    if runner is None or layer.mlp is None:  # a layer without a feed-forward half returns h itself
+    if graphs is None or layer.mlp is None:  # a layer without a feed-forward half returns h itself
         return layer.feed_forward(h)
-    return runner.run("ffn", li, lambda x: (layer.feed_forward(x),), h)[0]
+    return graphs.run("ffn", li, lambda x: (layer.feed_forward(x),), h)[0]
 
 
-def mixer_in(model: HybridForCausalLM, li: int, h: torch.Tensor, *, keep: bool = False) -> tuple[torch.Tensor, ...]:
-    """Layer ``li``'s ``DecoderLayer.mixer_in(h)``; ``keep``: chained (views, see module doc)."""
+def mixer_in(
+    model: HybridForCausalLM, li: int, h: torch.Tensor, graphs: LayerGraphs | None = None, *, keep: bool = False
+) -> tuple[torch.Tensor, ...]:
+    """Layer ``li``'s ``DecoderLayer.mixer_in(h)``, replayed from ``graphs`` where it can be; ``keep``:
+    chained (views, see module doc)."""
     layer = model.layers[li]
-    runner = _runner(model)
-    if runner is None:
+    if graphs is None:
         return layer.mixer_in(h)
-    return runner.run("mixer_in", li, layer.mixer_in, h, keep=keep)
+    return graphs.run("mixer_in", li, layer.mixer_in, h, keep=keep)
 
 
 def mixer_out(
-    model: HybridForCausalLM, li: int, h: torch.Tensor, o: Input, *extra: torch.Tensor, keep: bool = False
+    model: HybridForCausalLM,
+    li: int,
+    h: torch.Tensor,
+    o: Input,
+    *extra: torch.Tensor,
+    graphs: LayerGraphs | None = None,
+    keep: bool = False,
 ) -> torch.Tensor:
     """Layer ``li``'s ``DecoderLayer.mixer_out(h, o, *extra)`` -> the next hidden states ``[T, D]``;
     ``o`` may come in row parts (stacked, into the graph's buffer without a ``cat``); ``keep``:
     chained (a view, see module doc)."""
     layer = model.layers[li]
-    runner = _runner(model)
-    if runner is None:
+    if graphs is None:
         return layer.mixer_out(h, o if isinstance(o, torch.Tensor) else torch.cat(o), *extra)
-    return runner.run("mixer_out", li, lambda *xs: (layer.mixer_out(*xs),), h, o, *extra, keep=keep)[0]
+    return graphs.run("mixer_out", li, lambda *xs: (layer.mixer_out(*xs),), h, o, *extra, keep=keep)[0]

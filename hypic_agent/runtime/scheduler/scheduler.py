@@ -31,10 +31,12 @@ from hypic_agent.errors import ContextLengthError, QueueFullError
 from hypic_agent.runtime.engine import Engine
 from hypic_agent.runtime.output import OutputStream
 from hypic_agent.runtime.prompt_pieces import PromptPieces
+from hypic_agent.runtime.runner.plan import ForwardPlan
 from hypic_agent.runtime.runner.pool import PoolSeq
 from hypic_agent.runtime.runner.radix_cache import RadixCache, RadixHit
 from hypic_agent.runtime.runner.runner import ModelRunner
 from hypic_agent.runtime.sampling import make_generator
+from hypic_agent.runtime.scheduler.composed import ComposedPrep, StepWork
 from hypic_agent.runtime.scheduler.request import EventSink, GenerationRequest, RequestHandle
 from hypic_agent.runtime.scheduler.sampler import sample_rows
 from hypic_agent.runtime.scheduler.stats import SchedulerStats
@@ -206,48 +208,73 @@ class Scheduler:
         return seq
 
     def _run_step(self) -> None:
+        """ONE forward: every decoding request's next token, prefill chunks and every composed
+        request's combine (with the step's cold builds) within the token budget (``StepWork``)."""
         decoders = [r for r in self.live if r.decoding]
         budget = self.chunk
         rows: list[tuple[LiveRequest, tuple[int, ...]]] = [(r, (r.last_token,)) for r in decoders]  # type: ignore[misc]
+        hypic = StepWork(self.engine, self.pool)
         for r in [r for r in self.live if r.preparing]:
             if budget <= 0:
                 break
             try:
                 if r.pieces.spec.composed:
-                    budget -= r.composed_step(self.engine, self.pool, budget, not rows, self.stats)
-                    self.stats.combine_steps += 1
+                    if r.composed is None:
+                        r.composed = ComposedPrep.resolve(self.engine, r.pieces, r.tenant)
+                    assert r.seq is not None
+                    alone = not rows and hypic.empty
+                    budget -= hypic.offer(r, r.composed, r.seq, budget, alone)
                 elif r.chunks and (len(r.chunks[0]) <= budget or len(rows) == len(decoders)):
                     chunk = r.chunks.popleft()
                     rows.append((r, chunk))
                     budget -= len(chunk)
             except Exception as exc:
                 self._retire(r, error=exc)
-        logits = None
+        if not rows and hypic.empty:
+            return
         t0 = time.perf_counter()
-        if rows:
-            plan = self.runner.plan([r.seq for r, _ in rows], [t for _, t in rows])  # type: ignore[misc]
-            try:
-                logits = self.runner.forward(plan)
-            except Exception as exc:
-                for r, _ in rows:
-                    self._retire(r, error=exc)
-                return
-            self.stats.forwards += 1
-            self.stats.decode_tokens += len(decoders)
-            self.stats.prefill_tokens += plan.n_tokens - len(decoders)
+        involved: list[LiveRequest] = [r for r, _ in rows] + [j.owner for j in hypic.joined] + hypic.builders
+        try:
+            combines, colds = hypic.build()
+            plan = self.runner.plan([r.seq for r, _ in rows], [t for _, t in rows], combines, colds)  # type: ignore[misc]
+            logits = self.runner.forward(plan)
+            if combines or colds:
+                self.engine.headroom.top_up()  # the forward is queued: the GPU is busy while the host refills
+            done = hypic.finish(logits[len(rows) :], (time.perf_counter() - t0) * 1e3)
+        except Exception as exc:
+            for r in dict.fromkeys(involved):
+                self._retire(r, error=exc)
+            return
+        self._count(plan, len(decoders), hypic)
         to_sample: list[tuple[LiveRequest, torch.Tensor]] = []
         for i, (r, _) in enumerate(rows):
             if r.decoding:
-                to_sample.append((r, logits[i]))  # type: ignore[index]
+                to_sample.append((r, logits[i]))
             else:
                 r.after_chunk(self.engine, self.pool)
                 if not r.chunks:
-                    to_sample.append((r, logits[i]))  # type: ignore[index]
-        to_sample += [(r, r.first_logits) for r in self.live if r.first_logits is not None and r.last_token is None]
+                    to_sample.append((r, logits[i]))
+        for owner, first, prepared in done:
+            assert isinstance(owner, LiveRequest)
+            owner.prepared = prepared
+            to_sample.append((owner, first))
         if to_sample:
             self._sample_and_emit(to_sample)
+        ms = (time.perf_counter() - t0) * 1e3
         if rows:
-            self.stats.forward_ms += (time.perf_counter() - t0) * 1e3
+            self.stats.forward_ms += ms
+        if hypic.joined:
+            self.stats.combine_ms += ms
+        elif not hypic.empty:
+            self.stats.cold_build_ms += ms
+
+    def _count(self, plan: ForwardPlan, n_decode: int, hypic: StepWork) -> None:
+        s = self.stats
+        s.forwards += 1
+        s.decode_tokens += n_decode
+        s.prefill_tokens += plan.n_tokens - n_decode
+        s.combine_steps += len(hypic.joined) + len(hypic.builders)
+        s.cold_built_tokens += sum(b.n_tokens for b in plan.colds)
 
     def _sample_and_emit(self, rows: list[tuple[LiveRequest, torch.Tensor]]) -> None:
         lives = [r for r, _ in rows]

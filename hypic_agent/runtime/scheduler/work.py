@@ -7,9 +7,11 @@ Prepare work by mode:
   table (its pages shared, the partial last one copied) and its snapshot is the slot's linear
   state; the rest runs as chunks, the chunk that ends the request's segments stopping exactly
   there, so the boundary is recorded in the cache (the pages shared, the linear state snapshotted);
-* composed modes (``hypic`` and its ablations): the engine's combine forward (cold segments built
-  inside it, or, while others decode, a bounded batch of cold segments per step first), writing
-  its state straight into the request's slot and pages (``runner.destination``: no ``pool.load``).
+* composed modes (``hypic`` and its ablations): seams, keys and blend plan resolved once at
+  admission (``composed.ComposedPrep``); each step its combine joins the step's one forward with
+  every other request's work (``composed.StepWork``), its cold segments built in the same forward
+  (or a share of them per step when they exceed the budget), writing its state straight into its
+  slot and pages (``runner.destination``: no ``pool.load``).
 """
 
 from __future__ import annotations
@@ -25,11 +27,10 @@ from hypic_agent.runtime.engine import Engine
 from hypic_agent.runtime.output import OutputStream
 from hypic_agent.runtime.prompt_pieces import PromptPieces
 from hypic_agent.runtime.results import Prepared, full_prepared, prefix_prepared
-from hypic_agent.runtime.runner.destination import StateDestination
 from hypic_agent.runtime.runner.pool import PoolSeq, StatePool
 from hypic_agent.runtime.runner.radix_cache import RadixCache, RadixHit, RadixNode
+from hypic_agent.runtime.scheduler.composed import ComposedPrep
 from hypic_agent.runtime.scheduler.request import RequestHandle
-from hypic_agent.runtime.scheduler.stats import SchedulerStats
 
 
 def split_chunks(tokens: Sequence[int], size: int) -> list[tuple[int, ...]]:
@@ -58,6 +59,8 @@ class LiveRequest:
     held: RadixNode | None = None  # prefix_cache: the node locked for this request (unlocked at retire)
     ttft_ms: float = 0.0
     cost_ms: dict[str, float] = field(default_factory=dict)
+    # composed modes: seams, keys and blend plan resolved once, at admission (``composed.ComposedPrep``)
+    composed: ComposedPrep | None = None
 
     @property
     def tenant(self) -> str:
@@ -108,36 +111,3 @@ class LiveRequest:
                     self.radix.unlock(self.held)
                 self.held = node
             self.boundary = 0
-
-    def composed_step(self, engine: Engine, pool: StatePool, budget: int, alone: bool, stats: SchedulerStats) -> int:
-        """One step of a composed request's prepare work; returns the tokens it computed. Alone (nobody
-        else decoding) or with few cold tokens: the whole prepare (cold builds fused into the
-        combine); otherwise a batch of cold segments within ``budget`` first."""
-        t0 = time.perf_counter()
-        assert self.seq is not None
-        p = self.pieces
-        if not alone:
-            cold = engine.cold_segments(p, self.tenant)
-            sizes = [len(p.segs[i]) for i in cold]
-            if sum(sizes) > budget:
-                take: list[int] = []
-                used = 0
-                for i, n in zip(cold, sizes, strict=True):
-                    if take and used + n > budget:
-                        break
-                    take.append(i)
-                    used += n
-                engine.build_cold(p, self.tenant, take)
-                stats.cold_build_ms += (time.perf_counter() - t0) * 1e3
-                stats.cold_built_tokens += used
-                return used
-        into = StateDestination.of(pool, self.seq, p.total)
-        prepared = engine.prepare_pieces(p, self.tenant, into)
-        state = prepared.state
-        assert state is not None and state.last_logits is not None
-        into.commit(state)
-        self.first_logits = state.last_logits
-        prepared.state = None  # the pool holds it
-        self.prepared = prepared
-        stats.combine_ms += (time.perf_counter() - t0) * 1e3
-        return prepared.recomputed_tokens
