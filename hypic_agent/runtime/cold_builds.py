@@ -98,9 +98,7 @@ class ColdBuilds:
             return None
         cold_segs, cold_seams = [segs[i] for i in r.cold], [seams[i] for i in r.cold]
         colds = self.graphs.colds if self.graphs is not None else None
-        return ColdBatch(
-            self.model, cold_segs, cold_seams, pair_dtype=self.pair_dtype, prefix=ctx.tokens, graphs=colds
-        )
+        return ColdBatch(self.model, cold_segs, cold_seams, pair_dtype=self.pair_dtype, prefix=ctx.tokens, graphs=colds)
 
     def fill(
         self,
