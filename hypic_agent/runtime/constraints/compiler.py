@@ -1,9 +1,13 @@
 """Grammar compilation with a compile cache, one ``Grammars`` per tokenizer.
 
-``GrammarSpec`` says what to compile: ``json_object`` (any JSON object), ``json_schema`` (a JSON
+``GrammarSpec`` says what to compile: ``json_object`` (any JSON object; with bounds, the bounded
+one of ``bounds.json_object_schema``), ``json_schema`` (a JSON
 Schema) or ``structural_tag`` (xgrammar's structural tag JSON: tool-call formats, see
 ``hypic_agent.tools.grammar``). JSON is compact (``", "`` and ``": "`` separators, no other
-whitespace): a model cannot pad the output with whitespace until ``max_tokens``.
+whitespace): a model cannot pad the output with whitespace until ``max_tokens``. A schema is
+bounded before it is compiled (``bounds.py``: string lengths, digits, array items) so that a
+model cannot stay inside one value until ``max_tokens`` either, and its key order is kept (the
+source is the schema's JSON as given, not sorted: xgrammar writes properties in that order).
 
 ``Grammars.compile`` keeps the last ``max_entries`` compiled grammars (LRU, keyed by the spec), so
 an agent that sends the same schema or tool catalogue on every call compiles it once; a schema
@@ -22,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from hypic_agent.errors import InvalidRequestError
+from hypic_agent.runtime.constraints.bounds import JsonBounds, bound_schema, json_ebnf, json_object_schema
 from hypic_agent.runtime.constraints.grammar import GrammarConstraint
 from hypic_agent.runtime.constraints.tokenizer_info import tokenizer_info
 from hypic_agent.runtime.sampling import TokenConstraint
@@ -37,12 +42,20 @@ class GrammarSpec:
     param: str = "response_format"  # the request field a compile error points at
 
     @classmethod
-    def json_schema(cls, schema: Mapping[str, Any] | bool, param: str = "response_format") -> GrammarSpec:
-        return cls("json_schema", json.dumps(schema, sort_keys=True), param)
+    def json_schema(
+        cls, schema: Mapping[str, Any] | bool, param: str = "response_format", bounds: JsonBounds | None = None
+    ) -> GrammarSpec:
+        """``bounds``: rewrite the schema first (``bound_schema``); the key order is kept."""
+        return cls("json_schema", json.dumps(bound_schema(schema, bounds)), param)
+
+    @classmethod
+    def json_object(cls, param: str = "response_format", bounds: JsonBounds | None = None) -> GrammarSpec:
+        """Any JSON object; ``bounds``: its strings, numbers and arrays bounded (``json_object_schema``)."""
+        return cls("json_object", json.dumps(json_object_schema(bounds)) if bounds is not None else "", param)
 
     @classmethod
     def structural_tag(cls, tag: Mapping[str, Any], param: str = "tool_choice") -> GrammarSpec:
-        return cls("structural_tag", json.dumps(tag, sort_keys=True), param)
+        return cls("structural_tag", json.dumps(tag), param)
 
 
 class Grammars:
@@ -77,10 +90,12 @@ class Grammars:
     def _compile(self, spec: GrammarSpec) -> Any:
         c = self._compiler
         try:
-            if spec.kind == "json_object":
+            if spec.kind == "json_object" and not spec.source:
                 return c.compile_json_schema('{"type": "object"}', any_whitespace=False)
+            if spec.kind == "json_object":
+                return c.compile_grammar(json_ebnf(spec.source))
             if spec.kind == "json_schema":
-                return c.compile_json_schema(spec.source, any_whitespace=False)
+                return c.compile_grammar(json_ebnf(spec.source))
             return c.compile_structural_tag(spec.source)
         except (RuntimeError, ValueError, TypeError) as e:  # xgrammar's errors for schemas it cannot compile
             msg = _XGR_LOCATION.sub("", str(e)).strip()
