@@ -288,6 +288,29 @@ class Settings(BaseSettings):
     grammar_cache_size: int = Field(
         default=256, ge=1, description="compiled grammars kept (response_format schemas, forced tool calls)"
     )
+    grammar_max_string_length: int = Field(
+        default=2048,
+        ge=0,
+        description="characters of a JSON string a response_format schema or a forced tool call's parameters leave "
+        "unbounded (no maxLength, pattern, format, enum): the grammar ends it there, so a model cannot loop "
+        "inside it (bounded strings are written without escapes); 0 = unbounded",
+    )
+    grammar_max_number_digits: int = Field(
+        default=15,
+        ge=0,
+        description="digits before the point of a JSON integer or number a schema leaves unbounded (no "
+        "minimum / maximum): the grammar's range is +-(10^digits - 1), numbers get at most 6 decimals and no "
+        "exponent; 0 = unbounded",
+    )
+    grammar_max_array_items: int = Field(
+        default=1024, ge=0, description="items of a JSON array a schema leaves unbounded (no maxItems); 0 = unbounded"
+    )
+    max_parallel_tool_calls: int = Field(
+        default=8,
+        ge=1,
+        description="calls one answer may hold under tool_choice 'required' with parallel_tool_calls (the "
+        "grammar ends after that many; decoding also ends when the model repeats a call it already made)",
+    )
     text_chars_per_token: int = Field(
         default=32,
         ge=1,

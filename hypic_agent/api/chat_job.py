@@ -3,8 +3,10 @@
 Everything a chat request can get wrong is checked here, before the engine runs: the model name
 (404), ``top_logprobs`` without ``logprobs``, the tool setup, the grammar (a schema xgrammar
 cannot compile is a 400). The grammar comes from ``response_format`` or, for ``tool_choice``
-``required`` / a named function, from the functions' schemas (``tools/grammar.py``). The tool
-catalogue goes into the prompt as segments (``tools/catalogue.py``).
+``required`` / a named function, from the functions' schemas (``tools/grammar.py``); either is
+bounded by the ``grammar_max_*`` settings so it ends (``runtime/constraints/bounds.py``), and a
+forced call's constraint also ends on a repeated call (``ForcedCalls``). The tool catalogue goes
+into the prompt as segments (``tools/catalogue.py``).
 """
 
 from __future__ import annotations
@@ -19,11 +21,11 @@ from hypic_agent.api.served import check_model
 from hypic_agent.api.state import ServerState
 from hypic_agent.api.tool_schemas import response_spec, tool_setup
 from hypic_agent.errors import InvalidRequestError
-from hypic_agent.runtime.constraints import Grammars, GrammarSpec, grammars_for
+from hypic_agent.runtime.constraints import Grammars, GrammarSpec, JsonBounds, grammars_for
 from hypic_agent.runtime.sampling import SamplingParams
 from hypic_agent.tools.catalogue import with_tools
 from hypic_agent.tools.format import ToolFormat
-from hypic_agent.tools.grammar import call_grammar
+from hypic_agent.tools.grammar import ForcedCalls, call_grammar
 from hypic_agent.tools.spec import ToolSetup
 
 
@@ -63,17 +65,23 @@ def prepare_chat(st: ServerState, req: ChatRequest, tenant: str) -> ChatJob:
     top = check_top_logprobs(req.top_logprobs, req.logprobs)
     fmt = tool_format(st.engine.tokenizer)
     setup = tool_setup(req.tools, req.tool_choice, req.parallel_tool_calls)
-    spec = response_spec(req.response_format)
+    bounds = JsonBounds.of(st.settings)
+    spec = response_spec(req.response_format, bounds)
     if setup.choice.forces_call:
         if spec is not None:
             raise InvalidRequestError(
                 "tool_choice forces a tool call and response_format asks for JSON: use one of them",
                 param="response_format",
             )
-        spec = GrammarSpec.structural_tag(call_grammar(setup, fmt.syntax), param="tools")
+        tag = call_grammar(setup, fmt.syntax, bounds, st.settings.max_parallel_tool_calls)
+        spec = GrammarSpec.structural_tag(tag, param="tools")
     segments, query = chat_to_segments(req, fmt)
     segments = with_tools(segments, setup.functions, st.framer, fmt)
     sampling = with_output_controls(st, SamplingParams(), spec, top)  # compile (and fail) before planning
+    constraint = sampling.constraint
+    if constraint is not None and setup.choice.forces_call:
+        grammar, tok = constraint, st.engine.tokenizer
+        constraint = lambda: ForcedCalls(grammar(), tok)  # noqa: E731
     job = service.prepare_job(st, req.to_sampling(), segments, query, tenant)
-    job.sampling = replace(job.sampling, constraint=sampling.constraint, top_logprobs=top).validate()
+    job.sampling = replace(job.sampling, constraint=constraint, top_logprobs=top).validate()
     return ChatJob(job, setup, fmt)

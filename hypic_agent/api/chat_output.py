@@ -4,6 +4,13 @@
 through the same ``CallParser``, so a stream's deltas add up to the non-streaming message. With
 tools active (given, and ``tool_choice`` is not ``none``) calls are parsed out of the text and the
 finish reason is ``tool_calls`` when there is at least one; otherwise the text is the content.
+
+A forced call (``tool_choice`` ``required`` / a named function) returns calls only: what is not
+a complete call (a call cut off by ``max_tokens``, the separators between calls) is never
+content, and a call equal to one already returned (same function, same arguments: the repeat
+that ended decoding, ``tools/grammar.py``) is not returned again, in a stream as in a body. The
+finish reason is ``tool_calls`` when at least one call is complete (a cut-off call after it is
+dropped), else the engine's (``length``), with no calls and empty content.
 """
 
 from __future__ import annotations
@@ -40,6 +47,7 @@ def logprobs_content(
 class ChatOutput:
     def __init__(self, cj: ChatJob) -> None:
         self.parser = CallParser(cj.fmt.syntax, cj.tools.functions) if cj.tools.active else None
+        self.forced = cj.tools.choice.forces_call
         self.calls: list[ToolCall] = []
         self.content: list[str] = []
 
@@ -56,9 +64,11 @@ class ChatOutput:
         out: list[dict[str, Any]] = []
         for p in pieces:
             if isinstance(p, ToolCall):
+                if self.forced and any((c.name, c.arguments) == (p.name, p.arguments) for c in self.calls):
+                    continue
                 out.append({"tool_calls": [p.openai(index=len(self.calls))]})
                 self.calls.append(p)
-            elif p:
+            elif p and not self.forced:
                 self.content.append(p)
                 out.append({"content": p})
         return out

@@ -14,6 +14,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from hypic_agent.errors import InvalidRequestError
+from hypic_agent.runtime.constraints.bounds import JsonBounds
 from hypic_agent.runtime.constraints.compiler import GrammarSpec
 from hypic_agent.tools.spec import EMPTY_PARAMETERS, Function, ToolChoice, ToolSetup
 from hypic_agent.wire import JsonObject, Text, check_json
@@ -115,13 +116,14 @@ def tool_setup(tools: list[ToolIn] | None, choice: ToolChoiceIn | None, parallel
     return ToolSetup(functions, mode, True if parallel is None else parallel)
 
 
-def response_spec(fmt: ResponseFormatIn | None) -> GrammarSpec | None:
+def response_spec(fmt: ResponseFormatIn | None, bounds: JsonBounds | None = None) -> GrammarSpec | None:
+    """The grammar of ``response_format`` (``bounds``: the schema's unbounded values bounded)."""
     if fmt is None or fmt.type == "text":
         return None
     if fmt.type == "json_object":
-        return GrammarSpec("json_object", param="response_format")
+        return GrammarSpec.json_object(param="response_format", bounds=bounds)
     if fmt.json_schema is None:
         raise InvalidRequestError(
             "response_format of type json_schema needs json_schema: {name, schema}", param="response_format.json_schema"
         )
-    return GrammarSpec.json_schema(fmt.json_schema.schema_, param="response_format.json_schema.schema")
+    return GrammarSpec.json_schema(fmt.json_schema.schema_, param="response_format.json_schema.schema", bounds=bounds)

@@ -7,6 +7,8 @@ requests and responses go through their own parsing, as against a deployed serve
 from __future__ import annotations
 
 import json
+from functools import reduce
+from operator import add
 
 import jsonschema
 import pytest
@@ -104,3 +106,47 @@ def test_langchain_chat_openai(client):
     for method in ("function_calling", "json_schema"):
         out = llm.with_structured_output(Weather, method=method).invoke("Weather in Paris?")
         assert isinstance(out, Weather) and 1 <= out.days <= 7
+
+
+class City(BaseModel):
+    """Unbounded fields (the issue's case): the grammar's bounds end them (a looping integer on the tiny model)."""
+
+    name: str
+    population: int
+    country: str
+
+
+@pytest.fixture
+def bounded(make_client):
+    return make_client(grammar_max_string_length=16)  # the tiny model also loops in strings: a short bound
+
+
+def test_parse_a_model_with_unbounded_fields(bounded):
+    oai = openai.OpenAI(base_url="http://testserver/v1", api_key="unused", http_client=bounded, max_retries=0)
+    resp = oai.chat.completions.parse(
+        model=MODEL, messages=[{"role": "user", "content": "A city"}], response_format=City, max_tokens=200
+    )
+    choice = resp.choices[0]
+    assert choice.finish_reason == "stop" and isinstance(choice.message.parsed, City)
+    assert list(json.loads(choice.message.content)) == ["name", "population", "country"]  # the schema's order
+    assert len(choice.message.parsed.name) <= 16 and abs(choice.message.parsed.population) < 10**15
+
+
+def test_langchain_structured_output_and_a_required_stream(bounded):
+    lc = pytest.importorskip("langchain_openai")
+    llm = lc.ChatOpenAI(
+        model=MODEL,
+        base_url="http://testserver/v1",
+        api_key="unused",
+        http_client=bounded,
+        max_retries=0,
+        max_tokens=200,
+    )
+    for method in ("function_calling", "json_schema"):
+        out = llm.with_structured_output(City, method=method).invoke("A city")
+        assert isinstance(out, City), method  # function_calling returned None when the call was cut off
+    merged = reduce(add, llm.bind_tools([Weather], tool_choice="required").stream("Weather in Paris?"))
+    calls = [(c["name"], json.dumps(c["args"])) for c in merged.tool_calls]
+    assert calls and len(set(calls)) == len(calls) and merged.content == ""  # each call once, nothing leaked
+    for c in merged.tool_calls:
+        Weather.model_validate(c["args"])

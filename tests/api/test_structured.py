@@ -163,3 +163,43 @@ def test_constrained_requests_decoded_in_one_batch_each_validate(client):
         assert out[i] == alone  # greedy under the grammar: the same JSON as alone
         jsonschema.validate(json.loads(out[i]), PERSON)
     assert sched.stats.forwards - forwards < 3 * len(alone) + 90  # rows shared steps
+
+
+def schema_format(properties, name="out"):
+    schema = {"type": "object", "properties": properties, "required": list(properties), "additionalProperties": False}
+    return {"type": "json_schema", "json_schema": {"name": name, "schema": schema, "strict": True}}, schema
+
+
+def test_json_schema_with_a_looping_integer_ends_at_the_digit_bound(client):
+    fmt, schema = schema_format({"name": {"type": "string", "maxLength": 8}, "population": {"type": "integer"}})
+    choice = chat(client, response_format=fmt, max_tokens=200)["choices"][0]
+    assert choice["finish_reason"] == "stop"  # without the bound the tiny model writes digits until max_tokens
+    value = json.loads(choice["message"]["content"])
+    jsonschema.validate(value, schema)
+    assert len(str(abs(value["population"]))) <= 15  # grammar_max_number_digits
+
+
+def test_json_schema_keeps_the_schema_key_order(client):
+    fmt, _ = schema_format({"zeta": {"type": "integer"}, "alpha": {"type": "boolean"}})
+    content = chat(client, response_format=fmt, max_tokens=200)["choices"][0]["message"]["content"]
+    assert list(json.loads(content)) == ["zeta", "alpha"]  # not sorted
+
+
+def test_string_bound_is_a_setting_and_the_output_is_strict_json(make_client):
+    c = make_client(grammar_max_string_length=16)
+    fmt, schema = schema_format(
+        {"name": {"type": "string"}, "population": {"type": "integer"}, "country": {"type": "string"}}
+    )
+    choice = chat(c, response_format=fmt, max_tokens=200)["choices"][0]
+    assert choice["finish_reason"] == "stop"
+    value = json.loads(choice["message"]["content"])  # strict: no raw control characters in strings
+    jsonschema.validate(value, schema)
+    assert len(value["name"]) <= 16 and len(value["country"]) <= 16
+
+
+def test_json_object_is_bounded_too(make_client):
+    c = make_client(grammar_max_string_length=8, grammar_max_array_items=4)
+    choice = chat(c, response_format={"type": "json_object"}, max_tokens=400)["choices"][0]
+    assert choice["finish_reason"] == "stop"
+    value = json.loads(choice["message"]["content"])
+    assert isinstance(value, dict) and len(value) <= 4 and all(len(k) <= 8 for k in value)

@@ -128,3 +128,81 @@ def test_bad_tool_requests_get_the_envelope(client, body, status, param):
     e = err(r)
     if param is not None:
         assert e["param"] == param
+
+
+def distinct(calls):
+    keys = [(c["function"]["name"], c["function"]["arguments"]) for c in calls]
+    assert len(set(keys)) == len(keys), keys
+    return calls
+
+
+def test_required_with_parallel_calls_ends_without_repeats_or_leaks(client):
+    body = post(client, tool_choice="required")  # parallel_tool_calls: the default (true)
+    choice = body["choices"][0]
+    assert choice["finish_reason"] == "tool_calls"
+    assert choice["message"]["content"] is None  # nothing of a call (cut off or not) is content
+    calls = distinct(valid_calls(choice["message"]["tool_calls"]))
+    assert 1 <= len(calls) <= 8
+    assert body["usage"]["completion_tokens"] < 256  # it ended: the tiny model repeated its call, not max_tokens
+    stream = client.post(
+        "/v1/chat/completions", json={"messages": MSGS, "tools": TOOLS, "tool_choice": "required", "stream": True}
+    )
+    events = [e for e in sse_events(stream.text) if e != "[DONE]"]
+    streamed = [tc for e in events for tc in e["choices"][0]["delta"].get("tool_calls") or []]
+    assert [c["function"] for c in streamed] == [c["function"] for c in calls]  # each call exactly once
+    assert [c["index"] for c in streamed] == list(range(len(calls)))
+    assert not any(e["choices"][0]["delta"].get("content") for e in events)
+    assert events[-1]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+def test_parallel_calls_are_bounded_by_the_setting(make_client):
+    c = make_client(max_parallel_tool_calls=1)
+    body = post(c, tool_choice="required")
+    calls = valid_calls(body["choices"][0]["message"]["tool_calls"])
+    assert len(calls) == 1 and body["choices"][0]["finish_reason"] == "tool_calls"
+    named = post(c, tool_choice={"type": "function", "function": {"name": calls[0]["function"]["name"]}})
+    assert named["usage"]["completion_tokens"] == body["usage"]["completion_tokens"]  # one call, then the end
+
+
+LOOSE = {
+    "type": "object",
+    "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+    "required": ["city", "days"],
+}
+
+
+@pytest.mark.parametrize("choice", ["required", NAMED])
+def test_forced_call_with_unbounded_string_and_integer_ends(make_client, choice):
+    c = make_client(grammar_max_string_length=16)
+    r = c.post(
+        "/v1/chat/completions",
+        json={"messages": MSGS, "tools": [tool("get_weather", LOOSE)], "tool_choice": choice, "max_tokens": 400},
+    )
+    choice_out = r.json()["choices"][0]
+    assert choice_out["finish_reason"] == "tool_calls" and choice_out["message"]["content"] is None
+    for call in distinct(choice_out["message"]["tool_calls"]):
+        args = json.loads(call["function"]["arguments"])
+        jsonschema.validate(args, LOOSE)
+        assert len(args["city"]) <= 16 and abs(args["days"]) < 10**15  # the bounds ended the loops
+
+
+def test_forced_call_cut_off_by_max_tokens_is_not_content(client):
+    for stream in (False, True):
+        r = client.post(
+            "/v1/chat/completions",
+            json={"messages": MSGS, "tools": TOOLS, "tool_choice": NAMED, "max_tokens": 20, "stream": stream},
+        )
+        if stream:
+            events = [e for e in sse_events(r.text) if e != "[DONE]"]
+            assert not any(e["choices"][0]["delta"].get("content") for e in events)
+            assert not any(e["choices"][0]["delta"].get("tool_calls") for e in events)
+            assert events[-1]["choices"][0]["finish_reason"] == "length"
+        else:
+            choice = r.json()["choices"][0]
+            assert choice["finish_reason"] == "length"
+            assert choice["message"]["content"] == "" and "tool_calls" not in choice["message"]
+
+
+def test_call_arguments_keep_the_schema_key_order(client):
+    calls = post(client, tool_choice=NAMED)["choices"][0]["message"]["tool_calls"]
+    assert list(json.loads(calls[0]["function"]["arguments"])) == ["city", "unit", "days"]
