@@ -91,9 +91,42 @@ class PayloadTooLargeError(HypicError):
     status = 413
 
 
+class StoreLimitError(PayloadTooLargeError):
+    """A request would add more entry bytes to the segment store than one request may."""
+
+    type = "store_limit_exceeded"
+
+
+class StoreRateError(RateLimitError):
+    """A tenant's requests added their entry bytes a minute; retry after ``retry_after`` seconds."""
+
+    type = "store_rate_limited"
+
+    def __init__(self, message: str, *, param: str | None = None, retry_after: float = 1.0) -> None:
+        super().__init__(message, param=param)
+        self.retry_after = retry_after
+
+
 class ServiceUnavailableError(HypicError):
     type = "unavailable"
     status = 503
+
+
+class OverloadedError(ServiceUnavailableError):
+    """The server holds as many request bodies as it may; retry after ``retry_after`` seconds."""
+
+    type = "overloaded"
+
+    def __init__(self, message: str, *, retry_after: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class RequestTimeoutError(HypicError):
+    """The client did not send its request (body) in time; the connection is closed."""
+
+    type = "request_timeout"
+    status = 408
 
 
 class QueueFullError(RateLimitError):

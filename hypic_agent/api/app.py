@@ -21,7 +21,7 @@ from hypic_agent.api.auth import FailedKeyLimiter
 from hypic_agent.api.errors import install_error_handlers
 from hypic_agent.api.logs import log_event
 from hypic_agent.api.metrics import Metrics
-from hypic_agent.api.middleware import AccessLogMiddleware, BodyLimitMiddleware, ErrorGuardMiddleware
+from hypic_agent.api.middleware import AccessLogMiddleware, BodyLimitMiddleware, ErrorGuardMiddleware, InflightBytes
 from hypic_agent.api.routes import chat, completions, generate, segments, system
 from hypic_agent.api.state import ServerState
 from hypic_agent.config import Settings, get_settings
@@ -104,7 +104,14 @@ def create_app(
     install_error_handlers(app, on_error=count_error)
     for r in (generate.router, segments.router, chat.router, completions.router, system.router):
         app.include_router(r)
-    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes, on_error=count_error)
+    app.state.inflight = InflightBytes(settings.max_inflight_body_bytes)
+    app.add_middleware(
+        BodyLimitMiddleware,
+        max_bytes=settings.max_body_bytes,
+        on_error=count_error,
+        timeout_s=settings.body_timeout_s,
+        inflight=app.state.inflight,
+    )
     app.add_middleware(ErrorGuardMiddleware, on_error=count_error)
     app.add_middleware(AccessLogMiddleware, metrics=metrics)
     app.state.metrics = metrics

@@ -7,17 +7,30 @@
   ``Settings.max_metadata_bytes`` as JSON (400 ``invalid_request``), so nothing is stored that
   a later listing could not serialize;
 * schemas: a tool's ``parameters`` and a ``response_format`` schema at most
-  ``Settings.max_schema_depth`` levels deep (a grammar is compiled from them).
+  ``Settings.max_schema_depth`` levels deep (a grammar is compiled from them);
+* stored bytes: the cache entries a request would add (``new_entry_tokens``), estimated from their
+  tokens and the model's entry layout (``EntrySize``), at most ``Settings.max_request_store_bytes``
+  per request (413) and ``Settings.tenant_store_bytes_per_minute`` per tenant (429)
+  (``StoreBudget``), checked before anything is built or stored.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+import math
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from hypic_agent.config import Settings
-from hypic_agent.errors import ContextLengthError, InvalidRequestError
+from hypic_agent.errors import ContextLengthError, InvalidRequestError, StoreLimitError, StoreRateError
+from hypic_agent.runtime.hypic.modes import mode_spec
+from hypic_agent.runtime.prompt_pieces import PromptPieces, split_for
 from hypic_agent.wire import json_depth
 
 
@@ -88,3 +101,173 @@ class RequestLimits:
     def check_prompt(self, segments: Sequence[Any], texts: Iterable[str | None]) -> None:
         """A generate / chat request: its segments plus the other texts (query, messages)."""
         self.check_segments(segments, extra_chars=sum(len(t) for t in texts if t))
+
+
+# --------------------------------------------------------------------------- stored bytes
+
+AUTO_REQUEST_STORE_FLOOR = 1 << 30
+"""The auto per-request cap is at least this (``Settings.max_request_store_bytes`` unset)."""
+AUTO_REQUEST_SEGMENTS = 32
+"""The auto per-request cap: a full context window cut into this many segments."""
+AUTO_MINUTE_REQUESTS = 4
+"""The auto per-tenant cap: this many auto-sized requests a minute."""
+
+
+@dataclass(frozen=True)
+class EntrySize:
+    """An entry's payload bytes: ``per_segment`` (every linear layer's body pair ``T``, ``S`` and conv
+    tail, plus the entry's scalars) + ``per_token`` x tokens (every attention layer's K and V rows and
+    the token id), as ``SegmentEntry.to_tensors`` lays it out for the store."""
+
+    per_segment: int
+    per_token: int
+
+    @classmethod
+    def of_model(cls, model: Any, pair_dtype: torch.dtype) -> EntrySize:
+        cfg = model.config
+        itemsize = next(model.parameters()).dtype.itemsize
+        t_shape, s_shape = cfg.linear_pair_shapes
+        tail = cfg.linear_conv_dim * max(cfg.linear_conv_kernel_dim - 1, 0)
+        pair = (math.prod(t_shape) + math.prod(s_shape)) * pair_dtype.itemsize + tail * itemsize
+        per_segment, per_token = 4 + 8, 4  # seam (int32), prefill_ms (float64); token ids (int32)
+        for layer in model.layers:
+            if getattr(layer, "linear_attn", None) is not None:
+                per_segment += pair
+            else:
+                k_row, v_row = layer.self_attn.k_row, layer.self_attn.v_row
+                per_token += (math.prod(k_row) + math.prod(v_row)) * itemsize
+        return cls(per_segment, per_token)
+
+    def of(self, n_tokens: int) -> int:
+        return self.per_segment + self.per_token * n_tokens
+
+
+def _human(n: float) -> str:
+    for unit in ("bytes", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
+class StoreBudget:
+    """Caps on the entry bytes requests add to the segment store, checked from estimates
+    (``EntrySize``) before anything is built: ``per_request`` (413 ``store_limit_exceeded``) and
+    ``per_minute`` per tenant in a sliding window (429 ``store_rate_limited`` with ``retry_after``);
+    0 disables either. An admitted request's estimate is charged to its tenant's window at once
+    (a reservation, so concurrent requests cannot overshoot together)."""
+
+    def __init__(
+        self,
+        size: EntrySize,
+        per_request: int,
+        per_minute: int,
+        clock: Callable[[], float] = time.monotonic,
+        window_s: float = 60.0,
+    ) -> None:
+        self.size = size
+        self.per_request = per_request
+        self.per_minute = per_minute
+        self.clock = clock
+        self.window_s = window_s
+        self._charged: dict[str, deque[tuple[float, int]]] = {}
+        self._lock = threading.Lock()
+
+    @classmethod
+    def for_engine(cls, settings: Settings, engine: Any) -> StoreBudget:
+        """The caps of ``settings`` over ``engine``'s entry sizes (auto where unset)."""
+        size = EntrySize.of_model(engine.model, engine.cold.pair_dtype)
+        full_window = AUTO_REQUEST_SEGMENTS * size.per_segment + engine.max_context * size.per_token
+        auto = max(AUTO_REQUEST_STORE_FLOOR, full_window)
+        per_request = auto if settings.max_request_store_bytes is None else settings.max_request_store_bytes
+        minute = settings.tenant_store_bytes_per_minute
+        return cls(size, per_request, AUTO_MINUTE_REQUESTS * auto if minute is None else minute)
+
+    def used(self, tenant: str) -> int:
+        """Bytes charged to ``tenant`` in the current window."""
+        with self._lock:
+            return sum(b for _, b in self._recent(tenant, self.clock()))
+
+    def _recent(self, tenant: str, now: float) -> deque[tuple[float, int]]:
+        q = self._charged.setdefault(tenant, deque())
+        while q and q[0][0] <= now - self.window_s:
+            q.popleft()
+        return q
+
+    def admit(self, tenant: str, token_counts: Sequence[int], param: str = "segments") -> int:
+        """Charge the new entries of one request (their token counts) to ``tenant``; returns the
+        estimate. Raises ``StoreLimitError`` / ``StoreRateError`` (nothing charged) over a cap."""
+        estimate = sum(self.size.of(n) for n in token_counts)
+        if not estimate:
+            return 0
+        what = (
+            f"this request would add {len(token_counts)} new cache entries ({sum(token_counts)} tokens), about "
+            f"{_human(estimate)} for this model"
+        )
+        if self.per_request and estimate > self.per_request:
+            raise StoreLimitError(
+                f"{what}; one request may add at most {_human(self.per_request)} (HYPIC_MAX_REQUEST_STORE_BYTES): "
+                "send fewer or shorter segments per request",
+                param=param,
+            )
+        if not self.per_minute:
+            return estimate
+        if estimate > self.per_minute:
+            raise StoreLimitError(
+                f"{what}; a tenant may add at most {_human(self.per_minute)} a minute "
+                "(HYPIC_TENANT_STORE_BYTES_PER_MINUTE): send fewer or shorter segments per request",
+                param=param,
+            )
+        now = self.clock()
+        with self._lock:
+            q = self._recent(tenant, now)
+            used = sum(b for _, b in q)
+            if used + estimate > self.per_minute:
+                freed, wait = used + estimate - self.per_minute, self.window_s
+                for t, b in q:  # the oldest charges leave the window first
+                    freed -= b
+                    if freed <= 0:
+                        wait = t + self.window_s - now
+                        break
+                raise StoreRateError(
+                    f"{what}; tenant {tenant!r} already added {_human(used)} in the last {self.window_s:.0f} s of "
+                    f"its {_human(self.per_minute)} a minute (HYPIC_TENANT_STORE_BYTES_PER_MINUTE); retry later",
+                    param=param,
+                    retry_after=max(wait, 0.0),
+                )
+            q.append((now, estimate))
+        return estimate
+
+
+def new_entry_tokens(engine: Any, store: Any, pieces: PromptPieces, tenant: str, *, every: bool = False) -> list[int]:
+    """Token counts of the entries ``pieces`` would add to ``store`` (cacheable, not stored yet, each
+    key once), keyed as the engine keys them (``SeamPlanner``; ``every``: as a PUT stores every
+    segment it is given). With ``seam`` ``"auto"`` / ``"blend"`` the widths are chosen with the model
+    at run time, so every cacheable piece counts as new (an upper bound)."""
+    if not pieces.spec.composed:
+        return []
+    min_tokens = engine.settings.min_cached_tokens
+    if pieces.spec.seams and pieces.w in ("auto", "blend"):
+        return [len(s) for s, k in zip(pieces.segs, pieces.kinds, strict=True) if k != "bos" and len(s) >= min_tokens]
+    if every:
+        _, keys = engine.seams.every_key(pieces, tenant)
+    else:
+        _, keys, _ = engine.seams.plan(pieces, tenant)
+    out: list[int] = []
+    seen: set[str] = set()
+    for seg, key in zip(pieces.segs, keys, strict=True):
+        if key is None or key in seen or store.contains(key):
+            continue
+        seen.add(key)
+        out.append(len(seg))
+    return out
+
+
+def put_pieces(
+    engine: Any, segments: Sequence[Sequence[int]], kinds: Sequence[str], mode: str, seam: float
+) -> PromptPieces:
+    """The pieces ``Engine.prewarm`` builds for a PUT of ``segments`` (split as a request would split them)."""
+    spec = mode_spec(mode)
+    cut = split_for(segments, kinds, spec, engine.settings.split_segment_tokens)
+    segs, knds = (cut.segs, cut.kinds) if cut is not None else ([tuple(s) for s in segments], list(kinds))
+    return PromptPieces([tuple(s) for s in segs], list(knds), [], spec, seam, 0)

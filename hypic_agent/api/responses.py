@@ -24,20 +24,23 @@ class ErrorEnvelope(BaseModel):
 
 _WHY = {
     400: "bad value: out of range, invalid JSON, unknown mode, over the context window, ...",
-    401: "missing or unknown API key",
-    403: "not allowed from this address (metrics are loopback only)",
+    401: "missing or unknown API key (or metrics token)",
+    403: "not allowed",
     404: "no such segment for this API key",
+    408: "the request body did not arrive in time (HYPIC_BODY_TIMEOUT_S); the connection is closed",
     409: "the tenant's pin quota is used up",
-    413: "request body over the limit, or one entry larger than the tenant's pin quota",
+    413: "request body over the limit, new cache entries over the per-request store cap, or one entry larger "
+    "than the tenant's pin quota",
     422: "the body or a parameter does not match the schema",
-    429: "rate limited (requests per tenant, or failed API keys per client address); see Retry-After",
+    429: "rate limited (requests or stored bytes per tenant, wrong API keys per client address, a full queue); "
+    "see Retry-After",
     500: "internal error (logged with the request id)",
-    503: "the server is starting",
+    503: "the server is starting, or holds as many request bodies as it may (see Retry-After)",
 }
 
 COMMON = (401, 429, 500, 503)
 """Every authenticated route can answer these."""
-BODY = (400, 413, 422)
+BODY = (400, 408, 413, 422)
 """Every route with a JSON body can answer these."""
 
 

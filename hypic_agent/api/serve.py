@@ -1,13 +1,24 @@
 """``hypic-agent serve``: load the model, open the store, optionally pre-warm segments from a JSON
 file, then run uvicorn. Logs are JSON lines on stderr; start-up says what it is doing (fetching,
-reading weights, building, pre-warming) with a line every few seconds (``startup.StartupLog``)."""
+reading weights, building, pre-warming) with a line every few seconds (``startup.StartupLog``).
+
+The HTTP transport is uvicorn's h11 protocol with a guard (``GuardedH11Protocol``, built by
+``uvicorn_config``): uvicorn times out idle keep-alive connections but never a connection that is
+still sending its request headers (a byte every few seconds holds it open forever), so the guard
+gives every request's headers ``Settings.header_timeout_s`` from the connection's start or its
+previous response (then 408 and close), and answers connections past ``Settings.max_connections``
+503 at once. Request bodies are guarded in the app (``middleware.BodyLimitMiddleware``).
+"""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from pathlib import Path
 from typing import Any
+
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from hypic_agent.api.logs import configure_logging, log_event
 from hypic_agent.config import Settings
@@ -26,10 +37,111 @@ def read_prewarm(path: Path) -> list[dict[str, Any]]:
     return items
 
 
+def _raw_response(status: int, reason: str, type_: str, message: str, extra: str = "") -> bytes:
+    body = json.dumps({"error": {"type": type_, "message": message, "param": None}}).encode()
+    head = (
+        f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
+        f"connection: close\r\n{extra}\r\n"
+    )
+    return head.encode("ascii") + body
+
+
+class GuardedH11Protocol(H11Protocol):
+    """uvicorn's h11 protocol with a header deadline and a connection cap (module doc). Configure
+    a subclass with ``guarded_protocol``; the class attributes are its settings."""
+
+    header_timeout_s: float = 30.0
+    max_connections: int = 0
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._inner_app = self.app
+        self.app = self._guarded_app
+        self._header_timer: asyncio.TimerHandle | None = None
+        self._got_bytes = False
+
+    async def _guarded_app(self, scope: Any, receive: Any, send: Any) -> None:
+        self._disarm()  # the headers are complete: the request is the app's now
+        await self._inner_app(scope, receive, send)
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        if self.max_connections and len(self.connections) > self.max_connections:
+            message = (
+                f"the server has {len(self.connections) - 1} open connections, its limit "
+                "(HYPIC_MAX_CONNECTIONS); retry in a moment"
+            )
+            transport.write(_raw_response(503, "Service Unavailable", "overloaded", message, "retry-after: 1\r\n"))
+            transport.close()
+            return
+        self._arm()
+
+    def data_received(self, data: bytes) -> None:
+        self._got_bytes = self._got_bytes or bool(data)
+        super().data_received(data)
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if not self.transport.is_closing():
+            self._arm()  # the next request's headers have header_timeout_s from now
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def _arm(self) -> None:
+        self._disarm()
+        self._got_bytes = False
+        self._header_timer = self.loop.call_later(self.header_timeout_s, self._headers_timed_out)
+
+    def _disarm(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+
+    def _headers_timed_out(self) -> None:
+        self._header_timer = None
+        if self.transport.is_closing() or (self.cycle is not None and not self.cycle.response_complete):
+            return  # closed already, or a request is being served
+        if self._got_bytes:  # a request began but its headers never ended
+            message = (
+                f"the request headers did not arrive within {self.header_timeout_s:g} s; the connection is "
+                "closed (HYPIC_HEADER_TIMEOUT_S)"
+            )
+            self.transport.write(_raw_response(408, "Request Timeout", "request_timeout", message))
+        self.transport.close()
+
+
+def guarded_protocol(settings: Settings) -> type[GuardedH11Protocol]:
+    """``GuardedH11Protocol`` with ``settings``' header timeout and connection cap."""
+    attrs = {"header_timeout_s": settings.header_timeout_s, "max_connections": settings.max_connections}
+    return type("GuardedH11Protocol", (GuardedH11Protocol,), attrs)
+
+
+def uvicorn_options(settings: Settings) -> dict[str, Any]:
+    """``uvicorn.run`` / ``uvicorn.Config`` keywords: the guarded transport (module doc), no uvicorn
+    logging config or access log (the app logs each request)."""
+    return {
+        "host": settings.host,
+        "port": settings.port,
+        "log_config": None,
+        "access_log": False,
+        "http": guarded_protocol(settings),
+    }
+
+
+def uvicorn_config(app: Any, settings: Settings, **overrides: Any) -> Any:
+    """The ``uvicorn.Config`` that serves ``app`` (``uvicorn_options``; ``overrides`` win)."""
+    import uvicorn
+
+    return uvicorn.Config(app, **{**uvicorn_options(settings), **overrides})
+
+
 def run_server(settings: Settings, *, prewarm: Path | None = None, tenant: str = "default") -> None:
     import uvicorn
 
     from hypic_agent.api.app import create_app
+    from hypic_agent.api.limits import StoreBudget
     from hypic_agent.api.metrics import Metrics
     from hypic_agent.api.schemas import PutSegmentsRequest
     from hypic_agent.api.segments_service import put_segments
@@ -46,6 +158,7 @@ def run_server(settings: Settings, *, prewarm: Path | None = None, tenant: str =
         store = SegmentStore.from_settings(settings)
         if items is not None:
             state = ServerState.build(settings, engine, store, Metrics(), owns_store=False)
+            state.store_budget = StoreBudget(state.store_budget.size, 0, 0)  # the operator's pre-warm: no caps
             for i, item in enumerate(items):
                 progress(f"pre-warming {len(items)} segments", done=i, total=len(items), unit="segments")
                 put_segments(state, PutSegmentsRequest.model_validate({"segments": [item]}), tenant)
@@ -54,4 +167,4 @@ def run_server(settings: Settings, *, prewarm: Path | None = None, tenant: str =
     app = create_app(settings, engine=engine, store=store, close_store=True)  # closed by the lifespan
     log_event(log, "listening", host=settings.host, port=settings.port, url=f"http://{settings.host}:{settings.port}")
     # NOTE: uvicorn re-raises SIGTERM/SIGINT after a graceful shutdown, so nothing after run() is reached
-    uvicorn.run(app, host=settings.host, port=settings.port, log_config=None, access_log=False)
+    uvicorn.run(app, **uvicorn_options(settings))

@@ -16,6 +16,7 @@ from fastapi import Request
 
 from hypic_agent.api.auth import KeyAuth, RateLimiter
 from hypic_agent.api.errors import ServiceUnavailableError
+from hypic_agent.api.limits import StoreBudget, new_entry_tokens, put_pieces
 from hypic_agent.api.metrics import Metrics
 from hypic_agent.api.metrics_serving import ServingCollector
 from hypic_agent.config import Settings
@@ -37,6 +38,7 @@ class ServerState:
     auth: KeyAuth
     limiter: RateLimiter
     framer: Framer
+    store_budget: StoreBudget
     owns_store: bool = False
     started_at: float = field(default_factory=time.time)
     _depth: int = 0
@@ -70,8 +72,23 @@ class ServerState:
             auth=KeyAuth(settings.api_keys),
             limiter=RateLimiter(settings.tenant_requests_per_minute),
             framer=Framer(engine.tokenizer),
+            store_budget=StoreBudget.for_engine(settings, engine),
             owns_store=owns_store,
         )
+
+    def admit_prompt(self, plan: Any, mode: str, seam: float | str, tenant: str, max_new_tokens: int = 0) -> int:
+        """Charge the entries a prompt would add to the store to ``tenant`` (``StoreBudget``): 413 /
+        429 before anything is built. Call after the plan is checked, before the job is submitted."""
+        pieces = self.engine.pieces(plan, mode=mode, seam=seam, max_new_tokens=max_new_tokens)
+        return self.store_budget.admit(tenant, new_entry_tokens(self.engine, self.store, pieces, tenant))
+
+    def admit_put(self, segments: Any, mode: str, seam: float, tenant: str) -> int:
+        """``admit_prompt`` for a PUT of canonical ``segments`` (those it pre-warms), keyed as
+        ``Engine.prewarm`` keys them."""
+        if not segments:
+            return 0
+        pieces = put_pieces(self.engine, [s.token_ids for s in segments], [s.kind for s in segments], mode, seam)
+        return self.store_budget.admit(tenant, new_entry_tokens(self.engine, self.store, pieces, tenant, every=True))
 
     @contextmanager
     def engine_slot(self) -> Any:

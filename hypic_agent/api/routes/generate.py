@@ -18,6 +18,7 @@ from hypic_agent.api.served import check_model
 from hypic_agent.api.state import ServerState, get_state
 from hypic_agent.api.streaming import sse_body
 from hypic_agent.runtime.results import FinishEvent
+from hypic_agent.segments.kinds import Segment
 
 router = APIRouter(tags=["generate"])
 
@@ -37,11 +38,18 @@ async def generate(req: GenerateRequest, request: Request, tenant_name: str = De
     check_model(st, req.model)
     RequestLimits(st.settings, st.engine.max_context).check_prompt(req.segments, [req.query])
     segments = [s.to_segment() for s in req.segments]
-    job = await run_in_threadpool(service.prepare_job, st, req, segments, req.query, tenant_name)
+    job = await run_in_threadpool(prepare, st, req, segments, tenant_name)
     if not req.stream:
         fin, ttft = await finish_job(st, job, request)
         return JSONResponse(service.body_of(st, job, fin, ttft))
     return await stream_generate(st, job)
+
+
+def prepare(st: ServerState, req: GenerateRequest, segments: list[Segment], tenant_name: str) -> service.GenerateJob:
+    """The checked job, its new entries charged to the tenant's store budget (413 / 429 before any build)."""
+    job = service.prepare_job(st, req, segments, req.query, tenant_name)
+    st.admit_prompt(job.plan, job.mode, job.seam, tenant_name, job.sampling.max_tokens)
+    return job
 
 
 async def stream_generate(st: ServerState, job: service.GenerateJob) -> StreamingResponse:
