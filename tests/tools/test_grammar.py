@@ -74,3 +74,14 @@ def test_a_repeated_call_ends_decoding(grammars):
     write(c, A[:-1])
     c.accept(A.encode()[-1])
     assert c.is_finished() and c.repeated  # the first call again: done
+
+
+def test_qwen_xml_calls_are_bounded_and_may_end_after_each(grammars):
+    tag = call_grammar(ToolSetup(FNS, ToolChoice("required"), parallel=True), "qwen_xml", BOUNDS, 2)
+    c = grammars.factory(GrammarSpec.structural_tag(tag))()
+    write(c, "<tool_call>\n<function=get_weather>\n<parameter=city>\nabcd")
+    assert not c.allowed(TINY_VOCAB_SIZE)[ord("e")]  # the string bound holds in Qwen's XML parameters too
+    write(c, "\n</parameter>\n</function>\n</tool_call>")
+    assert c.allowed(TINY_VOCAB_SIZE)[TINY_EOS_ID] and not c.is_finished()
+    write(c, "\n" + call_text("get_weather", {"city": "ab", "days": 12}, "qwen_xml"))
+    assert c.is_finished()  # max_calls=2
