@@ -139,8 +139,9 @@ def main() -> None:
         for label in args.modes:
             mode, _, knobs = label.partition("@")
             mode_settings = set_knobs(knobs, settings)
-            model.ffn_graphs = model.combine_graphs = model.cold_graphs = None  # recaptured per mode (knobs' paths)
-            engine = Engine(model, None, "bench", mode_settings)  # fresh caches per mode
+            # fresh caches per mode, and fresh CUDA graphs (``engine.runner.graphs``): recaptured per mode
+            # on the knobs' paths
+            engine = Engine(model, None, "bench", mode_settings)
             if mode not in ("full_recompute", "prefix_cache"):
                 for i in range(0, len(warm_docs), 16):
                     chunk = warm_docs[i : i + 16]
@@ -181,8 +182,8 @@ def main() -> None:
                     "device_allocs": [b - a for a, b in zip(allocs, allocs_after, strict=True)],
                     "memory": _memory(args.device),
                     # requests served by a CUDA graph of the whole combine forward (incl. the GPU-time one)
-                    "combine_graph_replays": getattr(model.combine_graphs, "replays", 0),
-                    "cold_graph_replays": getattr(model.cold_graphs, "replays", 0),
+                    "combine_graph_replays": getattr(engine.runner.graphs.combines, "replays", 0),
+                    "cold_graph_replays": getattr(engine.runner.graphs.colds, "replays", 0),
                 }
             )
             print(f"hit={hit} {label}: p50 {rows[-1]['p50_ms']:.1f} ms", flush=True)

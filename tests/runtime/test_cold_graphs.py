@@ -1,4 +1,4 @@
-"""Cold-core CUDA graphs (``runtime.hypic.cold_graphs``): layout keys and sighting counts here;
+"""Cold-core CUDA graphs (``runtime.runner.cold_graphs``): layout keys and sighting counts here;
 capture and replay against eager on the H200 (``gpu`` marker)."""
 
 from __future__ import annotations
@@ -8,21 +8,26 @@ import itertools
 import pytest
 import torch
 
+from hypic_agent.config import Settings
+from hypic_agent.kernels.config import DEFAULT_KERNELS
 from hypic_agent.runtime.hypic.build import ColdBatch, build_entries
-from hypic_agent.runtime.hypic.cold_graphs import ColdGraphs, enable_cold_graphs
 from hypic_agent.runtime.hypic.combine import combine
 from hypic_agent.runtime.hypic.layout import plan_layout
 from hypic_agent.runtime.hypic.modes import mode_spec
+from hypic_agent.runtime.runner.cold_graphs import ColdGraphs
+from hypic_agent.runtime.runner.graph_set import GraphSet
+from hypic_agent.runtime.runner.stage_graphs import LayerGraphs
 
 from .conftest import make_model, rand_tokens
 
 
-def _request(model, warm, segs, cold_segs, seams, suffix, dev):
-    """A composed request: ``warm`` entries for ``segs``' first ones, ``cold_segs`` built in the forward."""
-    batch = ColdBatch(model, cold_segs, seams[len(warm) :])
+def _request(model, warm, segs, cold_segs, seams, suffix, dev, graphs: GraphSet | None = None):
+    """A composed request: ``warm`` entries for ``segs``' first ones, ``cold_segs`` built in the forward;
+    ``graphs``: the runner's graphs it may replay (None: eager)."""
+    batch = ColdBatch(model, cold_segs, seams[len(warm) :], graphs=graphs.colds if graphs is not None else None)
     entries = [*warm, *batch.entries]
     lay = plan_layout([*segs, *cold_segs], entries, seams, suffix, dev)
-    return combine(model, lay, entries, mode_spec("hypic"), cold=batch), batch
+    return combine(model, lay, entries, mode_spec("hypic"), cold=batch, graphs=graphs), batch
 
 
 def test_layout_key_and_sightings():
@@ -36,7 +41,14 @@ def test_layout_key_and_sightings():
     assert r._sighting(a.layout_key, a.serial) == 1
     assert r._sighting(a.layout_key, a.serial) == 1  # one batch counts once, whatever its layers
     assert r._sighting(b.layout_key, b.serial) == 2
-    assert enable_cold_graphs(model, 0) is None and model.cold_graphs is None
+    # a runner's cold graphs: none with ``cold_graph_after`` 0 (and no graph at all off CUDA); nothing
+    # is parked on the model
+    cuda = torch.device("cuda")  # GraphSet.of only constructs its parts: no device is touched
+    assert GraphSet.of(model, Settings(cold_graph_after=0), DEFAULT_KERNELS, cuda).colds is None
+    on = GraphSet.of(model, Settings(cold_graph_after=3, cold_graphs_max=5), DEFAULT_KERNELS, cuda).colds
+    assert isinstance(on, ColdGraphs) and (on.capture_after, on.max_layouts) == (3, 5)
+    assert GraphSet.of(model, Settings(), DEFAULT_KERNELS, torch.device("cpu")) == GraphSet()
+    assert not hasattr(model, "cold_graphs")
 
 
 @pytest.mark.gpu
@@ -48,8 +60,6 @@ def test_cold_core_replays_match_eager(arch, dtype, tol):
     """Requests whose cold batches share one layout (other documents each time): from the second the
     linear layers' cold core is captured, from the third replayed; logits, layer states and the
     built entries match the same requests run eagerly."""
-    from hypic_agent.runtime.graphs import enable_cuda_graphs
-
     model, _, _ = make_model(arch)
     model = model.to("cuda", dtype)
     dev = torch.device("cuda")
@@ -59,10 +69,9 @@ def test_cold_core_replays_match_eager(arch, dtype, tol):
     colds = [[tuple(rand_tokens(n, 100 * j + n)) for n in (90, 64, 41)] for j in range(4)]
     suffixes = [rand_tokens(12, 50 + j) for j in range(4)]
     ref = [_request(model, warm, segs, c, seams, s, dev) for c, s in zip(colds, suffixes, strict=True)]
-    enable_cuda_graphs(model)
-    runner = enable_cold_graphs(model, capture_after=2)
-    assert runner is not None
-    got = [_request(model, warm, segs, c, seams, s, dev) for c, s in zip(colds, suffixes, strict=True)]
+    runner = ColdGraphs(capture_after=2)
+    graphs = GraphSet(stages=LayerGraphs(model), colds=runner)  # the stage buffers keep the core's inputs in place
+    got = [_request(model, warm, segs, c, seams, s, dev, graphs) for c, s in zip(colds, suffixes, strict=True)]
     assert runner.disabled is None, runner.disabled
     n_lin = sum(layer.linear_attn is not None for layer in model.layers)
     assert runner.replays == 2 * n_lin  # eager, capture, then two replayed requests

@@ -102,7 +102,7 @@ def test_capture_admission_keeps_hot_layouts():
     """Layouts are captured on their second sighting while slots are free; once full, a layout
     replaces the least-seen kept one only when it has been seen more often, so a stream of new
     layouts (new question lengths) never makes every request capture."""
-    from hypic_agent.runtime.hypic import combine_graphs as cg
+    from hypic_agent.runtime.runner import combine_graphs as cg
 
     model, _, _ = make_model("qwen3_5_text")
     r = cg.CombineGraphs(model, capture_after=2, max_graphs=2)

@@ -7,14 +7,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hypic_agent.runtime.graphs import enable_cuda_graphs
 from hypic_agent.runtime.hypic.build import build_entries
 from hypic_agent.runtime.hypic.combine import combine
-from hypic_agent.runtime.hypic.combine_graphs import enable_combine_graphs
 from hypic_agent.runtime.hypic.layout import plan_layout
 from hypic_agent.runtime.hypic.modes import mode_spec
+from hypic_agent.runtime.runner.combine_graphs import CombineGraphs
 from hypic_agent.runtime.runner.destination import StateDestination
+from hypic_agent.runtime.runner.graph_set import GraphSet
 from hypic_agent.runtime.runner.pool import StatePool
+from hypic_agent.runtime.runner.stage_graphs import LayerGraphs
 
 from .conftest import make_model, rand_tokens
 from .test_destination import _fragment  # holds every page, frees every other one
@@ -38,10 +39,8 @@ def test_combine_into_the_pool_on_cuda_equals_load(graphs, fragmented):
         requests.append((plan_layout([segs[i] for i in order], es, [seam] * 3, rand_tokens(7, 60 + j), dev), es))
     spec = mode_spec("hypic")
     refs = [combine(model, lay, es, spec) for lay, es in requests]  # eager, standalone
-    runner = None
-    if graphs:
-        enable_cuda_graphs(model)
-        runner = enable_combine_graphs(model, capture_after=1)
+    runner = CombineGraphs(model, capture_after=1) if graphs else None
+    gs = GraphSet(stages=LayerGraphs(model), combines=runner) if graphs else None  # None: eager
     kw = dict(slots=140 if fragmented else 4, kv_tokens=1024, page_size=8, device=dev, dtype=torch.bfloat16)
     pool, ref_pool = StatePool(model.config, **kw), StatePool(model.config, **kw)  # type: ignore[arg-type]
     if fragmented:
@@ -51,7 +50,7 @@ def test_combine_into_the_pool_on_cuda_equals_load(graphs, fragmented):
         assert seq is not None and ref_seq is not None
         into = StateDestination.of(pool, seq, lay.total)
         assert (into.first is None) == fragmented
-        got = combine(model, lay, es, spec, into=into)
+        got = combine(model, lay, es, spec, into=into, graphs=gs)
         assert got.layers == []
         into.commit(got)
         ref_pool.load(ref_seq, ref)

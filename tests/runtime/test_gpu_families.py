@@ -92,12 +92,13 @@ def test_combine_graph_replays_match_eager(arch):
     recurrent kernels, the bodies' pairs are staged, conv tails and K/V by pointer) and replays give
     the eager logits and states: requests of one layout in other orders with other questions (bf16,
     as served)."""
-    from hypic_agent.runtime.graphs import enable_cuda_graphs
     from hypic_agent.runtime.hypic.build import build_entries
     from hypic_agent.runtime.hypic.combine import combine
-    from hypic_agent.runtime.hypic.combine_graphs import enable_combine_graphs
     from hypic_agent.runtime.hypic.layout import plan_layout
     from hypic_agent.runtime.hypic.modes import mode_spec
+    from hypic_agent.runtime.runner.combine_graphs import CombineGraphs
+    from hypic_agent.runtime.runner.graph_set import GraphSet
+    from hypic_agent.runtime.runner.stage_graphs import LayerGraphs
     from hypic_agent.runtime.state import AttentionLayerState
 
     model = make_model(arch, **_all_experts(arch))[0].to("cuda", torch.bfloat16)
@@ -111,9 +112,9 @@ def test_combine_graph_replays_match_eager(arch):
         requests.append((lay, es))
     spec = mode_spec("hypic")
     eager = [combine(model, lay, es, spec) for lay, es in requests]
-    enable_cuda_graphs(model)
-    runner = enable_combine_graphs(model, capture_after=1)
-    got = [combine(model, lay, es, spec) for lay, es in requests]
+    runner = CombineGraphs(model, capture_after=1)
+    graphs = GraphSet(stages=LayerGraphs(model), combines=runner)
+    got = [combine(model, lay, es, spec, graphs=graphs) for lay, es in requests]
     assert runner.disabled is None, runner.disabled
     assert runner.replays == len(requests) - 1  # captured on the first, replayed after
     a0, a1 = (next(st.v for st in e.layers if isinstance(st, AttentionLayerState)).float() for e in eager[:2])

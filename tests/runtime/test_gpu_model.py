@@ -10,6 +10,11 @@ from hypic_agent.runtime.hypic.build import build_entries
 from hypic_agent.runtime.hypic.combine import combine
 from hypic_agent.runtime.hypic.layout import plan_layout
 from hypic_agent.runtime.hypic.modes import mode_spec
+from hypic_agent.runtime.runner.combine_graphs import CombineGraphs
+from hypic_agent.runtime.runner.graph_set import GraphSet
+from hypic_agent.runtime.runner.pool import StatePool
+from hypic_agent.runtime.runner.runner import ModelRunner
+from hypic_agent.runtime.runner.stage_graphs import LayerGraphs, feed_forward
 
 from .conftest import make_model, rand_tokens
 
@@ -40,6 +45,25 @@ def _rows_close(ref: torch.Tensor, got: torch.Tensor, moe: bool, tol: float = 2e
     assert bad <= 0.15 * diff.numel() and diff.median().item() < tol / 2, (
         f"{bad} of {diff.numel()} rows differ by >= {tol}; median {diff.median().item():.4f}"
     )
+
+
+def _through_runner(
+    model, graphs: GraphSet | None, prompts: list[list[int]], steps: list[list[int]]
+) -> list[torch.Tensor]:
+    """Prefill ``prompts`` in one forward of a ``ModelRunner`` handed ``graphs`` (None: eager) over a
+    fresh state pool, then decode ``steps`` (one token per prompt each); the logits of every forward."""
+    p = next(model.parameters())
+    pool = StatePool(model.config, slots=len(prompts), kv_tokens=1024, page_size=16, device=p.device, dtype=p.dtype)
+    runner = ModelRunner(model, pool, graphs=graphs)
+    seqs = []
+    for t in prompts:
+        seq = pool.alloc(len(t) + len(steps))
+        assert seq is not None
+        seqs.append(seq)
+    out = [runner.forward(runner.plan(seqs, prompts)).clone()]
+    for toks in steps:
+        out.append(runner.forward(runner.plan(seqs, [[t] for t in toks])).clone())
+    return out
 
 
 @pytest.mark.parametrize("arch", ["qwen3_5_text", "qwen3_5_moe_text", "qwen3_next"])
@@ -82,30 +106,39 @@ def test_fused_combine_scan_matches_chunked_on_gpu(mode):
 
 
 def test_feed_forward_graphs_match_eager():
-    from hypic_agent.runtime.graphs import enable_cuda_graphs
-
+    """A prefill and a decode step through the runner with its stage graphs (mixer_in / mixer_out per
+    token bucket) against the same forwards without; and the feed-forward stage on its own (what the
+    reference decode once replayed) against the layer's eager feed-forward."""
     model, _, _ = make_model("qwen3_5_moe_text")
     model = model.to("cuda", torch.bfloat16)  # bf16: the grouped-GEMM MoE path (no host sync)
     seqs = [rand_tokens(37, 1), rand_tokens(5, 2)]
-    eager = prefill(model, seqs)
-    decode_step(model, eager, [7, 8])
-    runner = enable_cuda_graphs(model)
+    eager = _through_runner(model, None, seqs, [[7, 8]])
+    stages = LayerGraphs(model)
+    with torch.no_grad():
+        h = model.embed(torch.tensor([7, 8], device="cuda"))  # two decode rows' hidden states
     for _ in range(2):  # capture, then replay
-        got = prefill(model, seqs)
-        decode_step(model, got, [7, 8])
-        assert runner.disabled is None, runner.disabled
-        for a, b in zip(eager, got):
-            scale = a.last_logits.abs().max().item()
-            assert (a.last_logits - b.last_logits).abs().max().item() < 2e-2 * scale
+        got = _through_runner(model, GraphSet(stages=stages), seqs, [[7, 8]])
+        assert stages.disabled is None, stages.disabled
+        for a, b in zip(eager, got, strict=True):
+            for ra, rb in zip(a, b, strict=True):  # per sequence
+                scale = ra.abs().max().item()
+                assert (ra - rb).abs().max().item() < 2e-2 * scale
+        for li, layer in enumerate(model.layers):
+            with torch.no_grad():  # graphs replay without autograd only
+                ref, out = layer.feed_forward(h), feed_forward(model, li, h, stages)
+            assert stages.disabled is None, stages.disabled
+            assert (ref - out).abs().max().item() < 2e-2 * ref.abs().max().item()
     n_layers = len(model.layers)
-    # prefill: mixer_in + mixer_out per layer at bucket 64; decode: the feed-forward half at bucket 8
-    assert {b for _, _, b in runner._graphs} == {64, 8} and len(runner._graphs) == 3 * n_layers
+    n_ffn = sum(layer.mlp is not None for layer in model.layers)
+    # prefill (42 rows): mixer_in + mixer_out per layer at bucket 64; decode (2 rows): the same at
+    # bucket 8; the feed-forward half alone at bucket 8
+    assert {b for _, _, b in stages._graphs} == {64, 8}
+    assert {b for s, _, b in stages._graphs if s == "ffn"} == {8}
+    assert len(stages._graphs) == 4 * n_layers + n_ffn
 
 
 def test_combine_stage_graphs_match_eager():
     """combine with mixer_in / mixer_out replayed from graphs (the CUDA default) against eager."""
-    from hypic_agent.runtime.graphs import enable_cuda_graphs
-
     model, _, _ = make_model("qwen3_5_moe_text")
     model = model.to("cuda", torch.bfloat16)
     segs = [tuple(rand_tokens(n, n)) for n in (30, 17, 40)]
@@ -113,12 +146,13 @@ def test_combine_stage_graphs_match_eager():
     entries = build_entries(model, segs, seams)
     lay = plan_layout(list(segs), list(entries), seams, rand_tokens(9, 5), torch.device("cuda"))
     eager = combine(model, lay, list(entries), mode_spec("hypic")).last_logits
-    runner = enable_cuda_graphs(model)
+    stages = LayerGraphs(model)
+    graphs = GraphSet(stages=stages)
     for _ in range(2):  # capture, then replay
-        got = combine(model, lay, list(entries), mode_spec("hypic")).last_logits
-        assert runner.disabled is None, runner.disabled
+        got = combine(model, lay, list(entries), mode_spec("hypic"), graphs=graphs).last_logits
+        assert stages.disabled is None, stages.disabled
         assert (got - eager).abs().max().item() < 2e-2 * eager.abs().max().item()
-    assert {s for s, _, _ in runner._graphs} == {"mixer_in", "mixer_out"}
+    assert {s for s, _, _ in stages._graphs} == {"mixer_in", "mixer_out"}
 
 
 @pytest.mark.parametrize("arch", ["qwen3_5_moe_text", "qwen3_next"])
@@ -153,23 +187,25 @@ def test_fla_linear_mixer_parts_match_cpu_reference(arch, monkeypatch):
 def test_cold_build_inside_combine_matches_separate_build_on_gpu():
     """Cold segments built in the combine forward (graphs on, fused scan reading the pairs the batch
     writes layer by layer) match build_entries + combine on the H200."""
-    from hypic_agent.runtime.graphs import enable_cuda_graphs
     from hypic_agent.runtime.hypic.build import ColdBatch
 
     model, _, _ = make_model("qwen3_5_text")
     model = model.to("cuda")  # fp32 (TF32 dots): bf16 rounding differs with the row count of each GEMM
-    enable_cuda_graphs(model)
+    graphs = GraphSet(stages=LayerGraphs(model))  # every forward below replays the stage graphs
     segs = [tuple(rand_tokens(n, 40 + n)) for n in (70, 33, 90, 64)]
     seams = [8, 8, 8, 8]
-    warm = build_entries(model, segs[:2], seams[:2])
+    warm = build_entries(model, segs[:2], seams[:2], graphs=graphs)
     suffix = rand_tokens(12, 5)
-    ref_cold = build_entries(model, segs[2:], seams[2:])
+    ref_cold = build_entries(model, segs[2:], seams[2:], graphs=graphs)
     ref_entries = [*warm, *ref_cold]
     dev = torch.device("cuda")
-    ref = combine(model, plan_layout(segs, ref_entries, seams, suffix, dev), ref_entries, mode_spec("hypic"))
-    batch = ColdBatch(model, segs[2:], seams[2:])
+    spec = mode_spec("hypic")
+    ref = combine(model, plan_layout(segs, ref_entries, seams, suffix, dev), ref_entries, spec, graphs=graphs)
+    batch = ColdBatch(model, segs[2:], seams[2:], graphs=graphs.colds)
     entries = [*warm, *batch.entries]
-    got = combine(model, plan_layout(segs, entries, seams, suffix, dev), entries, mode_spec("hypic"), cold=batch)
+    lay = plan_layout(segs, entries, seams, suffix, dev)
+    got = combine(model, lay, entries, spec, cold=batch, graphs=graphs)
+    assert graphs.stages is not None and graphs.stages.disabled is None, graphs.stages.disabled
     scale = ref.last_logits.abs().max().item()
     assert (got.last_logits - ref.last_logits).abs().max().item() < 2e-2 * scale
     for e, r in zip(batch.entries, ref_cold, strict=True):
@@ -184,10 +220,7 @@ def test_combine_graph_replays_match_eager(mode, seam, per_graph, monkeypatch):
     replayed from one capture give the eager logits and states, decode on like eager ones, and a
     returned state is not overwritten by the next replay. ``per_graph``: layers per graph (1: the
     forward as one graph per layer, replayed in order from one memory pool)."""
-    from hypic_agent.runtime.forward import decode_step
-    from hypic_agent.runtime.graphs import enable_cuda_graphs
-    from hypic_agent.runtime.hypic import combine_graphs
-    from hypic_agent.runtime.hypic.combine_graphs import enable_combine_graphs
+    from hypic_agent.runtime.runner import combine_graphs
 
     monkeypatch.setattr(combine_graphs, "LAYERS_PER_GRAPH", per_graph)
     model, _, _ = make_model("qwen3_5_moe_text")
@@ -202,9 +235,9 @@ def test_combine_graph_replays_match_eager(mode, seam, per_graph, monkeypatch):
         requests.append((lay, es))
     spec = mode_spec(mode)
     eager = [combine(model, lay, es, spec) for lay, es in requests]
-    enable_cuda_graphs(model)
-    runner = enable_combine_graphs(model, capture_after=2)
-    got = [combine(model, lay, es, spec) for lay, es in requests]
+    runner = CombineGraphs(model, capture_after=2)
+    graphs = GraphSet(stages=LayerGraphs(model), combines=runner)
+    got = [combine(model, lay, es, spec, graphs=graphs) for lay, es in requests]
     assert runner.disabled is None, runner.disabled
     assert len(runner.graphs) == 1 and runner.replays == len(orders) - 2  # eager, capture, replays
     n_graphs = len(next(iter(runner.graphs.values())).graphs)
@@ -231,8 +264,8 @@ def test_chained_stage_graphs_with_cold_segments_match_eager(arch, dtype, tol):
     """The combine forward chains its stage graphs (each stage's output buffers are the next one's
     inputs, no copies): with cold segments in the same forward it gives the eager logits, layer
     states and entries, and a plain prefill and an entry build on the same runner afterwards still
-    match eager (the shared buffers carry nothing from one forward into the next)."""
-    from hypic_agent.runtime.graphs import enable_cuda_graphs
+    match eager (the shared buffers carry nothing from one forward into the next): the prefill
+    through a ``ModelRunner`` handed the same graphs, its eager twin through one handed none."""
     from hypic_agent.runtime.hypic.build import ColdBatch
 
     model, _, _ = make_model(arch)
@@ -245,16 +278,18 @@ def test_chained_stage_graphs_with_cold_segments_match_eager(arch, dtype, tol):
     suffix = rand_tokens(12, 5)
     dev = torch.device("cuda")
 
-    def run() -> tuple:
-        batch = ColdBatch(model, segs[2:], seams[2:])
+    def run(graphs: GraphSet | None) -> tuple:
+        batch = ColdBatch(model, segs[2:], seams[2:], graphs=graphs.colds if graphs is not None else None)
         entries = [*warm, *batch.entries]
-        state = combine(model, plan_layout(segs, entries, seams, suffix, dev), entries, mode_spec("hypic"), cold=batch)
-        return state, batch.entries, prefill(model, [rand_tokens(50, 3)])[0], build_entries(model, segs[3:4], [8])[0]
+        lay = plan_layout(segs, entries, seams, suffix, dev)
+        state = combine(model, lay, entries, mode_spec("hypic"), cold=batch, graphs=graphs)
+        logits = _through_runner(model, graphs, [rand_tokens(50, 3)], [])[0][0]  # a plain prefill
+        return state, batch.entries, logits, build_entries(model, segs[3:4], [8], graphs=graphs)[0]
 
-    ref = run()
-    runner = enable_cuda_graphs(model)
+    ref = run(None)
+    runner = LayerGraphs(model)
     for _ in range(2):  # capture, then replay
-        got = run()
+        got = run(GraphSet(stages=runner))
         assert runner.disabled is None, runner.disabled
 
         def close(a: torch.Tensor, b: torch.Tensor) -> None:
@@ -262,7 +297,7 @@ def test_chained_stage_graphs_with_cold_segments_match_eager(arch, dtype, tol):
             assert a.shape == b.shape and (a.float() - b.float()).abs().max().item() < tol * scale
 
         close(ref[0].last_logits, got[0].last_logits)
-        close(ref[2].last_logits, got[2].last_logits)
+        close(ref[2], got[2])
         for la, lb in zip(ref[0].layers, got[0].layers, strict=True):
             for ta, tb in zip(vars(la).values(), vars(lb).values(), strict=True):
                 close(ta, tb)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from hypic_agent.runtime.graphs import LayerGraphs, bucket_sizes
+from hypic_agent.runtime.runner.stage_graphs import LayerGraphs, bucket_sizes
 
 from .conftest import make_model
 

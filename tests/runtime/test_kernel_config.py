@@ -15,13 +15,15 @@ from hypic_agent.kernels.config import DEFAULT_KERNELS, KernelConfig
 from hypic_agent.runtime.engine import Engine
 from hypic_agent.runtime.hypic.build import build_entries
 from hypic_agent.runtime.hypic.combine import combine
-from hypic_agent.runtime.hypic.combine_graphs import CombineGraphs
 from hypic_agent.runtime.hypic.combine_inputs import combine_inputs
 from hypic_agent.runtime.hypic.layout import plan_layout
 from hypic_agent.runtime.hypic.modes import mode_spec
 from hypic_agent.runtime.models.mlp import Experts
 from hypic_agent.runtime.models.norms import GatedRMSNorm, RMSNorm
 from hypic_agent.runtime.models.tokenizer import tiny_tokenizer
+from hypic_agent.runtime.runner.combine_graphs import CombineGraphs
+from hypic_agent.runtime.runner.graph_set import GraphSet
+from hypic_agent.runtime.runner.stage_graphs import bucket_sizes
 
 from .conftest import make_model, rand_tokens
 from .test_engine import Plan, docs
@@ -128,6 +130,21 @@ def test_combine_graphs_are_kept_per_kernel_choice():
     spec = mode_spec("hypic")
     keys = {r.key(lay, spec, None, k) for k in (DEFAULT_KERNELS, KernelConfig(), KernelConfig(precise_for_half=True))}
     assert len(keys) == 2
+
+
+def test_the_runners_graphs_take_the_bucket_step_and_the_graph_settings():
+    """``GraphSet.of`` (an engine's runner's graphs): the stage graphs' token buckets follow
+    ``graph_bucket_step``, the combine graphs the ``combine_graph_*`` settings; none off CUDA (an
+    engine on CPU) or with ``cuda_graphs`` off."""
+    model, _, _ = make_model("qwen3_5_text")
+    kernels = KernelConfig(graph_bucket_step=512)
+    cuda = torch.device("cuda")  # GraphSet.of only constructs its parts: no device is touched
+    gs = GraphSet.of(model, Settings(combine_graph_after=3, combine_graphs_max=2), kernels, cuda)
+    assert gs.stages is not None and gs.stages.buckets == bucket_sizes(512)
+    assert gs.combines is not None and (gs.combines.capture_after, gs.combines.max_graphs) == (3, 2)
+    assert GraphSet.of(model, Settings(cuda_graphs=False), kernels, cuda) == GraphSet()
+    eng = Engine(model, tiny_tokenizer(), "tiny-test", Settings())
+    assert eng.runner.graphs == GraphSet()
 
 
 @pytest.mark.parametrize("fused", [True, False])
