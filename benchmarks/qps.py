@@ -107,6 +107,62 @@ def run_load(serving: Serving, trace: Trace, mode: str, rate: float, n: int, max
     }
 
 
+class StepProfile:
+    """Per scheduler step: its rows (decodes, combines joined, cold tokens) and wall time, and the stage
+    graphs captured meanwhile (``--profile``; wraps the scheduler's step and the graphs' capture)."""
+
+    def __init__(self, serving: Serving) -> None:
+        from hypic_agent.runtime.runner.stage_graphs import LayerGraphs
+        from hypic_agent.runtime.scheduler.composed import StepWork
+
+        self.steps: list[dict[str, float]] = []
+        self.captures: list[float] = []
+        sched = serving.scheduler
+        run, build, capture = sched._run_step, StepWork.build, LayerGraphs._capture
+        current: dict[str, float] = {}
+
+        def step() -> None:
+            current.clear()
+            current["decode"] = sum(1 for r in sched.live if r.decoding)
+            t0 = time.perf_counter()
+            run()
+            torch.cuda.synchronize() if torch.cuda.is_available() else None
+            current["ms"] = (time.perf_counter() - t0) * 1e3
+            if "joined" in current or current["decode"]:
+                self.steps.append(dict(current))
+
+        def built(work: Any) -> Any:
+            current["joined"], current["cold_tokens"] = len(work.joined), work.cold_tokens
+            return build(work)
+
+        def captured(graphs: Any, key: Any, fn: Any, parts: Any) -> Any:
+            t0 = time.perf_counter()
+            out = capture(graphs, key, fn, parts)
+            self.captures.append((time.perf_counter() - t0) * 1e3)
+            return out
+
+        sched._run_step = step  # type: ignore[method-assign]
+        StepWork.build = built  # type: ignore[method-assign]
+        LayerGraphs._capture = captured  # type: ignore[method-assign]
+
+    def summary(self) -> dict[str, Any]:
+        def agg(rows: list[dict[str, float]]) -> dict[str, float]:
+            ms = sorted(r["ms"] for r in rows)
+            return {"steps": len(rows), "p50_ms": pct(ms, 0.5), "p90_ms": pct(ms, 0.9), "max_ms": ms[-1] if ms else 0.0}
+
+        decode_only = [r for r in self.steps if not r.get("joined") and not r.get("cold_tokens")]
+        with_combines = [r for r in self.steps if r.get("joined")]
+        cold_only = [r for r in self.steps if not r.get("joined") and r.get("cold_tokens")]
+        return {
+            "decode_only": agg(decode_only),
+            "with_combines": agg(with_combines)
+            | {"mean_joined": sum(r["joined"] for r in with_combines) / max(len(with_combines), 1)},
+            "cold_only": agg(cold_only),
+            "stage_captures": len(self.captures),
+            "stage_capture_ms": sum(self.captures),
+        }
+
+
 def burst(serving: Serving, trace: Trace, mode: str, n: int, max_tokens: int) -> dict[str, Any]:
     """``n`` warm requests submitted together against one alone: the last first token vs one alone's
     TTFT (the same documents, so both are warm; each run is after the warm-up)."""
@@ -145,6 +201,7 @@ def main() -> None:
     ap.add_argument("--entry-budget-gib", type=float, default=30.0)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--burst", type=int, default=8, help="warm requests submitted together (0: no burst row)")
+    ap.add_argument("--profile", action="store_true", help="per-step times by kind of work, stage-graph captures")
     ap.add_argument("--out", default="bench_out/qps.json")
     args = ap.parse_args()
     dtype = getattr(torch, args.dtype)
@@ -163,15 +220,23 @@ def main() -> None:
         engine = Engine(model, None, "qps-bench", settings)
         engine.tokenizer = _NoText()
         serving = Serving.of(engine)
+        prof = StepProfile(serving) if args.profile else None
         trace = Trace(args, model.config.vocab_size)
         run_load(serving, trace, mode, 0.0, args.warm_requests, args.max_tokens, args.seed)
         if args.burst:
             bursts.append(burst(serving, trace, mode, args.burst, args.max_tokens))
             print(bursts[-1], flush=True)
+        if prof is not None:  # the warm-up's and burst's steps are not a load's
+            prof.steps.clear()
+            prof.captures.clear()
         best = 0.0
         for rate in args.loads:
             n = args.per_load or max(12, round(rate * 12))
             row = run_load(serving, trace, mode, rate, n, args.max_tokens, args.seed + int(rate * 100))
+            if prof is not None:
+                row["profile"] = prof.summary()
+                prof.steps.clear()
+                prof.captures.clear()
             rows.append(row)
             print({k: round(v, 2) if isinstance(v, float) else v for k, v in row.items()}, flush=True)
             write_json(args.out, {"args": vars(args), "rows": rows, "burst": bursts, "partial": True})

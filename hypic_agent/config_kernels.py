@@ -53,6 +53,12 @@ class KernelSettings(BaseModel):
         le=8192,
         description="step of the layer graphs' token buckets above 2,048 rows",
     )
+    graph_max_tokens: int = Field(
+        default=_K.graph_max_tokens,
+        ge=8,
+        le=8192,
+        description="largest token bucket of the layer graphs (longer forwards run their token-local stages eagerly)",
+    )
     max_fused_cold_tokens: int = Field(
         default=_K.max_fused_cold_tokens,
         ge=0,

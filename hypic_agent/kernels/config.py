@@ -46,6 +46,11 @@ class KernelConfig:
       scan (kept for A/B measurements).
     * ``graph_bucket_step``: the layer graphs' token buckets above 2,048 rows
       (``runner.stage_graphs.bucket_sizes``).
+    * ``graph_max_tokens``: the largest token bucket of the layer graphs; longer forwards run their
+      token-local stages eagerly. Each (stage, layer, bucket) is captured on first use, with warm-up
+      runs, and a served forward's row count (decodes + several combines + cold rows) takes many
+      values: measured on the H200 (Qwen3.5-35B-A3B shape), lazily capturing buckets up to 8,192 rows
+      held warm requests for seconds, while a forward of 2,048 rows is GPU-bound enough to run eagerly.
     * ``max_fused_cold_tokens``: above this many cold tokens a request's cold segments go through
       ``scatter_prefill``'s batches instead of its combine forward.
     * ``recurrent_scan_max_tokens``: KDA and decay-only (Mamba2, Lightning, Ring-linear) varlen scans
@@ -65,6 +70,7 @@ class KernelConfig:
     fuse_projections: bool = True
     precompose_leading_bodies: bool = True
     graph_bucket_step: int = 128
+    graph_max_tokens: int = 1024
     max_fused_cold_tokens: int = 65536
     recurrent_scan_max_tokens: int = 256
 

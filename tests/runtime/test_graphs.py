@@ -14,12 +14,15 @@ def test_buckets():
     model, _, _ = make_model("qwen3_5_text")
     r = LayerGraphs(model, buckets=(64, 8, 16))
     assert [r.bucket(n) for n in (1, 8, 9, 64, 65)] == [8, 8, 16, 64, None]
-    default = LayerGraphs(model)  # powers of two, 512-token steps, then 128: a cold batch pads by < 128
-    got = [default.bucket(n) for n in (200, 513, 1600, 4096, 4097, 4306, 8192, 8193)]
+    default = LayerGraphs(model)  # powers of two up to KernelConfig.graph_max_tokens (1,024)
+    got = [default.bucket(n) for n in (1, 200, 513, 1024, 1025, 4096)]
+    assert got == [8, 256, 1024, 1024, None, None]
+    assert default.buckets == bucket_sizes(128) == (8, 16, 32, 64, 128, 256, 512, 1024)
+    wide = LayerGraphs(model, bucket_sizes(128, 8192))  # 512-token steps, then 128: a cold batch pads by < 128
+    got = [wide.bucket(n) for n in (200, 513, 1600, 4096, 4097, 4306, 8192, 8193)]
     assert got == [256, 1024, 2048, 4096, 4224, 4352, 8192, None]
-    assert default.buckets == bucket_sizes(128)
-    step = bucket_sizes(512)  # KernelConfig.graph_bucket_step
-    assert step[:10] == default.buckets[:10] and step[9:] == tuple(range(2048, 8192 + 1, 512))
+    step = bucket_sizes(512, 8192)  # KernelConfig.graph_bucket_step
+    assert step[:10] == wide.buckets[:10] and step[9:] == tuple(range(2048, 8192 + 1, 512))
 
 
 def test_padding_rows_are_zeroed_after_a_longer_input():

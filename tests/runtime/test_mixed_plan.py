@@ -109,3 +109,22 @@ def test_one_step_mixing_every_row_kind_gives_each_request_its_alone_result(arch
 def test_plan_without_pool_rows_needs_work_and_refuses_empty():
     with pytest.raises(ValueError, match="empty forward plan"):
         plan_forward(None, [], [])
+
+
+def test_pool_rows_are_the_plans_ids_even_without_sequence_objects():
+    """The decode graphs' static plans carry no ``PoolSeq``s (``seqs=()``), only the rows' tensors: the
+    layer loop must run them as pool rows."""
+    import dataclasses
+
+    model, _, _ = make_model("qwen3_5_text")
+    pool = StatePool(model.config, slots=2, kv_tokens=64, page_size=8, device=CPU, dtype=torch.float32)
+    runner = ModelRunner(model, pool)
+    seq = pool.alloc(16)
+    assert seq is not None
+    prompt = rand_tokens(9, 5)
+    runner.forward(plan_forward(pool, [seq], [prompt]))
+    plan = plan_forward(pool, [seq], [[7]], paged=True)
+    bare = dataclasses.replace(plan, seqs=(), new_tokens=())
+    ref = prefill(model, [prompt])[0]
+    decode_step(model, [ref], [7])
+    _close(runner.layers(bare)[0], ref.last_logits)

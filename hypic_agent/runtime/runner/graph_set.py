@@ -38,7 +38,7 @@ class GraphSet:
             return cls()
         s = settings
         return cls(
-            LayerGraphs(model, bucket_sizes(kernels.graph_bucket_step)),
+            LayerGraphs(model, bucket_sizes(kernels.graph_bucket_step, kernels.graph_max_tokens)),
             CombineGraphs(model, s.combine_graph_after, s.combine_graphs_max),
             ColdGraphs(s.cold_graph_after, s.cold_graphs_max) if s.cold_graph_after > 0 else None,
         )

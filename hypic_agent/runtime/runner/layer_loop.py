@@ -39,7 +39,7 @@ def last_hidden(h: torch.Tensor, plan: ForwardPlan) -> torch.Tensor:
         return h.index_select(0, plan.last_rows)
     a = sum(c.n_tokens for c in plan.colds)
     parts = []
-    if plan.seqs:
+    if plan.n_tokens:
         parts.append(h[a : a + plan.n_tokens].index_select(0, plan.last_rows))
         a += plan.n_tokens
     for w in plan.combines:
@@ -60,10 +60,10 @@ def layer_steps(
     graph of the forward is captured in a few pieces), then the logits ``[N_seqs + N_combines,
     vocab]``. ``pool``: the state pool the plan's sequences live in (None when it has none);
     ``stages``: the token-local stages' graphs to replay (None: eager, as inside a capture)."""
-    if plan.seqs and pool is None:
+    if plan.n_tokens and pool is None:
         raise ValueError("a plan with pool rows needs the state pool")
     parts = [c.embed() for c in plan.colds]
-    if plan.seqs:
+    if plan.n_tokens:
         parts.append(model.embed(plan.ids))
     parts += [model.embed(w.lay.active_ids) for w in plan.combines]
     if not parts:
@@ -83,7 +83,7 @@ def layer_steps(
         if li == 0:  # the combines' tables are planned while the GPU runs the cold rows' first layer
             for w in plan.combines:
                 w.plan()
-        if plan.seqs:
+        if plan.n_tokens:
             assert pool is not None
             mine = _rows(xs, a, a + plan.n_tokens)
             if layer.linear_attn is not None:
@@ -98,7 +98,7 @@ def layer_steps(
             a += w.n_rows
         extra = xs[1:2] if layer.linear_attn is not None else xs[3:]  # GDN's z / the attention gate, if any
         h = mixer_out(model, li, h, outs[0] if len(outs) == 1 else tuple(outs), *extra, graphs=stages, keep=True)
-    if not plan.seqs and not plan.combines:  # cold builds only: nothing to predict
+    if not plan.n_tokens and not plan.combines:  # cold builds only: nothing to predict
         yield h.new_empty(0, model.config.vocab_size)
         return
     yield model.logits(last_hidden(h, plan))

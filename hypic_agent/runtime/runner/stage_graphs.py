@@ -52,12 +52,15 @@ from hypic_agent.runtime.models.hybrid import HybridForCausalLM
 log = logging.getLogger(__name__)
 
 
-def bucket_sizes(step: int = DEFAULT_KERNELS.graph_bucket_step) -> tuple[int, ...]:
+def bucket_sizes(
+    step: int = DEFAULT_KERNELS.graph_bucket_step, max_tokens: int = DEFAULT_KERNELS.graph_max_tokens
+) -> tuple[int, ...]:
     """Powers of two up to 512, steps of 512 up to 2,048, then steps of ``step`` up to 8,192
-    (``KernelConfig.graph_bucket_step``). Padding rows are computed like real ones: a combine with 4
-    cold 1k segments (4,306 rows) padded to the next 512 ran 7% more token-local work (its expert
-    GEMMs and projections) than it needed."""
-    return (8, 16, 32, 64, 128, 256, 512, 1024, 1536, *range(2048, 8192 + 1, step))
+    (``KernelConfig.graph_bucket_step``), none above ``max_tokens`` (``KernelConfig.graph_max_tokens``).
+    Padding rows are computed like real ones: a combine with 4 cold 1k segments (4,306 rows) padded
+    to the next 512 ran 7% more token-local work (its expert GEMMs and projections) than it needed."""
+    every = (8, 16, 32, 64, 128, 256, 512, 1024, 1536, *range(2048, 8192 + 1, step))
+    return tuple(b for b in every if b <= max_tokens) or (8,)
 
 
 Stage = Callable[..., tuple[torch.Tensor, ...]]
