@@ -29,11 +29,11 @@ import torch
 from _common import device_ms, gpu_busy_ms, load_shape, model_args, print_table, random_model, timed, write_json
 
 from hypic_agent.kernels import chain as chain_ops
-from hypic_agent.runtime.forward import prefill
 from hypic_agent.runtime.hypic.build import build_entries
 from hypic_agent.runtime.hypic.combine import combine
 from hypic_agent.runtime.hypic.layout import plan_layout
 from hypic_agent.runtime.hypic.modes import mode_spec
+from hypic_agent.runtime.runner.standalone import prefill
 
 
 def main() -> None:

@@ -35,7 +35,7 @@ from _common import (
     write_json,
 )
 
-from hypic_agent.runtime.forward import prefill
+from hypic_agent.runtime.runner.standalone import prefill
 
 
 def hf_twin(model: Any, raw: dict[str, Any], device: str) -> Any:

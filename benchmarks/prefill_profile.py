@@ -13,7 +13,7 @@ from _common import load_shape, model_args, random_model, timed, write_json
 from prefill import hf_twin
 
 from hypic_agent.kernels import chain as chain_ops
-from hypic_agent.runtime.forward import prefill
+from hypic_agent.runtime.runner.standalone import prefill
 
 
 def top_kernels(fn, n: int = 18, host: bool = False) -> list[dict]:

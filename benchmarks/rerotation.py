@@ -25,7 +25,6 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from hypic_agent.runtime.forward import prefill
 from hypic_agent.runtime.hypic.build import build_entries
 from hypic_agent.runtime.hypic.combine import combine
 from hypic_agent.runtime.hypic.layout import plan_layout
@@ -33,6 +32,7 @@ from hypic_agent.runtime.hypic.modes import mode_spec, seam_tokens
 from hypic_agent.runtime.models.hybrid import HybridForCausalLM
 from hypic_agent.runtime.models.registry import build_model
 from hypic_agent.runtime.models.tiny import random_state_dict, tiny_config
+from hypic_agent.runtime.runner.standalone import prefill
 
 CPU = torch.device("cpu")
 

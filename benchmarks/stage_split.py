@@ -24,8 +24,8 @@ from ttft import Plan, Seg
 
 from hypic_agent.config import Settings
 from hypic_agent.runtime.engine import Engine
-from hypic_agent.runtime.forward import prefill
 from hypic_agent.runtime.hypic.build import build_entries
+from hypic_agent.runtime.runner.standalone import prefill
 
 CALLS = ("prefill_cold", "build", "prefill_prompt", "continuation", "combine", "combine_cold", "prefix_hit")
 

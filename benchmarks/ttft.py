@@ -1,4 +1,6 @@
-"""TTFT of every mode on a RAG workload, side by side in one run.
+"""TTFT of every mode on a RAG workload, side by side in one run, as a user meets it: each request
+goes through the scheduler (``Serving``: admission, the step's one forward, sampling) alone, and its
+TTFT is from submit to its first token.
 
 Each request: ``--segments`` documents of ``--seg-len`` tokens drawn in random order from a pool,
 plus a ``--query-len``-token question. ``--hit-rate 1.0`` = warm (all documents cached before);
@@ -24,8 +26,8 @@ from __future__ import annotations
 import argparse
 import gc
 import random
-import time
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import torch
@@ -34,6 +36,10 @@ from _common import gpu_busy_ms, load_shape, model_args, print_table, random_mod
 from hypic_agent.config import MODES, Settings
 from hypic_agent.config_kernels import KernelSettings
 from hypic_agent.runtime.engine import Engine
+from hypic_agent.runtime.results import FinishEvent
+from hypic_agent.runtime.sampling import SamplingParams
+from hypic_agent.runtime.scheduler.request import GenerationRequest
+from hypic_agent.runtime.serving import Serving
 
 
 @dataclass
@@ -65,8 +71,19 @@ def make_requests(args: argparse.Namespace, vocab: int, hit_rate: float) -> tupl
     return plans, [pool[i] for i in sorted(warm)]
 
 
-def _gpu_busy(engine: Engine, plan: Plan, mode: str, seam: float) -> float:
-    return gpu_busy_ms(lambda: engine.prepare(plan, mode=mode, seam=seam))
+def first_token(serving: Serving, plan: Plan, mode: str, seam: float) -> FinishEvent:
+    """One request alone through the scheduler, to its first (and only) token."""
+    req = GenerationRequest(plan, SamplingParams(max_tokens=1, ignore_eos=True), mode, seam)
+    return next(ev for ev in serving.scheduler.submit(req).events() if isinstance(ev, FinishEvent))
+
+
+class _NoText:
+    """A tokenizer stand-in: the requests are token ids; nothing is decoded to text."""
+
+    eos_token_id = None
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return ""
 
 
 def _device_allocs(device: str) -> tuple[int, int, int]:
@@ -132,7 +149,8 @@ def main() -> None:
     ap.add_argument("--out", default="bench_out/ttft.json")
     args = ap.parse_args()
     model = random_model(load_shape(args.shape, args.layers), args.device, getattr(torch, args.dtype))
-    settings = Settings(min_cached_tokens=16, cpu_budget_bytes=1 << 40, max_context=1 << 20)
+    max_context = args.segments * args.seg_len + args.query_len + 64
+    settings = Settings(min_cached_tokens=16, cpu_budget_bytes=1 << 40, max_context=max_context, max_running=8)
     rows = []
     for hit in args.hit_rates:
         plans, warm_docs = make_requests(args, model.config.vocab_size, hit)
@@ -142,29 +160,27 @@ def main() -> None:
             # fresh caches per mode, and fresh CUDA graphs (``engine.runner.graphs``): recaptured per mode
             # on the knobs' paths
             engine = Engine(model, None, "bench", mode_settings)
+            engine.tokenizer = _NoText()
+            serving = Serving.of(engine)
             if mode not in ("full_recompute", "prefix_cache"):
                 for i in range(0, len(warm_docs), 16):
                     chunk = warm_docs[i : i + 16]
                     engine.prewarm([s.token_ids for s in chunk], [s.kind for s in chunk], mode=mode, seam=args.seam)
             gc.collect()  # the previous modes' engines: free their memory now, not inside a timed request
             allocs = _device_allocs(args.device)
-            times, hosts = [], []
+            times = []
             for j, plan in enumerate(plans):
                 sync()
-                w0 = time.perf_counter()
-                prep = engine.prepare(plan, mode=mode, seam=args.seam)
-                host = (time.perf_counter() - w0) * 1e3  # until prepare returns: host work, no sync
-                sync()
-                ms = (time.perf_counter() - w0) * 1e3
+                fin = first_token(serving, plan, mode, args.seam)
+                prep = fin.prepared
                 if j >= args.warmup:
-                    times.append(ms)
-                    hosts.append(host)
+                    times.append(fin.ttft_ms)
                     cached = prep.cached_tokens
             # GPU time of one more request (a warm one repeats the last plan; at < 100% hit its cold
             # segments are cached by now, so only warm requests get this column): steadier across
             # machines than the wall time, which the host can set
             allocs_after = _device_allocs(args.device)
-            busy = _gpu_busy(engine, plan, mode, args.seam) if hit == 1.0 else 0.0
+            busy = gpu_busy_ms(partial(first_token, serving, plan, mode, args.seam)) if hit == 1.0 else 0.0
             rows.append(
                 {
                     "hit_rate": hit,
@@ -177,7 +193,6 @@ def main() -> None:
                     "prompt_tokens": prep.prompt_tokens,
                     "timings": prep.timings_ms,
                     "times_ms": times,
-                    "host_ms": hosts,
                     # cudaMalloc / cudaFree / OOM-retry counts of the caching allocator during the requests
                     "device_allocs": [b - a for a, b in zip(allocs, allocs_after, strict=True)],
                     "memory": _memory(args.device),
@@ -188,7 +203,8 @@ def main() -> None:
             )
             print(f"hit={hit} {label}: p50 {rows[-1]['p50_ms']:.1f} ms", flush=True)
             write_json(args.out, {"args": vars(args), "rows": rows, "partial": True})
-            del engine
+            serving.close()
+            del serving, engine
             if args.device.startswith("cuda"):
                 torch.cuda.empty_cache()
         base = next((r for r in rows if r["hit_rate"] == hit and r["mode"] == "prefix_cache"), None)

@@ -3,9 +3,18 @@
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 
 import numpy as np
 import torch
+
+
+def cu_seqlens(lengths: Sequence[int]) -> torch.Tensor:
+    """``[N+1]`` int32 cumulative lengths, on the host (what attention reads its bounds from: no sync)."""
+    cu = torch.zeros(len(lengths) + 1, dtype=torch.int32)
+    if lengths:
+        cu[1:] = torch.cumsum(torch.tensor(list(lengths), dtype=torch.int32), 0)
+    return cu
 
 
 def normalize_cu_seqlens(cu_seqlens: torch.Tensor | None, total: int, device: torch.device) -> torch.Tensor:

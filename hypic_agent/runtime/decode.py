@@ -6,9 +6,9 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from hypic_agent.runtime.forward import decode_step
 from hypic_agent.runtime.output import OutputStream
 from hypic_agent.runtime.results import FinishEvent, Prepared, TokenEvent
+from hypic_agent.runtime.runner.standalone import decode_step
 from hypic_agent.runtime.sampling import SamplingParams, apply_constraint, make_generator, sample, top_logprobs_of
 
 

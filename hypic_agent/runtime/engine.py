@@ -23,8 +23,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from hypic_agent.config import Settings
+from hypic_agent.errors import InvalidRequestError
 from hypic_agent.runtime.cold_builds import ColdBuilds, with_built
-from hypic_agent.runtime.forward import prefill
 from hypic_agent.runtime.headroom import AllocatorHeadroom
 from hypic_agent.runtime.hypic.auto_seams import ProfileTable
 from hypic_agent.runtime.hypic.blend import BlendPlan
@@ -32,16 +32,16 @@ from hypic_agent.runtime.hypic.build_context import BuildContext
 from hypic_agent.runtime.hypic.cache import EntryCache, MemoryEntryCache
 from hypic_agent.runtime.hypic.combine import combine
 from hypic_agent.runtime.hypic.layout import plan_layout
-from hypic_agent.runtime.hypic.modes import mode_spec, validate_seam
-from hypic_agent.runtime.hypic.prefix_cache import PrefixCache
+from hypic_agent.runtime.hypic.modes import Strategy, mode_spec, validate_seam
 from hypic_agent.runtime.hypic.seam_plan import SeamPlanner
 from hypic_agent.runtime.models.hybrid import HybridForCausalLM
 from hypic_agent.runtime.prompt_pieces import PlanLike, PromptPieces, make_pieces, split_for
-from hypic_agent.runtime.results import Prepared, SegmentUsage, fold_pieces, full_prepared, prefix_prepared
+from hypic_agent.runtime.results import Prepared, SegmentUsage, fold_pieces, full_prepared
 from hypic_agent.runtime.router import route
 from hypic_agent.runtime.runner.destination import StateDestination
 from hypic_agent.runtime.runner.graph_set import GraphSet
 from hypic_agent.runtime.runner.runner import ModelRunner
+from hypic_agent.runtime.runner.standalone import prefill
 
 if TYPE_CHECKING:
     from hypic_agent.runtime.workers.pool import WorkerPool
@@ -75,7 +75,6 @@ class Engine:
         if self.kernels.fuse_projections:
             model.fuse_projections()
         self.cache: EntryCache = cache if cache is not None else MemoryEntryCache(self.settings.cpu_budget_bytes)
-        self.prefix_cache = PrefixCache(model.config.layer_types, self.settings.cpu_budget_bytes)
         self.name = name
         self.device = next(model.parameters()).device
         self.lock = threading.RLock()
@@ -150,15 +149,21 @@ class Engine:
     def prepare_pieces(
         self, p: PromptPieces, tenant: str = "default", into: StateDestination | None = None
     ) -> Prepared:
-        """``p`` prepared in its mode. ``into`` (composed modes only): the combine writes the state
-        into the request's slot and pages of the state pool; ``Prepared.state`` then has no layers."""
+        """``p`` prepared in its mode, outside the scheduler (measurements, the combine as a standalone
+        state). ``into`` (composed modes only): the combine writes the state into a slot and pages of a
+        state pool; ``Prepared.state`` then has no layers. ``prefix_cache`` lives in the scheduler's
+        radix cache over the pool: serve it (``Serving.of(engine)``)."""
         if into is not None and not p.spec.composed:
             raise ValueError(f"{p.spec.name} prepares no state into the pool here (the scheduler runs its chunks)")
+        if p.spec.strategy is Strategy.PREFIX:
+            raise InvalidRequestError(
+                "prefix_cache keeps its prefixes in the scheduler's radix cache over the state pool: "
+                "serve the request (Serving.of(engine).generate) instead of preparing it alone",
+                param="mode",
+            )
         with self.lock:
-            if p.spec.name == "full_recompute":
+            if p.spec.strategy is Strategy.FULL:
                 out = self._full(p.segs, p.kinds, p.suffix)
-            elif p.spec.name == "prefix_cache":
-                out = self._prefix(p.segs, p.kinds, p.suffix, tenant)
             else:
                 out = self._composed(p.segs, p.kinds, p.suffix, p.spec, p.w, tenant, into)
                 out.segments = fold_pieces(out.segments, p.owners)
@@ -178,19 +183,8 @@ class Engine:
 
     def _full(self, segs: list[tuple[int, ...]], kinds: list[str], suffix: list[int]) -> Prepared:
         t0 = time.perf_counter()
-        state = prefill(self.model, [[t for s in segs for t in s] + suffix])[0]
+        state = prefill(self.model, [[t for s in segs for t in s] + suffix], graphs=self.runner.graphs.stages)[0]
         return full_prepared(segs, kinds, state.length, state, {"prefill_ms": _ms(t0)})
-
-    def _prefix(self, segs: list[tuple[int, ...]], kinds: list[str], suffix: list[int], tenant: str) -> Prepared:
-        t0 = time.perf_counter()
-        keys = [self.entry_key(s, tenant, 0) for s in segs]
-        depth, state = self.prefix_cache.lookup(keys)
-        reused = state.length if state is not None else 0
-        if depth < len(segs):  # one pass over the missed segments, then keep the boundary state
-            state = prefill(self.model, [[t for s in segs[depth:] for t in s]], [state])[0]
-            self.prefix_cache.insert(keys, segs, state)
-        state = prefill(self.model, [suffix], [state])[0]
-        return prefix_prepared(keys, segs, kinds, depth, reused, state.length, state, {"prefill_ms": _ms(t0)})
 
     def _composed(
         self,

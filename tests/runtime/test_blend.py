@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hypic_agent.runtime.forward import prefill
 from hypic_agent.runtime.hypic.auto_seams import SeamProfile
 from hypic_agent.runtime.hypic.blend import BlendPlan, measure_tokens, sink_seams
 from hypic_agent.runtime.hypic.build import build_entries
@@ -13,6 +12,7 @@ from hypic_agent.runtime.hypic.combine import combine
 from hypic_agent.runtime.hypic.layout import plan_layout
 from hypic_agent.runtime.hypic.modes import mode_spec, validate_seam
 from hypic_agent.runtime.hypic.probe import probe
+from hypic_agent.runtime.runner.standalone import prefill
 from hypic_agent.runtime.state import LinearLayerState
 
 from .conftest import Plan, make_model, rand_tokens

@@ -14,7 +14,6 @@ import torch
 from hypic_agent.config import Settings
 from hypic_agent.errors import ModelConfigError
 from hypic_agent.runtime.engine import Engine
-from hypic_agent.runtime.forward import prefill
 from hypic_agent.runtime.hypic.build import ColdBatch, build_entries
 from hypic_agent.runtime.hypic.build_context import (
     FILLER,
@@ -28,6 +27,7 @@ from hypic_agent.runtime.hypic.entry import LinearEntry
 from hypic_agent.runtime.hypic.layout import plan_layout
 from hypic_agent.runtime.hypic.modes import mode_spec
 from hypic_agent.runtime.models.tokenizer import tiny_tokenizer
+from hypic_agent.runtime.runner.standalone import prefill
 from hypic_agent.segments.framing import header_block
 
 from .conftest import Plan, Seg, make_model, rand_tokens

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from hypic_agent.config import MODES, Settings
-from hypic_agent.errors import ContextLengthError, UnknownModeError
+from hypic_agent.errors import ContextLengthError, InvalidRequestError, UnknownModeError
 from hypic_agent.runtime.engine import Engine
 from hypic_agent.runtime.models.tokenizer import tiny_tokenizer
 from hypic_agent.runtime.results import FinishEvent, TokenEvent
@@ -30,24 +30,39 @@ def test_every_mode_builds_a_state(engine):
     plan = Plan(docs())
     full = engine.prepare(plan, mode="full_recompute")
     for mode in MODES:
+        if mode == "prefix_cache":  # the scheduler's radix cache (below)
+            with pytest.raises(InvalidRequestError, match="radix cache"):
+                engine.prepare(plan, mode=mode)
+            continue
         prep = engine.prepare(plan, mode=mode)
         assert prep.state.length == full.state.length == prep.prompt_tokens
         assert prep.cached_tokens + prep.recomputed_tokens == prep.prompt_tokens
 
 
-def test_prefix_cache_is_exact_and_reuses_only_the_prefix(engine):
+def test_prefix_cache_is_exact_and_reuses_only_the_prefix():
+    model, _, _ = make_model("qwen3_5_text")
+    serving = Serving.of(Engine(model, tiny_tokenizer(), "tiny-test", Settings(min_cached_tokens=4)))
+    one = SamplingParams(max_tokens=1, ignore_eos=True, logprobs=True, top_logprobs=5)
+
+    def run(plan, mode="prefix_cache"):
+        evs = list(serving.generate(plan, one, mode=mode))
+        assert isinstance(evs[-1], FinishEvent)
+        return evs[-1]
+
     d = docs(5, seed=500)
-    first = engine.prepare(Plan(d[:4]), mode="prefix_cache")
-    assert first.exact_prefix_tokens == 0
-    same = engine.prepare(Plan(d[:4]), mode="prefix_cache")
-    assert same.exact_prefix_tokens == 96
-    longer = Plan([*d[:4], d[4]])
-    ext = engine.prepare(longer, mode="prefix_cache")
-    assert ext.exact_prefix_tokens == 96  # resumes from the stored boundary state
-    full = engine.prepare(longer, mode="full_recompute")
-    assert torch.allclose(ext.state.last_logits, full.state.last_logits, atol=1e-4)
-    reordered = engine.prepare(Plan([d[1], d[0], d[2], d[3]]), mode="prefix_cache")
-    assert reordered.exact_prefix_tokens == 0  # a new order misses
+    first = run(Plan(d[:4], suffix_ids=[7, 8]))
+    assert first.prepared.exact_prefix_tokens == 0
+    same = run(Plan(d[:4], suffix_ids=[9]))
+    assert same.prepared.exact_prefix_tokens == 96
+    longer = Plan([*d[:4], d[4]], suffix_ids=[9])
+    ext = run(longer)
+    assert ext.prepared.exact_prefix_tokens == 96  # resumes from the stored boundary
+    full = run(longer, "full_recompute")
+    assert ext.token_ids == full.token_ids and ext.logprobs == pytest.approx(full.logprobs, abs=1e-4)
+    assert ext.top_logprobs[0][0][0] == full.top_logprobs[0][0][0]
+    reordered = run(Plan([d[1], d[0], d[2], d[3]], suffix_ids=[9]))
+    assert reordered.prepared.exact_prefix_tokens == 0  # a new order misses
+    serving.close()
 
 
 def test_hypic_reuses_segments_in_any_order(engine):

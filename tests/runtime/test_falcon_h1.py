@@ -7,7 +7,6 @@ import pytest
 import torch
 
 from hypic_agent.errors import ModelConfigError
-from hypic_agent.runtime.forward import decode_step, prefill
 from hypic_agent.runtime.hypic.build import build_entries
 from hypic_agent.runtime.hypic.combine import combine
 from hypic_agent.runtime.hypic.entry import AttentionEntry, LinearEntry
@@ -18,6 +17,7 @@ from hypic_agent.runtime.models.keymap import to_contract
 from hypic_agent.runtime.models.parallel_layer import ParallelAttentionHalf, ParallelSsmHalf
 from hypic_agent.runtime.models.registry import build_model
 from hypic_agent.runtime.models.tiny import build_hf_model, random_state_dict, tiny_config
+from hypic_agent.runtime.runner.standalone import decode_step, prefill
 
 from .conftest import make_model, rand_tokens
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hypic_agent.runtime.forward import decode_step, prefill
 from hypic_agent.runtime.models.tiny import TINY_ARCHS
+from hypic_agent.runtime.runner.standalone import decode_step, prefill
 
 from .conftest import make_model, rand_tokens
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hypic_agent.runtime.forward import decode_step, prefill
 from hypic_agent.runtime.hypic.build import build_entries
 from hypic_agent.runtime.hypic.combine import combine
 from hypic_agent.runtime.hypic.layout import plan_layout
@@ -15,6 +14,7 @@ from hypic_agent.runtime.runner.graph_set import GraphSet
 from hypic_agent.runtime.runner.pool import StatePool
 from hypic_agent.runtime.runner.runner import ModelRunner
 from hypic_agent.runtime.runner.stage_graphs import LayerGraphs, feed_forward
+from hypic_agent.runtime.runner.standalone import decode_step, prefill
 
 from .conftest import make_model, rand_tokens
 

@@ -1,5 +1,5 @@
 """GPU: decode steps replayed from CUDA graphs equal the eager layer loop and the reference decode
-(``runtime.forward``); the scheduler's batched answers equal each request alone on CUDA."""
+(``tests/runtime/reference.py``); the scheduler's batched answers equal each request alone on CUDA."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import torch
 
 from hypic_agent.config import Settings
 from hypic_agent.runtime.engine import Engine
-from hypic_agent.runtime.forward import decode_step, prefill
 from hypic_agent.runtime.models.tokenizer import tiny_tokenizer
 from hypic_agent.runtime.results import FinishEvent
 from hypic_agent.runtime.runner.decode_graphs import graph_kernels
@@ -22,6 +21,7 @@ from hypic_agent.runtime.scheduler.request import GenerationRequest
 from hypic_agent.runtime.serving import Serving
 
 from .conftest import make_model, rand_tokens
+from .reference import decode_step, prefill
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 

@@ -7,11 +7,11 @@ import torch
 
 from hypic_agent.errors import UnknownModeError
 from hypic_agent.kernels import chain as chain_ops
-from hypic_agent.runtime.forward import prefill
 from hypic_agent.runtime.hypic.build import build_entries
 from hypic_agent.runtime.hypic.combine import combine
 from hypic_agent.runtime.hypic.layout import plan_layout
 from hypic_agent.runtime.hypic.modes import mode_spec, seam_tokens
+from hypic_agent.runtime.runner.standalone import prefill
 
 from .conftest import make_model, rand_tokens
 

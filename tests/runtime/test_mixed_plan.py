@@ -8,7 +8,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hypic_agent.runtime.forward import decode_step, prefill
 from hypic_agent.runtime.hypic.build import ColdBatch, build_entries
 from hypic_agent.runtime.hypic.combine import combine
 from hypic_agent.runtime.hypic.combine_inputs import combine_inputs
@@ -21,6 +20,7 @@ from hypic_agent.runtime.runner.pool import StatePool
 from hypic_agent.runtime.runner.runner import ModelRunner
 
 from .conftest import make_model, rand_tokens
+from .reference import decode_step, prefill
 
 CPU = torch.device("cpu")
 TOL = dict(rtol=1e-4, atol=1e-4)
@@ -128,3 +128,39 @@ def test_pool_rows_are_the_plans_ids_even_without_sequence_objects():
     ref = prefill(model, [prompt])[0]
     decode_step(model, [ref], [7])
     _close(runner.layers(bare)[0], ref.last_logits)
+
+
+def test_a_lone_combine_goes_through_the_combine_graphs_path_and_matches_the_loop():
+    """A step of one combine and nothing else is handed to ``combine`` with the runner's graphs (a CUDA
+    graph replays it on a GPU; on the CPU it runs eagerly): same logits and pool state as the loop."""
+    from hypic_agent.runtime.runner.combine_graphs import CombineGraphs
+    from hypic_agent.runtime.runner.graph_set import GraphSet
+
+    model, _, _ = make_model("qwen3_5_text")
+    spec = mode_spec("hypic")
+    segs, suffix = _segs(40, (21, 18)), rand_tokens(5, 41)
+    seams = [seam_tokens(4.0, len(s)) for s in segs]
+    entries = build_entries(model, segs, seams)
+    results = []
+    for graphs in (GraphSet(), GraphSet(combines=CombineGraphs(model))):
+        pool = StatePool(model.config, slots=2, kv_tokens=128, page_size=8, device=CPU, dtype=torch.float32)
+        runner = ModelRunner(model, pool, graphs=graphs)
+        lay = plan_layout(segs, list(entries), seams, suffix, CPU)
+        seq = pool.alloc(lay.total)
+        assert seq is not None
+        work = CombineWork(
+            lay,
+            list(entries),
+            spec,
+            combine_inputs(model, lay, list(entries), True),
+            StateDestination.of(pool, seq, lay.total),
+        )
+        assert runner._lone_combine(plan := runner.plan([], [], [work])) == (graphs.combines is not None)
+        logits = runner.forward(plan)
+        work.into.commit(work.state(logits[0]))
+        results.append((logits[0], pool.export(seq)))
+    (a, sa), (b, sb) = results
+    _close(a, b)
+    for x, y in zip(sa.layers, sb.layers, strict=True):
+        for u, v in zip(vars(x).values(), vars(y).values(), strict=True):
+            _close(u, v)

@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from hypic_agent.runtime.forward import prefill
 from hypic_agent.runtime.hypic.build import build_entries
 from hypic_agent.runtime.hypic.entry import AttentionEntry, SegmentEntry
 from hypic_agent.runtime.models.config import HybridConfig
@@ -22,6 +21,7 @@ from hypic_agent.runtime.runner.plan import plan_forward
 from hypic_agent.runtime.runner.pool import StatePool
 from hypic_agent.runtime.runner.runner import ModelRunner
 from hypic_agent.runtime.runner.sizing import bytes_per_token
+from hypic_agent.runtime.runner.standalone import prefill
 
 from .conftest import make_model, rand_tokens
 from .test_family_pairs import compose, one_pass, segments

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from hypic_agent.runtime.forward import decode_step, prefill
+from hypic_agent.runtime.runner.standalone import decode_step, prefill
 
 from .conftest import rand_tokens
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hypic_agent.runtime.forward import decode_step, prefill
 from hypic_agent.runtime.hypic.entry import LinearEntry
+from hypic_agent.runtime.runner.standalone import decode_step, prefill
 
 from .conftest import make_model, rand_tokens
 from .test_family_pairs import compose, one_pass, rel, segments

@@ -1,4 +1,4 @@
-"""The model runner over the state pool against the reference forward (``runtime.forward``):
+"""The model runner over the state pool against the reference forward (``tests/runtime/reference.py``):
 chunked prefill equals one-pass prefill, batched decode equals each sequence decoded alone."""
 
 from __future__ import annotations
@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hypic_agent.runtime.forward import decode_step, prefill
 from hypic_agent.runtime.runner.plan import plan_forward
 from hypic_agent.runtime.runner.pool import StatePool
 from hypic_agent.runtime.runner.runner import ModelRunner
 
 from .conftest import make_model, rand_tokens
+from .reference import decode_step, prefill
 
 
 def _runner(arch: str, slots: int = 4, kv_tokens: int = 512, page_size: int = 8):

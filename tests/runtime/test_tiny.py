@@ -6,7 +6,6 @@ import pytest
 import torch
 
 from hypic_agent.errors import ModelConfigError
-from hypic_agent.runtime.forward import prefill
 from hypic_agent.runtime.models.config import HybridConfig
 from hypic_agent.runtime.models.keymap import to_contract
 from hypic_agent.runtime.models.loading import expected_shapes, validate_state_dict
@@ -22,6 +21,7 @@ from hypic_agent.runtime.models.tiny import (
     tiny_config,
 )
 from hypic_agent.runtime.models.tokenizer import tiny_tokenizer
+from hypic_agent.runtime.runner.standalone import prefill
 
 HF_CLASS = {
     "qwen3_5_text": "Qwen3_5ForCausalLM",

@@ -10,9 +10,9 @@ import torch
 from safetensors.torch import load_file
 
 from hypic_agent.errors import WeightsError
-from hypic_agent.runtime.forward import prefill
 from hypic_agent.runtime.models import loading
 from hypic_agent.runtime.models.registry import build_model
+from hypic_agent.runtime.runner.standalone import prefill
 from hypic_agent.training import delta
 from hypic_agent.training.teacher import load_base
 

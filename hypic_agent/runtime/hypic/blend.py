@@ -49,12 +49,10 @@ import torch
 
 from hypic_agent.runtime.hypic.auto_seams import ProfileTable, SeamProfile, segment_profiles
 from hypic_agent.runtime.hypic.blend_scout import scout_mass
-from hypic_agent.runtime.hypic.combine_attention import combine_attention
-from hypic_agent.runtime.hypic.combine_inputs import combine_inputs
-from hypic_agent.runtime.hypic.combine_linear import combine_linear
 from hypic_agent.runtime.hypic.entry import SegmentEntry
 from hypic_agent.runtime.hypic.layout import CombineLayout, plan_layout
 from hypic_agent.runtime.hypic.modes import mode_spec
+from hypic_agent.runtime.hypic.probe import probe
 from hypic_agent.runtime.models.hybrid import HybridForCausalLM
 
 BLEND = "blend"
@@ -115,25 +113,9 @@ class BlendPlan:
         return out
 
 
-def _rows(model: HybridForCausalLM, lay: CombineLayout) -> Any:
-    """The residual entering every layer of a no-entry layout (``probe``'s forward), one at a time."""
-    spec = mode_spec("hypic")
-    inputs = combine_inputs(model, lay, [None], spec.transition, fused_scan=False)
-    h = model.embed(lay.active_ids)
-    width = model.config.hidden_size  # the residual (a Falcon-H1 SSM half passes [h | x | m] on)
-    for li, layer in enumerate(model.layers):
-        yield h[:, :width]
-        xs = layer.mixer_in(h)
-        if layer.linear_attn is not None:
-            o, _ = combine_linear(layer.linear_attn, xs, lay, [None], li, spec, None, None, None, inputs.kernels)
-            extra: tuple[torch.Tensor, ...] = xs[1:2]
-        else:
-            assert layer.self_attn is not None
-            q, k, v = xs[:3]
-            o, _ = combine_attention(layer.self_attn, q, k, v, lay, [None], li, spec, None)
-            extra = xs[3:]
-        h = layer.mixer_out(h, o, *extra)
-    yield h[:, :width]
+def _rows(model: HybridForCausalLM, lay: CombineLayout) -> list[torch.Tensor]:
+    """The residual entering every layer of a no-entry layout, and after the last (``probe``)."""
+    return list(probe(model, lay, [None], mode_spec("hypic"), logits=False).hidden)
 
 
 @torch.no_grad()

@@ -1,9 +1,9 @@
 """The blend scout: where the question looks, on the cached prompt, before the combine.
 
 ``seam="blend"`` picks body tokens by ``attention mass the suffix gives them x predicted
-deviation``. The mass comes from a *scout* forward: the combine's own per-layer code (``probe``'s
-chunked path, no CUDA graphs) on the request's layout without blend rows (seams and suffix active
-over the cached bodies), through its first ``n_layers`` layers. At every attention layer the
+deviation``. The mass comes from a *scout* forward: the combine's own work (a ``CombineWork`` in the
+runner's layer loop, on the chunked path, no CUDA graphs) on the request's layout without blend rows
+(seams and suffix active over the cached bodies), through its first ``n_layers`` layers. At every attention layer the
 suffix's queries are scored against all keys (softmax over the causal row, as the layer attends),
 and their probabilities are summed over heads, suffix rows and layers: ``mass[p]`` is how much the
 question reads position ``p``. The scout's rows are computed again by the combine, so its cost
@@ -12,17 +12,21 @@ question reads position ``p``. The scout's rows are computed again by the combin
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
-from hypic_agent.runtime.hypic.combine_attention import combine_attention
 from hypic_agent.runtime.hypic.combine_inputs import combine_inputs
-from hypic_agent.runtime.hypic.combine_linear import combine_linear
+from hypic_agent.runtime.hypic.combine_work import CombineWork
 from hypic_agent.runtime.hypic.entry import SegmentEntry
 from hypic_agent.runtime.hypic.layout import CombineLayout
 from hypic_agent.runtime.hypic.modes import mode_spec
 from hypic_agent.runtime.models.attention import FullAttention
-from hypic_agent.runtime.models.hybrid import HybridForCausalLM
+from hypic_agent.runtime.models.hybrid import DecoderLayer, HybridForCausalLM
 from hypic_agent.runtime.models.mla import MLAttention
+from hypic_agent.runtime.runner.layer_loop import run_layers
+from hypic_agent.runtime.runner.plan import plan_forward
+from hypic_agent.runtime.state import AttentionLayerState
 
 CHUNK = 1 << 24  # scores per chunk of suffix rows
 
@@ -44,6 +48,27 @@ def _suffix_mass(
     return out
 
 
+class _Scout(CombineWork):
+    """The combine's own work on the scout's rows, adding up the suffix's attention mass at every
+    attention layer (MLA layers read none: their keys are latent)."""
+
+    def __init__(self, *args: Any, n_suffix: int, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.n_suffix = n_suffix
+        self.mass = torch.zeros(self.lay.total, dtype=torch.float32, device=self.lay.active_ids.device)
+
+    def mix(self, li: int, layer: DecoderLayer, xs: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        o = super().mix(li, layer, xs)
+        attn = layer.self_attn
+        if attn is not None and not isinstance(attn, MLAttention):
+            st = self.layers.pop()  # the spliced K/V of the whole prompt (this layer's only)
+            assert isinstance(st, AttentionLayerState)
+            self.mass += _suffix_mass(attn, xs[0], st.k, self.lay, self.n_suffix)
+        elif self.layers:
+            self.layers.pop()  # nothing of a layer is kept past it
+        return o
+
+
 @torch.no_grad()
 def scout_mass(
     model: HybridForCausalLM,
@@ -56,21 +81,7 @@ def scout_mass(
     attention layers among the first ``n_layers`` (see module doc); ``lay`` has no blend rows."""
     spec = mode_spec("hypic")
     inputs = combine_inputs(model, lay, entries, spec.transition, fused_scan=False)
-    mass = torch.zeros(lay.total, dtype=torch.float32, device=lay.active_ids.device)
-    h = model.embed(lay.active_ids)
-    for li, layer in enumerate(model.layers[:n_layers]):
-        xs = layer.mixer_in(h)
-        if layer.linear_attn is not None:
-            o, _ = combine_linear(layer.linear_attn, xs, lay, entries, li, spec, None, None, None, inputs.kernels)
-            extra: tuple[torch.Tensor, ...] = xs[1:2]
-        else:
-            attn = layer.self_attn
-            assert attn is not None
-            q, k, v = xs[:3]
-            o, st = combine_attention(attn, q, k, v, lay, entries, li, spec, None)
-            if not isinstance(attn, MLAttention):  # MLA layers: no mass read (their keys are latent)
-                mass += _suffix_mass(attn, q, st.k, lay, n_suffix)
-            extra = xs[3:]
-        if li + 1 < n_layers:
-            h = layer.mixer_out(h, o, *extra)
-    return mass
+    scout = _Scout(lay, entries, spec, inputs, n_suffix=n_suffix)
+    plan = plan_forward(None, [], [], combines=(scout,), device=lay.active_ids.device)
+    run_layers(model, plan, None, n_layers=n_layers)
+    return scout.mass

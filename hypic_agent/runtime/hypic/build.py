@@ -28,10 +28,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from hypic_agent.kernels._varlen import concat_ranges
+from hypic_agent.kernels._varlen import concat_ranges, cu_seqlens
 from hypic_agent.kernels.backend import to_device_async, upload_int64
 from hypic_agent.kernels.gdn_pairs import PairSink, SeamSplit
-from hypic_agent.runtime.forward import cu_seqlens_of
 from hypic_agent.runtime.hypic.entry import AttentionEntry, LinearEntry, SegmentEntry
 from hypic_agent.runtime.models.hybrid import DecoderLayer, HybridForCausalLM
 from hypic_agent.runtime.models.linear_mixer import at
@@ -134,7 +133,7 @@ class ColdBatch:
         self.layout_key = (tuple(self.lengths), tuple(seams), pair_dtype, p.dtype, k)
         tokens = [tuple(map(int, s)) for s in segments]
         head = tuple(map(int, prefix))
-        self.cu_host = cu_seqlens_of(packed, torch.device("cpu"))  # attention reads bounds here: no sync
+        self.cu_host = cu_seqlens(packed)  # attention reads bounds here: no sync
         self.bounds = self.cu_host.tolist()
         # ids, bounds and local positions in one pinned upload (the GPU is idle until the forward starts)
         self.ids, cu, self.pos = upload_int64(

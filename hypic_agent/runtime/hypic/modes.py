@@ -14,27 +14,41 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from enum import Enum
 
 from hypic_agent.config import MODES
 from hypic_agent.errors import InvalidRequestError, UnknownModeError
 
 
+class Strategy(Enum):
+    """How a request's prompt state is built (what the scheduler and the engine dispatch on)."""
+
+    FULL = "full"  # one pass over the whole prompt, in prefill chunks
+    PREFIX = "prefix"  # the longest cached exact prefix (the radix cache over the pool), then chunks
+    COMPOSED = "composed"  # cached segment entries + recomputed active rows (a combine)
+
+
 @dataclass(frozen=True)
 class ModeSpec:
     name: str
-    composed: bool  # built from cached segment entries (vs one pass / prefix reuse)
+    strategy: Strategy
     transition: bool = True  # apply T_C (False: naive addition)
     rerotate: bool = True  # RoPE of cached keys at their global positions
     seams: bool = True  # recompute the first w tokens of each segment
 
+    @property
+    def composed(self) -> bool:
+        """Built from cached segment entries (vs one pass / prefix reuse)."""
+        return self.strategy is Strategy.COMPOSED
+
 
 SPECS: dict[str, ModeSpec] = {
-    "full_recompute": ModeSpec("full_recompute", composed=False),
-    "prefix_cache": ModeSpec("prefix_cache", composed=False),
-    "addition": ModeSpec("addition", composed=True, transition=False, rerotate=False, seams=False),
-    "transition": ModeSpec("transition", composed=True, rerotate=False, seams=False),
-    "transition_rope": ModeSpec("transition_rope", composed=True, seams=False),
-    "hypic": ModeSpec("hypic", composed=True),
+    "full_recompute": ModeSpec("full_recompute", Strategy.FULL),
+    "prefix_cache": ModeSpec("prefix_cache", Strategy.PREFIX),
+    "addition": ModeSpec("addition", Strategy.COMPOSED, transition=False, rerotate=False, seams=False),
+    "transition": ModeSpec("transition", Strategy.COMPOSED, rerotate=False, seams=False),
+    "transition_rope": ModeSpec("transition_rope", Strategy.COMPOSED, seams=False),
+    "hypic": ModeSpec("hypic", Strategy.COMPOSED),
 }
 assert tuple(SPECS) == MODES
 

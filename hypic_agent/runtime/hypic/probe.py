@@ -1,10 +1,10 @@
 """``probe``: the combine forward, keeping every active row of every layer (for measurements).
 
 ``combine`` keeps only the last token's logits. Measuring where cached prefill deviates needs
-the per-token hidden states: this runs the same per-layer code (``combine_linear`` /
-``combine_attention`` on the chunked path, no CUDA graphs, no cold batch) and returns the
-residual stream of every active token entering every layer plus after the last one, and the
-active tokens' logits. Three layouts cover what a deviation measurement compares:
+the per-token hidden states: this runs the same forward (the runner's layer loop over one
+``CombineWork`` on the chunked path, no CUDA graphs, no cold batch) with a ``hidden`` hook that
+keeps the residual stream of every active token entering every layer plus after the last one, and
+the active tokens' logits. Three layouts cover what a deviation measurement compares:
 
 * no entries (``plan_layout(segs, [None] * n, ...)``): every token active, the one-pass forward
   (``full_recompute``);
@@ -21,13 +21,14 @@ from dataclasses import dataclass
 
 import torch
 
-from hypic_agent.runtime.hypic.combine_attention import combine_attention
 from hypic_agent.runtime.hypic.combine_inputs import combine_inputs
-from hypic_agent.runtime.hypic.combine_linear import combine_linear
+from hypic_agent.runtime.hypic.combine_work import CombineWork
 from hypic_agent.runtime.hypic.entry import SegmentEntry
 from hypic_agent.runtime.hypic.layout import CombineLayout
 from hypic_agent.runtime.hypic.modes import ModeSpec
 from hypic_agent.runtime.models.hybrid import HybridForCausalLM
+from hypic_agent.runtime.runner.layer_loop import run_layers
+from hypic_agent.runtime.runner.plan import plan_forward
 
 
 @dataclass
@@ -48,17 +49,15 @@ def probe(
 ) -> Probe:
     """Run the combine forward of ``lay`` and keep all active rows (see module doc)."""
     inputs = combine_inputs(model, lay, entries, spec.transition, fused_scan=False)
-    h = model.embed(lay.active_ids)
-    hidden = [h]
-    for li, layer in enumerate(model.layers):
-        xs = layer.mixer_in(h)
-        if layer.linear_attn is not None:
-            o, _ = combine_linear(layer.linear_attn, xs, lay, entries, li, spec, None, None, None, inputs.kernels)
-            extra: tuple[torch.Tensor, ...] = xs[1:2]
-        else:
-            q, k, v = xs[:3]
-            o, _ = combine_attention(layer.self_attn, q, k, v, lay, entries, li, spec, None)  # type: ignore[arg-type]
-            extra = xs[3:]
-        h = layer.mixer_out(h, o, *extra)
-        hidden.append(h[:, : model.config.hidden_size])  # the residual (a Falcon-H1 SSM half passes [h | x | m])
-    return Probe(torch.stack(hidden), model.logits(h) if logits else None, lay.active_pos)
+    plan = plan_forward(None, [], [], combines=(CombineWork(lay, entries, spec, inputs),), device=lay.active_ids.device)
+    width = model.config.hidden_size  # the residual (a Falcon-H1 SSM half passes [h | x | m] on)
+    hidden: list[torch.Tensor] = []
+    final: list[torch.Tensor] = []
+
+    def keep(li: int, h: torch.Tensor) -> None:
+        hidden.append(h[:, :width])
+        if li == len(model.layers):
+            final.append(h)
+
+    run_layers(model, plan, None, hidden=keep)
+    return Probe(torch.stack(hidden), model.logits(final[0]) if logits else None, lay.active_pos)

@@ -128,7 +128,7 @@ class Backbone(nn.Module):
 
 
 class HybridForCausalLM(nn.Module):
-    """Weights + per-stage modules. Running the stack over a batch lives in ``runtime/forward.py``."""
+    """Weights + per-stage modules. Running the stack over a batch lives in ``runner/layer_loop.py``."""
 
     def __init__(self, cfg: HybridConfig) -> None:
         super().__init__()

@@ -10,13 +10,20 @@ Per layer the token-local stages (``mixer_in``: norm + projections; ``mixer_out`
 projection, residual, feed-forward) run once over all rows, so the weights are read once per layer
 for the whole step (for an MoE model most of a step's time); in between each group runs its own
 mixer work on its rows (``ColdBatch.run_layer``, ``mixers.linear_mix`` / ``attention_mix`` over the
-pool, ``CombineWork.mix``). The logits are those of each pool sequence's last new row, then of each
-combine's last active row.
+pool, ``CombineWork.mix``). The logits are those of each pool sequence's last new row (every pool row
+with ``all_logits``), then of each combine's last active row.
+
+Measurements and streams look inside through hooks instead of loops of their own: ``hidden(li, h)``
+sees the residual stream entering layer ``li`` (``li == n_layers``: after the last; ``hypic.probe``,
+``hypic.blend``), ``mixed(li)`` runs once every group's mixer work of layer ``li`` is queued (a
+worker streams a finished layer group from there: ``workers.stream``), and ``n_layers`` stops early
+(``hypic.blend_scout``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 
@@ -31,16 +38,17 @@ def _rows(xs: tuple[torch.Tensor, ...], a: int, b: int) -> tuple[torch.Tensor, .
     return tuple(x[a:b] for x in xs)
 
 
-def last_hidden(h: torch.Tensor, plan: ForwardPlan) -> torch.Tensor:
+def last_hidden(h: torch.Tensor, plan: ForwardPlan, all_logits: bool = False) -> torch.Tensor:
     """``[N_seqs + N_combines, D]`` the rows of ``h`` whose logits the forward returns: each pool
-    sequence's last new row, then each combine's last active row (device ops only: a CUDA graph of
-    the forward captures this too)."""
-    if plan.pool_only:
+    sequence's last new row (``all_logits``: every pool row), then each combine's last active row
+    (device ops only: a CUDA graph of the forward captures this too)."""
+    if plan.pool_only and not all_logits:
         return h.index_select(0, plan.last_rows)
     a = sum(c.n_tokens for c in plan.colds)
     parts = []
     if plan.n_tokens:
-        parts.append(h[a : a + plan.n_tokens].index_select(0, plan.last_rows))
+        pool_rows = h[a : a + plan.n_tokens]
+        parts.append(pool_rows if all_logits else pool_rows.index_select(0, plan.last_rows))
         a += plan.n_tokens
     for w in plan.combines:
         a += w.n_rows
@@ -55,11 +63,17 @@ def layer_steps(
     *,
     every: int = 0,
     stages: LayerGraphs | None = None,
+    all_logits: bool = False,
+    n_layers: int | None = None,
+    hidden: Callable[[int, torch.Tensor], None] | None = None,
+    mixed: Callable[[int], None] | None = None,
 ) -> Iterator[torch.Tensor | None]:
     """Run ``plan`` (see module doc); yields None after every ``every`` layers (0: never; how a CUDA
     graph of the forward is captured in a few pieces), then the logits ``[N_seqs + N_combines,
     vocab]``. ``pool``: the state pool the plan's sequences live in (None when it has none);
-    ``stages``: the token-local stages' graphs to replay (None: eager, as inside a capture)."""
+    ``stages``: the token-local stages' graphs to replay (None: eager, as inside a capture);
+    ``all_logits``: every pool row's logits; ``n_layers``, ``hidden``, ``mixed``: the hooks (module
+    doc; ``hidden`` gets the stream itself, which a stage graph may overwrite: copy what is kept)."""
     if plan.n_tokens and pool is None:
         raise ValueError("a plan with pool rows needs the state pool")
     parts = [c.embed() for c in plan.colds]
@@ -69,9 +83,12 @@ def layer_steps(
     if not parts:
         raise ValueError("an empty forward plan")
     h = parts[0] if len(parts) == 1 else torch.cat(parts)
-    for li, layer in enumerate(model.layers):
+    layers = model.layers if n_layers is None else model.layers[:n_layers]
+    for li, layer in enumerate(layers):
         if every and li and li % every == 0:
             yield None
+        if hidden is not None:
+            hidden(li, h)
         # chained stages (views of the stage graphs' buffers, valid until the next stage: module doc
         # of ``runner.stage_graphs``); every group below is done with them before ``mixer_out``
         xs = mixer_in(model, li, h, stages, keep=True)
@@ -96,18 +113,27 @@ def layer_steps(
         for w in plan.combines:
             outs.append(w.mix(li, layer, _rows(xs, a, a + w.n_rows)))
             a += w.n_rows
+        if mixed is not None:
+            mixed(li)
         extra = xs[1:2] if layer.linear_attn is not None else xs[3:]  # GDN's z / the attention gate, if any
         h = mixer_out(model, li, h, outs[0] if len(outs) == 1 else tuple(outs), *extra, graphs=stages, keep=True)
+    if hidden is not None:
+        hidden(len(layers), h)
     if not plan.n_tokens and not plan.combines:  # cold builds only: nothing to predict
         yield h.new_empty(0, model.config.vocab_size)
         return
-    yield model.logits(last_hidden(h, plan))
+    yield model.logits(last_hidden(h, plan, all_logits))
 
 
 def run_layers(
-    model: HybridForCausalLM, plan: ForwardPlan, pool: StatePool | None, stages: LayerGraphs | None = None
+    model: HybridForCausalLM,
+    plan: ForwardPlan,
+    pool: StatePool | None,
+    stages: LayerGraphs | None = None,
+    **hooks: Any,
 ) -> torch.Tensor:
-    """``layer_steps`` to the end: the logits."""
-    *_, logits = layer_steps(model, plan, pool, stages=stages)
+    """``layer_steps`` to the end: the logits (``hooks``: ``all_logits``, ``n_layers``, ``hidden``,
+    ``mixed``)."""
+    *_, logits = layer_steps(model, plan, pool, stages=stages, **hooks)
     assert logits is not None
     return logits

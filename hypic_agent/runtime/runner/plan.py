@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from hypic_agent.kernels._varlen import cu_seqlens as _cu
 from hypic_agent.runtime.runner.pool import PoolSeq, StatePool
 
 if TYPE_CHECKING:
@@ -58,13 +59,6 @@ class ForwardPlan:
     def n_rows(self) -> int:
         """Every row of the forward: cold builds, pool rows, combines."""
         return sum(c.n_tokens for c in self.colds) + self.n_tokens + sum(w.n_rows for w in self.combines)
-
-
-def _cu(lengths: Sequence[int]) -> torch.Tensor:
-    cu = torch.zeros(len(lengths) + 1, dtype=torch.int32)
-    if lengths:
-        cu[1:] = torch.cumsum(torch.tensor(list(lengths), dtype=torch.int32), 0)
-    return cu
 
 
 def plan_forward(

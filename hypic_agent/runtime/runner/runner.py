@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from hypic_agent.runtime.hypic.combine import combine
 from hypic_agent.runtime.models.hybrid import HybridForCausalLM
 from hypic_agent.runtime.runner.decode_graphs import DecodeGraphs
 from hypic_agent.runtime.runner.graph_set import GraphSet
@@ -85,12 +86,24 @@ class ModelRunner:
         and tokens (a combine's destination is committed by its owner)."""
         if plan.decode_only and plan.pool_only and self.decode_graphs is not None:
             logits = self.decode_graphs.run(plan)
+        elif self._lone_combine(plan):
+            w = plan.combines[0]
+            state = combine(
+                self.model, w.lay, w.entries, w.spec, kernels=self.model.kernels, into=w.into, graphs=self.graphs
+            )
+            assert state.last_logits is not None
+            logits = state.last_logits[None]
         else:
             logits = self.layers(plan)
         for s, toks in zip(plan.seqs, plan.new_tokens, strict=True):
             s.length += len(toks)
             s.tokens.extend(toks)
         return logits
+
+    def _lone_combine(self, plan: ForwardPlan) -> bool:
+        """A step of one combine and nothing else, with combine graphs: the whole forward may replay
+        from its layout's graph (``combine_graphs``; else it runs as any plan does, eagerly)."""
+        return self.graphs.combines is not None and len(plan.combines) == 1 and not plan.colds and not plan.n_tokens
 
     def layers(self, plan: ForwardPlan, *, eager: bool = False) -> torch.Tensor:
         """The layer loop (``layer_loop``): embed -> (mixer_in, each group's mixer, mixer_out) per layer

@@ -29,6 +29,7 @@ import torch
 from hypic_agent.config import Settings
 from hypic_agent.errors import ContextLengthError, QueueFullError
 from hypic_agent.runtime.engine import Engine
+from hypic_agent.runtime.hypic.modes import Strategy
 from hypic_agent.runtime.output import OutputStream
 from hypic_agent.runtime.prompt_pieces import PromptPieces
 from hypic_agent.runtime.runner.plan import ForwardPlan
@@ -166,7 +167,7 @@ class Scheduler:
             keys: list[str] | None = None
             hit: RadixHit | None = None
             try:
-                if pieces.spec.name == "prefix_cache":
+                if pieces.spec.strategy is Strategy.PREFIX:
                     keys = prefix_keys(self.engine, pieces, handle.request.tenant)
                     hit = self.radix.match(keys)  # locked: what makes room below never evicts it
                 seq = self._reserve(need, hit)

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import torch
 
 from hypic_agent.runtime.engine import Engine
+from hypic_agent.runtime.hypic.modes import Strategy
 from hypic_agent.runtime.output import OutputStream
 from hypic_agent.runtime.prompt_pieces import PromptPieces
 from hypic_agent.runtime.results import Prepared, full_prepared, prefix_prepared
@@ -81,10 +82,10 @@ class LiveRequest:
         match whose full pages begin ``seq``'s block table."""
         p = self.pieces
         assert self.seq is not None
-        if p.spec.name == "full_recompute":
+        if p.spec.strategy is Strategy.FULL:
             self.prepared = full_prepared(p.segs, p.kinds, p.total)
             self.chunks.extend(split_chunks([t for s in p.segs for t in s] + p.suffix, chunk))
-        elif p.spec.name == "prefix_cache":
+        elif p.spec.strategy is Strategy.PREFIX:
             t0 = time.perf_counter()
             keys = self.prefix_keys or prefix_keys(engine, p, self.tenant)
             self.prefix_keys, depth = keys, 0

@@ -4,11 +4,11 @@
 every entry of the batch holds its layer ``l``; the entries of one batch are all finished by the
 same, last, layer, so no entry is done before the others and could go back whole earlier. What can
 go early is a layer group across the batch: ``build_streamed`` hands each group to ``emit`` right
-after its last layer's mixer (an entry reads nothing of a layer's output stage), and the
-``Streamer`` sends it with the pair group's asynchronous ``isend``, so the transfer of group g runs
-while the layers of group g+1 are built (on gloo's transport thread on CPU, on NCCL's stream on a
-GPU). The layer loop is ``build_entries``'s: the same entries, bit for bit, except that the last
-layer's output stage, which no entry reads, is skipped.
+after its last layer's mixer (an entry reads nothing of a layer's output stage: the runner's layer
+loop calls its ``mixed`` hook there), and the ``Streamer`` sends it with the pair group's
+asynchronous ``isend``, so the transfer of group g runs while the layers of group g+1 are built (on
+gloo's transport thread on CPU, on NCCL's stream on a GPU). The forward is ``build_entries``': the
+same entries, bit for bit.
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ import torch
 from hypic_agent.runtime.hypic.build import ColdBatch
 from hypic_agent.runtime.hypic.entry import SegmentEntry
 from hypic_agent.runtime.models.hybrid import HybridForCausalLM
-from hypic_agent.runtime.runner.stage_graphs import mixer_in, mixer_out
+from hypic_agent.runtime.runner.layer_loop import run_layers
+from hypic_agent.runtime.runner.plan import plan_forward
 from hypic_agent.runtime.workers import protocol as wire
 from hypic_agent.runtime.workers.channel import Channel
 
@@ -45,15 +46,13 @@ def build_streamed(
     carries them)."""
     batch = ColdBatch(model, segments, seams, pair_dtype=pair_dtype, prefix=prefix)
     ends = {end: (g, start) for g, (start, end) in enumerate(groups)}
-    last = len(model.layers) - 1
-    h = batch.embed()
-    for li, layer in enumerate(model.layers):
-        o, extra = batch.run_layer(li, layer, mixer_in(model, li, h))
+
+    def mixed(li: int) -> None:  # the batch's layer li is built: a group may be complete
         if li + 1 in ends:
             g, start = ends[li + 1]
             emit(g, start, li + 1, batch.entries)
-        if li < last:
-            h = mixer_out(model, li, h, o, *extra)
+
+    run_layers(model, plan_forward(None, [], [], colds=(batch,), device=batch.ids.device), None, mixed=mixed)
     return batch.entries
 
 

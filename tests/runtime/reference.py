@@ -1,8 +1,9 @@
-"""Run the stack over packed varlen batches: prefill (with optional prior states) and decode.
+"""The plain reference forward the runtime is tested against (the twin of ``runner.layer_loop``).
 
-Prefill packs N independent sequences into one ``[T]`` token tensor with ``cu_seqlens``:
-attention costs sum |C|^2, linear layers run one varlen launch, and each sequence may continue
-from a prior ``RequestState`` (prefix-then-continue). Decode advances N sequences by one token.
+Written straight over ``RequestState``s, with no state pool, no plan and no graphs: prefill packs N
+independent sequences into one ``[T]`` token tensor with ``cu_seqlens`` (each may continue from a
+prior ``RequestState``), decode advances N states by one token. The runtime's own standalone
+forwards (``runner.standalone``) go through the runner's layer loop instead.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ import torch
 
 from hypic_agent.runtime.models.hybrid import HybridForCausalLM
 from hypic_agent.runtime.models.linear_mixer import at
-from hypic_agent.runtime.runner.stage_graphs import feed_forward, mixer_in, mixer_out
 from hypic_agent.runtime.state import AttentionLayerState, LayerState, LinearLayerState, RequestState
 
 
@@ -77,7 +77,7 @@ def prefill(
     h = model.embed(ids)
     new_layers: list[list[LayerState]] = [[] for _ in seqs]
     for i, layer in enumerate(model.layers):
-        inputs = mixer_in(model, i, h)  # token-local stages replay from CUDA graphs where enabled
+        inputs = layer.mixer_in(h)
         if layer.linear_attn is not None:
             init = torch.stack([st.layers[i].recurrent for st in prior])  # type: ignore[union-attr]
             conv = torch.stack([st.layers[i].conv for st in prior])  # type: ignore[union-attr]
@@ -103,7 +103,7 @@ def prefill(
                 klens.append(kj.shape[0])
                 new_layers[j].append(AttentionLayerState(kj, vj))
             o = attn.attend(q, torch.cat(ks), torch.cat(vs), cu_host, cu_seqlens_of(klens, torch.device("cpu")))
-        h = mixer_out(model, i, h, o, *extra)
+        h = layer.mixer_out(h, o, *extra)
     last_idx = (cu[1:] - 1).long()
     logits = model.logits(h if all_logits else h[last_idx])
     out = []
@@ -157,7 +157,7 @@ def decode_step(model: HybridForCausalLM, states: Sequence[RequestState], tokens
                 cu_seqlens_of([t.shape[0] for t in ks], torch.device("cpu")),
             )
             y = attn.output(o, gate)
-        h = feed_forward(model, i, layer.residual(h, y))
+        h = layer.feed_forward(layer.residual(h, y))
     logits = model.logits(h)
     for j, st in enumerate(states):
         st.length += 1
