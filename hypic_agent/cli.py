@@ -16,7 +16,7 @@ from hypic_agent.config_docs import markdown as config_markdown
 from hypic_agent.errors import HypicError
 from hypic_agent.runtime.models.cli import models_app
 from hypic_agent.startup import LOGGER as STARTUP_LOGGER
-from hypic_agent.startup import StartupLog, port_problem
+from hypic_agent.startup import PortError, StartupLog, hold_port
 
 app = typer.Typer(
     help="HYPIC position-independent segment caching for hybrid-attention LLMs.",
@@ -181,10 +181,12 @@ def serve(
         if devices is not None:
             updates["scatter_devices"] = [d.strip() for d in devices.split(",") if d.strip()]
         settings = settings.model_copy(update=updates) if updates else settings
-        problem = port_problem(settings.host, settings.port)  # before the load, not after it
-        if problem is not None:
-            raise _fail(problem, 2)
-        run_server(settings, prewarm=Path(prewarm) if prewarm else None, tenant=tenant)
+        try:  # bound before the load and held until served on: a busy port fails at once, and stays ours
+            sock = hold_port(settings.host, settings.port)
+        except PortError as e:
+            raise _fail(str(e), 2) from e
+        with sock:
+            run_server(settings, prewarm=Path(prewarm) if prewarm else None, tenant=tenant, sock=sock)
     except HypicError as e:
         err.print(f"[red]error ({e.type}):[/red] {e.message}")
         raise typer.Exit(2) from e

@@ -14,6 +14,10 @@ loads the model, readable on a terminal and in a log file alike.
 the download's progress without parsing pip's output. pip writes the wheel into its temp folder,
 then *copies* it to the download folder, so for a download the count is the largest single file
 (``largest_file_bytes``): the sum of all files would count the wheel twice while it is copied.
+
+``hold_port(host, port)`` binds ``serve``'s port before the model load and keeps it: the bound
+socket goes to uvicorn (``api/serve.py``), so no other process can take the port during the load
+(``listen_now`` makes it listen when the server starts).
 """
 
 from __future__ import annotations
@@ -72,27 +76,59 @@ def largest_file_bytes(path: Path | None) -> int:
     return largest
 
 
+class PortError(Exception):
+    """``serve`` cannot listen on its host and port; the message says why and what to do."""
+
+
+def _where(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def hold_port(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host:port`` (port 0: a free port), not listening yet, that no other
+    process can bind while it is held: the bind uvicorn would do (same family rule, with
+    ``SO_REUSEADDR`` so connections of a previous run in TIME_WAIT do not block it), then
+    ``SO_REUSEADDR`` off (on Linux a socket bound with it but not listening would let another such
+    bind share the port, e.g. a second ``serve``). ``listen_now`` turns it back on and listens.
+    Raises ``PortError`` that names the cause (busy, no permission, not an address of this host)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 0)
+    except OSError as e:
+        sock.close()
+        if e.errno == errno.EADDRINUSE:
+            raise PortError(
+                f"port {port} on {host} is already in use (another `hypic-agent serve`?): stop that process, "
+                "or pick a free port with --port N (or HYPIC_PORT)",
+            ) from e
+        where = _where(host, port)
+        if e.errno == errno.EACCES:
+            raise PortError(
+                f"no permission to listen on {where} (ports below 1024 need privileges): use --port 8000 or higher"
+            ) from e
+        raise PortError(f"cannot listen on {where}: {e.strerror or e}; check --host (or HYPIC_HOST) and --port") from e
+    return sock  # not inheritable (Python's default): worker processes never hold the port
+
+
+def listen_now(sock: socket.socket, backlog: int) -> None:
+    """Start listening on a socket from ``hold_port`` (``SO_REUSEADDR`` back on first, as uvicorn
+    binds: a listening socket holds its port on its own)."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.listen(backlog)
+
+
 def port_problem(host: str, port: int) -> str | None:
-    """Why ``serve`` could not listen on ``host:port`` now, or None: the bind uvicorn does later (same
-    family rule and ``SO_REUSEADDR``), tried and released before the model load, so a busy port
-    fails in a second instead of after the load. Port 0 (any free port) is never a problem."""
+    """Why ``serve`` could not listen on ``host:port`` now, or None (``hold_port``, released at once).
+    Port 0 (any free port) is never a problem."""
     if port == 0:
         return None
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
     try:
-        with socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP) as sock:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind((host, port))
-    except OSError as e:
-        where = f"[{host}]:{port}" if family == socket.AF_INET6 else f"{host}:{port}"
-        if e.errno == errno.EADDRINUSE:
-            return (
-                f"port {port} on {host} is already in use (another `hypic-agent serve`?): stop that process, "
-                "or pick a free port with --port N (or HYPIC_PORT)"
-            )
-        if e.errno == errno.EACCES:
-            return f"no permission to listen on {where} (ports below 1024 need privileges): use --port 8000 or higher"
-        return f"cannot listen on {where}: {e.strerror or e}; check --host (or HYPIC_HOST) and --port"
+        hold_port(host, port).close()
+    except PortError as e:
+        return str(e)
     return None
 
 

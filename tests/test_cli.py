@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import re
 import socket
@@ -218,7 +219,10 @@ def test_serve_start_up_log_reads_well_in_a_file(tmp_path: Path, monkeypatch: py
 
     import uvicorn
 
-    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: None)  # start-up only
+    async def stop_at_once(self: Any) -> None:  # start-up only: the server starts, then stops
+        pass
+
+    monkeypatch.setattr(uvicorn.Server, "main_loop", stop_at_once)
     prewarm = tmp_path / "prewarm.json"
     prewarm.write_text(json.dumps([{"kind": "document", "text": PARIS}, {"kind": "document", "text": LYON}]))
     root = logging.getLogger()
@@ -226,14 +230,18 @@ def test_serve_start_up_log_reads_well_in_a_file(tmp_path: Path, monkeypatch: py
     try:
         res = CliRunner().invoke(
             app, ["serve", "--model", TINY, "--device", "cpu", "--prewarm", str(prewarm)],
-            env={"HYPIC_HOME": str(tmp_path / "home")},
+            env={"HYPIC_HOME": str(tmp_path / "home"), "HYPIC_PORT": "0"},
         )  # fmt: skip
     finally:
         root.handlers[:], root.level = saved
     assert res.exit_code == 0, res.output
     assert "\r" not in res.output
-    msgs = [json.loads(line)["msg"] for line in res.output.splitlines() if line.startswith("{")]
-    startup = msgs[: msgs.index("listening")]
+    lines = [json.loads(line) for line in res.output.splitlines() if line.startswith("{")]
+    msgs = [line["msg"] for line in lines]
+    listening = lines[msgs.index("listening")]
+    assert listening["host"] == "127.0.0.1" and listening["port"] > 0  # port 0: the free port it got
+    assert listening["url"] == f"http://127.0.0.1:{listening['port']}"
+    startup = [line["msg"] for line in lines[: msgs.index("listening")] if line["logger"] == "hypic.startup"]
     assert startup[0] == f"starting: model {TINY}, home {tmp_path / 'home'}"
     assert startup[1].startswith(f"reading the weights of {TINY} (tiny)")
     assert "pre-warming 2 segments: 2 segments of 2 segments (100%)" in startup
@@ -256,6 +264,114 @@ def test_serve_on_a_busy_port_fails_before_loading(no_load: None, tmp_path: Path
     out = " ".join(res.output.split())
     assert f"port {port} on 127.0.0.1 is already in use" in out and "--port N (or HYPIC_PORT)" in out, res.output
     assert "listening" not in res.output and time.perf_counter() - t0 < 5
+
+
+def test_serve_holds_its_port_from_the_check_to_serving(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The port is bound before the model load and that socket is the one served on: during the load
+    no other process can bind it (not even with SO_REUSEADDR, as a second ``serve`` would), nothing
+    answers on it yet, and the server then serves on that very port."""
+    import json
+
+    import uvicorn
+
+    import hypic_agent.runtime.loader as loader
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    during_load: dict[str, Any] = {}
+    real_load = loader.load_engine
+
+    def load(settings: Settings, **kw: Any) -> Any:
+        from hypic_agent.startup import port_problem
+
+        during_load["problem"] = port_problem("127.0.0.1", port)
+        with socket.socket() as other:
+            other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                other.bind(("127.0.0.1", port))
+                during_load["bind"] = "bound"
+            except OSError as e:
+                during_load["bind"] = e.errno
+        with socket.socket() as probe:
+            during_load["connect"] = probe.connect_ex(("127.0.0.1", port))
+        return real_load(settings, **kw)
+
+    served: list[int] = []
+
+    async def stop_at_once(self: Any) -> None:
+        served.extend(sock.getsockname()[1] for server in self.servers for sock in server.sockets)
+
+    monkeypatch.setattr(loader, "load_engine", load)
+    monkeypatch.setattr(uvicorn.Server, "main_loop", stop_at_once)
+    root = logging.getLogger()
+    saved = root.handlers[:], root.level
+    try:
+        res = CliRunner().invoke(
+            app, ["serve", "--model", TINY, "--device", "cpu", "--port", str(port)],
+            env={"HYPIC_HOME": str(tmp_path)},
+        )  # fmt: skip
+    finally:
+        root.handlers[:], root.level = saved
+    assert res.exit_code == 0, res.output
+    assert "already in use" in (during_load["problem"] or ""), during_load
+    assert during_load["bind"] == errno.EADDRINUSE and during_load["connect"] == errno.ECONNREFUSED, during_load
+    assert served == [port]
+    lines = [json.loads(line) for line in res.output.splitlines() if line.startswith("{")]
+    assert [line["port"] for line in lines if line["msg"] == "listening"] == [port]
+    from hypic_agent.startup import port_problem
+
+    assert port_problem("127.0.0.1", port) is None  # released once the server stopped
+
+
+def test_listening_is_logged_once_the_server_accepts(tmp_path: Path) -> None:
+    """ "listening" is logged when a TCP connect to the port succeeds, not before: a connect at the
+    moment of the log line (from the log handler itself) is accepted, one before the server ran was
+    refused, and the server answers a request after it."""
+    import httpx
+
+    from hypic_agent.api import create_app
+    from hypic_agent.api.serve import make_server
+    from hypic_agent.runtime.loader import load_engine
+    from hypic_agent.startup import hold_port
+
+    settings = Settings(home=tmp_path, device="cpu", model=TINY, port=0)
+    sock = hold_port("127.0.0.1", 0)
+    port = sock.getsockname()[1]
+    with socket.socket() as probe:
+        assert probe.connect_ex(("127.0.0.1", port)) == errno.ECONNREFUSED  # held, not listening yet
+    seen: list[tuple[str, int]] = []
+    logged = threading.Event()
+
+    class AtListening(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.getMessage() != "listening":
+                return
+            with socket.socket() as s:
+                seen.append(("listening", s.connect_ex(("127.0.0.1", port))))
+            logged.set()
+
+    serve_log = logging.getLogger("hypic.serve")
+    handler = AtListening()
+    serve_log.addHandler(handler)
+    saved_level = serve_log.level
+    serve_log.setLevel(logging.INFO)
+    server = make_server(create_app(settings, engine=load_engine(settings)), settings, sock, log_level="warning")
+    thread = threading.Thread(target=server.run, daemon=True)
+    try:
+        thread.start()
+        assert logged.wait(120), "no 'listening' line"
+        assert seen == [("listening", 0)]  # accepted at the moment it said so
+        assert server.started
+        r = httpx.get(f"http://127.0.0.1:{port}/health", timeout=30)
+        assert r.status_code == 200 and r.json()["status"] == "ok"
+    finally:
+        server.should_exit = True
+        thread.join(30)
+        serve_log.removeHandler(handler)
+        serve_log.setLevel(saved_level)
+        sock.close()
+    assert not thread.is_alive()
 
 
 def test_port_problem_names_the_cause() -> None:
@@ -298,6 +414,7 @@ def test_serve_split_segment_tokens_reaches_the_settings(tmp_path: Path, monkeyp
     seen: list[Any] = []
     monkeypatch.setattr(serve_mod, "run_server", lambda settings, **kw: seen.append(settings))
     monkeypatch.setenv("HYPIC_HOME", str(tmp_path))
+    monkeypatch.setenv("HYPIC_PORT", "0")
     res = CliRunner().invoke(app, ["serve", "--model", TINY, "--device", "cpu", "--split-segment-tokens", "512"])
     assert res.exit_code == 0, res.output
     assert seen[0].split_segment_tokens == 512 and seen[0].model == TINY

@@ -8,6 +8,10 @@ still sending its request headers (a byte every few seconds holds it open foreve
 gives every request's headers ``Settings.header_timeout_s`` from the connection's start or its
 previous response (then 408 and close), and answers connections past ``Settings.max_connections``
 503 at once. Request bodies are guarded in the app (``middleware.BodyLimitMiddleware``).
+
+The port is bound before the model load (``startup.hold_port``, by the CLI) and that socket is the
+one uvicorn serves on, so no other process can take the port in between; ``"listening"`` is
+logged once the server accepts connections on it (``ListeningServer``), not before.
 """
 
 from __future__ import annotations
@@ -15,15 +19,18 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import socket
+import sys
 from pathlib import Path
 from typing import Any
 
+import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from hypic_agent.api.logs import configure_logging, log_event
 from hypic_agent.config import Settings
 from hypic_agent.errors import InvalidRequestError
-from hypic_agent.startup import StartupLog
+from hypic_agent.startup import StartupLog, hold_port, listen_now
 
 log = logging.getLogger("hypic.serve")
 
@@ -137,9 +144,45 @@ def uvicorn_config(app: Any, settings: Settings, **overrides: Any) -> Any:
     return uvicorn.Config(app, **{**uvicorn_options(settings), **overrides})
 
 
-def run_server(settings: Settings, *, prewarm: Path | None = None, tenant: str = "default") -> None:
-    import uvicorn
+def _address(sock: socket.socket) -> tuple[str, int]:
+    host, port = sock.getsockname()[:2]
+    return str(host), int(port)
 
+
+class ListeningServer(uvicorn.Server):
+    """A ``uvicorn.Server`` run on one socket from ``startup.hold_port`` (``run(sockets=[sock])``):
+    the socket listens as the server starts (just before the app's lifespan start-up, so a client
+    that connects meanwhile waits in the backlog), and ``"listening"`` is logged once uvicorn
+    serves connections on it."""
+
+    def __init__(self, config: Any, sock: socket.socket) -> None:
+        super().__init__(config)
+        self.sock = sock
+
+    def run(self, sockets: list[socket.socket] | None = None) -> None:
+        super().run(sockets=[self.sock] if sockets is None else sockets)
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        for sock in sockets or ():
+            listen_now(sock, self.config.backlog)
+        await super().startup(sockets=sockets)
+        if self.started:
+            host, port = _address(self.sock)
+            url_host = f"[{host}]" if ":" in host else host
+            log_event(log, "listening", host=host, port=port, url=f"http://{url_host}:{port}")
+
+
+def make_server(app: Any, settings: Settings, sock: socket.socket, **overrides: Any) -> ListeningServer:
+    """The server of ``app`` on ``sock`` (``uvicorn_config``; ``overrides`` win)."""
+    host, port = _address(sock)
+    return ListeningServer(uvicorn_config(app, settings, host=host, port=port, **overrides), sock)
+
+
+def run_server(
+    settings: Settings, *, prewarm: Path | None = None, tenant: str = "default", sock: socket.socket | None = None
+) -> None:
+    """Load, open the store, pre-warm, then serve on ``sock`` (bound by the caller before all that,
+    ``startup.hold_port``; bound here first when not given)."""
     from hypic_agent.api.app import create_app
     from hypic_agent.api.limits import StoreBudget
     from hypic_agent.api.metrics import Metrics
@@ -151,20 +194,26 @@ def run_server(settings: Settings, *, prewarm: Path | None = None, tenant: str =
 
     configure_logging(settings.log_level)
     items = read_prewarm(prewarm) if prewarm is not None else None  # a bad file fails before loading
-    with StartupLog() as progress:
-        progress(f"starting: model {settings.model}, home {settings.home}")
-        engine = load_engine(settings, progress=progress)
-        progress(f"opening the segment store under {settings.resolved_store_dir()}")
-        store = SegmentStore.from_settings(settings)
-        if items is not None:
-            state = ServerState.build(settings, engine, store, Metrics(), owns_store=False)
-            state.store_budget = StoreBudget(state.store_budget.size, 0, 0)  # the operator's pre-warm: no caps
-            for i, item in enumerate(items):
-                progress(f"pre-warming {len(items)} segments", done=i, total=len(items), unit="segments")
-                put_segments(state, PutSegmentsRequest.model_validate({"segments": [item]}), tenant)
-            progress(f"pre-warming {len(items)} segments", done=len(items), total=len(items), unit="segments")
-        progress.done(f"model {engine.name} ready, {store.stats().entries} stored entries")
-    app = create_app(settings, engine=engine, store=store, close_store=True)  # closed by the lifespan
-    log_event(log, "listening", host=settings.host, port=settings.port, url=f"http://{settings.host}:{settings.port}")
-    # NOTE: uvicorn re-raises SIGTERM/SIGINT after a graceful shutdown, so nothing after run() is reached
-    uvicorn.run(app, **uvicorn_options(settings))
+    sock = hold_port(settings.host, settings.port) if sock is None else sock
+    try:
+        with StartupLog() as progress:
+            progress(f"starting: model {settings.model}, home {settings.home}")
+            engine = load_engine(settings, progress=progress)
+            progress(f"opening the segment store under {settings.resolved_store_dir()}")
+            store = SegmentStore.from_settings(settings)
+            if items is not None:
+                state = ServerState.build(settings, engine, store, Metrics(), owns_store=False)
+                state.store_budget = StoreBudget(state.store_budget.size, 0, 0)  # the operator's pre-warm: no caps
+                for i, item in enumerate(items):
+                    progress(f"pre-warming {len(items)} segments", done=i, total=len(items), unit="segments")
+                    put_segments(state, PutSegmentsRequest.model_validate({"segments": [item]}), tenant)
+                progress(f"pre-warming {len(items)} segments", done=len(items), total=len(items), unit="segments")
+            progress.done(f"model {engine.name} ready, {store.stats().entries} stored entries")
+        app = create_app(settings, engine=engine, store=store, close_store=True)  # closed by the lifespan
+        server = make_server(app, settings, sock)
+        # NOTE: uvicorn re-raises SIGTERM/SIGINT after a graceful shutdown, so nothing after run() is reached
+        server.run()
+    finally:
+        sock.close()
+    if not server.started:  # as uvicorn.run: the app's start-up failed (logged)
+        sys.exit(3)
