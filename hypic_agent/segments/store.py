@@ -218,33 +218,36 @@ class SegmentStore(TierPolicy, UsageLog, StoreFlights):
         tenant: str | None = None,
         model_fingerprint: str | None = None,
         token_digest: str | None = None,
+        count: bool = True,
     ) -> tuple[Tensors, str] | None:
         """The payload of ``key`` and the tier it was found in, or ``None`` (miss).
 
         ``tenant`` / ``model_fingerprint`` / ``token_digest``, when given, must match the
-        entry; a fingerprint or digest mismatch deletes the entry."""
+        entry; a fingerprint or digest mismatch deletes the entry. ``count=False``: a re-read
+        of an entry already counted for this use (e.g. by the same request at its admission):
+        no hit or miss is counted and its hits and last-used time stay as they are."""
         now = self.clock()
         with self._lock:
             self._require_open()
             e = self._index.get(key)
             if e is None or (tenant is not None and e.tenant != tenant) or not e.has_payload:
-                return self._miss()
+                return self._miss(count)
             if (model_fingerprint is not None and e.model_fingerprint != model_fingerprint) or (
                 token_digest is not None and e.token_digest != token_digest
             ):
                 self._counts["rejected"] += 1
                 self._forget_locked(key)
-                return self._miss()
+                return self._miss(count)
             if e.expired(now):
                 self._counts["expired"] += 1
                 self._forget_locked(key)
-                return self._miss()
+                return self._miss(count)
             if e.mem_tier is not None:
                 found = e.mem_tier
                 tensors = self._promote_locked(e, now)
-                return self._hit_locked(e, now, tensors, found)
+                return self._hit_locked(e, now, tensors, found, count)
             if e.location is None or e.state != "ready":
-                return self._miss()
+                return self._miss(count)
             location, checksum = e.location, e.checksum
         try:  # disk read + verification outside the lock
             tensors, _ = self._read_checked(e, location, checksum)
@@ -258,14 +261,14 @@ class SegmentStore(TierPolicy, UsageLog, StoreFlights):
                         "to %s", key, exc, moved,
                     )  # fmt: skip
                     self._drop_payload_locked(e)
-                return self._miss()
+                return self._miss(count)
         with self._lock:
             if self._index.get(key) is not e or e.location != location:
-                return self._miss()  # deleted or replaced while we read
+                return self._miss(count)  # deleted or replaced while we read
             held = self._place_locked(e, tensors) if e.mem_tier is None else self._tier(e.mem_tier).get(key)
             self._settle_locked(e)
             self._enforce_locked({key}, now)
-            return self._hit_locked(e, now, held if held is not None else tensors, "disk")
+            return self._hit_locked(e, now, held if held is not None else tensors, "disk", count)
 
     def _read_checked(self, e: IndexEntry, location: str, checksum: str | None) -> tuple[Tensors, dict[str, str]]:
         """Read ``e``'s file; a checksum that does not match is checked once more against the file's

@@ -1,7 +1,8 @@
 """Hit / miss counting, buffered last-used times and hit counts, and ``stats()`` (a mixin of
 ``SegmentStore``).
 
-A hit updates the live ``IndexEntry`` at once and buffers the registry write (``_pending``);
+A hit updates the live ``IndexEntry`` at once and buffers the registry write (``_pending``); a
+re-read (``get(count=False)``) counts nothing;
 buffered writes go out when ``flush_interval_s`` has passed since the last flush, whenever a
 row is read or changed through the store, and on ``flush()`` / ``close()``.
 """
@@ -48,11 +49,16 @@ class UsageLog:
             )
             return StoreStats(tiers=tiers, entries=len(self._index), in_flight=self._flight.in_flight(), **self._counts)
 
-    def _miss(self) -> tuple[Tensors, str] | None:
-        self._counts["misses"] += 1
+    def _miss(self, count: bool = True) -> tuple[Tensors, str] | None:
+        if count:
+            self._counts["misses"] += 1
         return None
 
-    def _hit_locked(self, e: IndexEntry, now: float, tensors: Tensors, found: str) -> tuple[Tensors, str]:
+    def _hit_locked(
+        self, e: IndexEntry, now: float, tensors: Tensors, found: str, count: bool = True
+    ) -> tuple[Tensors, str]:
+        if not count:  # a re-read of a use already counted
+            return tensors, found
         self._counts["hits"] += 1
         e.hits += 1
         e.last_used_at = now

@@ -40,6 +40,30 @@ def test_round_trip_across_tiers(tmp_path):
     assert s.stats().hits == 5
 
 
+def test_a_reread_counts_no_hit_or_miss(tmp_path):
+    """``get(count=False)`` (a request re-reading an entry its admission already counted) serves the
+    payload from memory or disk alike but leaves hits, last-used time and the store's counts as they are."""
+    clock = FakeClock()
+    s = make_store(tmp_path, clock=clock, gpu_device="cpu", gpu_budget_bytes=E, cpu_budget_bytes=0)
+    for i in range(2):
+        clock.now += 1
+        s.put(key(i), payload(i), meta(i))
+    clock.now += 1
+    assert s.get(key(1)) is not None  # the counted use: one hit
+    s.flush()
+    rec = s.registry.get(key(1))
+    assert rec.hits == 1 and s.stats().hits == 1
+    clock.now += 1
+    for i, where in ((1, "gpu"), (0, "disk")):  # key(0) left the one-entry pool: read from disk
+        tensors, tier = s.get(key(i), count=False)
+        assert tier == where and same(tensors, payload(i))
+    assert s.get("absent", count=False) is None
+    s.flush()
+    assert s.registry.get(key(1)).hits == 1 and s.registry.get(key(1)).last_used_at == rec.last_used_at
+    assert s.registry.get(key(0)).hits == 0
+    assert (s.stats().hits, s.stats().misses) == (1, 0)
+
+
 def test_budgets_respected_under_churn(tmp_path):
     clock = FakeClock()
     s = make_store(
