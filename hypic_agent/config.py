@@ -291,9 +291,16 @@ class Settings(BaseSettings):
     grammar_max_string_length: int = Field(
         default=2048,
         ge=0,
-        description="characters of a JSON string a response_format schema or a forced tool call's parameters leave "
-        "unbounded (no maxLength, pattern, format, enum): the grammar ends it there, so a model cannot loop "
-        "inside it (bounded strings are written without escapes); 0 = unbounded",
+        description="characters of a JSON string a response_format schema leaves unbounded (no maxLength, "
+        "pattern, format, enum): the grammar ends it there, so a model cannot loop inside it (bounded strings "
+        "are written without escapes: no quote, backslash or line break); 0 = unbounded",
+    )
+    grammar_max_tool_string_length: int = Field(
+        default=0,
+        ge=0,
+        description="the same bound for the strings of a forced tool call's arguments that the tool's schema "
+        "leaves unbounded; 0 (default) = unbounded, so arguments keep escapes (a file's lines, quotes); a "
+        "bound ends a model looping inside a string but admits no quote, backslash or line break",
     )
     grammar_max_number_digits: int = Field(
         default=15,

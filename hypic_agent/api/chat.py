@@ -51,7 +51,7 @@ class ChatMessageIn(BaseModel):
 
 
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)  # "include_usage": "yes" is a type error
 
     include_usage: bool = False
 

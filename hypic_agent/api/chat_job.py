@@ -4,8 +4,9 @@ Everything a chat request can get wrong is checked here, before the engine runs:
 (404), ``top_logprobs`` without ``logprobs``, the tool setup, the grammar (a schema xgrammar
 cannot compile is a 400). The grammar comes from ``response_format`` or, for ``tool_choice``
 ``required`` / a named function, from the functions' schemas (``tools/grammar.py``); either is
-bounded by the ``grammar_max_*`` settings so it ends (``runtime/constraints/bounds.py``), and a
-forced call's constraint also ends on a repeated call (``ForcedCalls``). The tool catalogue goes
+bounded by the ``grammar_max_*`` settings so it ends (``runtime/constraints/bounds.py``; a tool
+call's strings only with ``grammar_max_tool_string_length``, so its arguments keep escapes), and
+a forced call's constraint also ends on a repeated call (``ForcedCalls``). The tool catalogue goes
 into the prompt as segments (``tools/catalogue.py``).
 """
 
@@ -73,7 +74,8 @@ def prepare_chat(st: ServerState, req: ChatRequest, tenant: str) -> ChatJob:
                 "tool_choice forces a tool call and response_format asks for JSON: use one of them",
                 param="response_format",
             )
-        tag = call_grammar(setup, fmt.syntax, bounds, st.settings.max_parallel_tool_calls)
+        tool_bounds = JsonBounds.for_tool_calls(st.settings)  # arguments keep escapes; numbers stay bounded
+        tag = call_grammar(setup, fmt.syntax, tool_bounds, st.settings.max_parallel_tool_calls)
         spec = GrammarSpec.structural_tag(tag, param="tools")
     segments, query = chat_to_segments(req, fmt)
     segments = with_tools(segments, setup.functions, st.framer, fmt)
@@ -83,5 +85,6 @@ def prepare_chat(st: ServerState, req: ChatRequest, tenant: str) -> ChatJob:
         grammar, tok = constraint, st.engine.tokenizer
         constraint = lambda: ForcedCalls(grammar(), tok)  # noqa: E731
     job = service.prepare_job(st, req.to_sampling(), segments, query, tenant)
+    st.admit_prompt(job.plan, job.mode, job.seam, tenant, job.sampling.max_tokens)  # 413 / 429 before any build
     job.sampling = replace(job.sampling, constraint=constraint, top_logprobs=top).validate()
     return ChatJob(job, setup, fmt)

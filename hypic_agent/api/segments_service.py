@@ -119,6 +119,7 @@ def put_segments(st: ServerState, req: PutSegmentsRequest, tenant: str) -> dict[
     refused: Exception | None = None
     if any(s.cache.pin for s in warm):
         st.store.check_pin_room(tenant)  # no quota left: 409 before computing anything
+    st.admit_put(warm, mode, float(seam), tenant)  # over the stored-bytes caps: 413 / 429 before anything is built
     with st.engine_slot(), st.cache.described(hints):
         if warm:
             usage = st.engine.prewarm(

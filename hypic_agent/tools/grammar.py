@@ -3,10 +3,13 @@
 ``call_grammar(setup, syntax, bounds, max_calls)`` for ``tool_choice`` ``required`` (one call or,
 with parallel calls, up to ``max_calls``, of any listed function) or a named function (exactly
 one call of it). Each call is the tag the model writes (``format.py``) around its arguments,
-constrained by the function's ``parameters`` schema, bounded like a ``response_format`` schema
-(``runtime/constraints/bounds.py``: a call cannot loop inside a string or a number), in JSON or
-Qwen's XML parameters; calls are separated by a newline. Nothing else may be written, so the
-output is calls only and every call's arguments parse and validate.
+constrained by the function's ``parameters`` schema, bounded by ``bounds`` (the API passes
+``JsonBounds.for_tool_calls``: numbers and arrays bounded like a ``response_format`` schema's, so a
+call cannot loop in the digits of an integer, and strings left unbounded unless the schema or
+``grammar_max_tool_string_length`` bounds them, since xgrammar writes a bounded string without
+escapes and arguments need them: a file's lines, a quote), in JSON or Qwen's XML parameters;
+calls are separated by a newline. Nothing else may be written, so the output is calls only and
+every call's arguments parse and validate.
 
 Termination: after every complete call the grammar may end (the stop token is allowed), after
 ``max_calls`` it must. ``ForcedCalls`` (the per-request constraint) also ends decoding as soon as

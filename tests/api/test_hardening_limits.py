@@ -102,10 +102,53 @@ def test_put_over_the_request_cap_is_413_and_stores_nothing(make_client):
     assert state(c).admit_put([], "hypic", 8.0, "default") == 0
     before = store_snapshot(c)
     r = c.put("/v1/segments", json={"segments": [doc(PARIS), doc(BERLIN)]})
-    if r.status_code == 200:
-        pytest.xfail("PUT /v1/segments does not call ServerState.admit_put yet (segments_service.put_segments)")
-    assert r.status_code == 413 and err(r)["type"] == "store_limit_exceeded", r.text
+    assert r.status_code == 413, r.text
+    e = err(r)
+    assert e["type"] == "store_limit_exceeded" and e["param"] == "segments"
+    assert "2 new cache entries" in e["message"] and "HYPIC_MAX_REQUEST_STORE_BYTES" in e["message"]
+    assert store_snapshot(c) == before  # no row, no payload
+    assert c.put("/v1/segments", json={"segments": [doc(PARIS)]}).status_code == 200
+    r = c.put("/v1/segments", json={"segments": [doc(PARIS), doc(BERLIN)]})  # PARIS is stored: BERLIN alone fits
+    assert r.status_code == 200, r.text
+    assert [d["hit"] for d in r.json()["data"]] == [True, False]
+
+
+def test_put_over_the_tenant_minute_is_429(make_client):
+    probe = make_client()
+    size = state(probe).store_budget.size
+    per_doc = max(size.of(_tokens(probe, t)) for t in (PARIS, BERLIN))
+    c = make_client(tenant_store_bytes_per_minute=int(per_doc * 1.5))
+    assert c.put("/v1/segments", json={"segments": [doc(PARIS)]}).status_code == 200
+    before = store_snapshot(c)
+    r = c.put("/v1/segments", json={"segments": [doc(BERLIN)]})
+    assert r.status_code == 429 and err(r)["type"] == "store_rate_limited", r.text
+    assert 1 <= int(r.headers["retry-after"]) <= 60
     assert store_snapshot(c) == before
+
+
+CHAT_Q = {"messages": [{"role": "user", "content": "Which capital?"}], "max_tokens": 1}
+COMPLETION_Q = {"prompt": "Which capital?", "max_tokens": 1}
+
+
+@pytest.mark.parametrize(("path", "body"), [("/v1/chat/completions", CHAT_Q), ("/v1/completions", COMPLETION_Q)])
+def test_openai_routes_over_the_request_cap_are_413_and_store_nothing(make_client, path, body):
+    probe = make_client()
+    size = state(probe).store_budget.size
+    cap = size.of(_tokens(probe, PARIS)) + size.of(_tokens(probe, BERLIN)) // 2  # one document fits, two do not
+    c = make_client(max_request_store_bytes=cap)
+    before = store_snapshot(c)
+    r = c.post(path, json={**body, "segments": [doc(PARIS), doc(BERLIN)]})
+    assert r.status_code == 413, r.text
+    e = err(r)
+    assert e["type"] == "store_limit_exceeded" and e["param"] == "segments"
+    assert "2 new cache entries" in e["message"] and "HYPIC_MAX_REQUEST_STORE_BYTES" in e["message"]
+    assert store_snapshot(c) == before  # nothing built, nothing stored
+    r = c.post(path, json={**body, "segments": [doc(PARIS)]})
+    assert r.status_code == 200, r.text
+    assert store_snapshot(c)["entries"] == 1
+    r = c.post(path, json={**body, "segments": [doc(PARIS), doc(BERLIN)]})  # only BERLIN is new now: fits
+    assert r.status_code == 200, r.text
+    assert store_snapshot(c)["entries"] == 2
 
 
 # --------------------------------------------------------------------------- bodies (ASGI)

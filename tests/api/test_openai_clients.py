@@ -118,7 +118,8 @@ class City(BaseModel):
 
 @pytest.fixture
 def bounded(make_client):
-    return make_client(grammar_max_string_length=16)  # the tiny model also loops in strings: a short bound
+    # the tiny model also loops in strings: a short bound, in response_format and in forced tool calls
+    return make_client(grammar_max_string_length=16, grammar_max_tool_string_length=16)
 
 
 def test_parse_a_model_with_unbounded_fields(bounded):

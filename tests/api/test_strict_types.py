@@ -31,6 +31,23 @@ CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
         ("/v1/chat/completions", {**CHAT, "logprobs": "yes"}, "logprobs", "valid boolean"),
         ("/v1/completions", {"prompt": "hi", "max_tokens": "4"}, "max_tokens", "valid integer"),
         ("/v1/completions", {"prompt": "hi", "temperature": True}, "temperature", "valid number"),
+        ("/v1/completions", {"prompt": "hi", "stream": "yes"}, "stream", 'valid boolean, got a string ("yes")'),
+        ("/v1/completions", {"prompt": "hi", "echo": "yes"}, "echo", 'valid boolean, got a string ("yes")'),
+        ("/v1/completions", {"prompt": "hi", "n": "2"}, "n", 'valid integer, got a string ("2")'),
+        ("/v1/completions", {"prompt": "hi", "best_of": "1"}, "best_of", "valid integer"),
+        ("/v1/completions", {"prompt": "hi", "logprobs": True}, "logprobs", "valid integer, got a boolean"),
+        (
+            "/v1/completions",
+            {"prompt": "hi", "stream_options": {"include_usage": "yes"}},
+            "stream_options.include_usage",
+            "valid boolean",
+        ),
+        (
+            "/v1/chat/completions",
+            {**CHAT, "stream_options": {"include_usage": 1}},
+            "stream_options.include_usage",
+            "valid boolean",
+        ),
     ],
 )
 def test_strings_and_booleans_for_numbers_or_flags_are_422_naming_the_field(client, path, body, param, says):
@@ -100,3 +117,36 @@ def test_an_empty_query_is_a_prompt(client):
     assert r.status_code == 200, r.text
     r = client.post("/v1/generate", json={"segments": [], "max_tokens": 2})  # neither: still refused
     assert r.status_code == 400 and err(r)["param"] == "segments"
+
+
+def test_an_empty_completion_prompt_is_a_prompt(client, monkeypatch):
+    from hypic_agent.api.routes.completions import CompletionRequest, prepare
+    from tests.api.conftest import state
+
+    st = state(client)
+    tok = st.engine.tokenizer
+    assert getattr(tok, "bos_token_id", None) is None  # the tiny tokenizer has none: nothing to start from
+    before = store_snapshot(client)
+    for prompt in ("", [""]):
+        r = client.post("/v1/completions", json={"prompt": prompt, "max_tokens": 2})
+        assert r.status_code == 400, r.text
+        e = err(r)
+        assert e["param"] == "prompt" and "no BOS token" in e["message"], e
+    assert store_snapshot(client) == before
+    # with segments, an empty prompt adds nothing: the segments are the prompt
+    r = client.post("/v1/completions", json={"prompt": "", "segments": [doc(PARIS)], "max_tokens": 2})
+    assert r.status_code == 200, r.text
+    job = prepare(st, CompletionRequest(prompt="", segments=[doc(PARIS)]), "default")
+    assert [s.kind for s in job.plan.segments] == ["document"] and job.plan.suffix_ids == ()
+    # whitespace only is text too (the uncached suffix: no segment holds blank text)
+    r = client.post("/v1/completions", json={"prompt": " ", "max_tokens": 2})
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["prompt_tokens"] == len(tok.encode(" ", add_special_tokens=False)) == 1
+    # a tokenizer with a BOS token: the prompt is that token alone
+    monkeypatch.setattr(type(tok), "bos_token_id", 7, raising=False)
+    job = prepare(st, CompletionRequest(prompt=""), "default")
+    assert job.plan.token_ids() == [7] and job.plan.segments == ()
+    r = client.post("/v1/completions", json={"prompt": "", "max_tokens": 3})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["usage"]["prompt_tokens"] == 1 and body["choices"][0]["finish_reason"] in ("length", "stop")

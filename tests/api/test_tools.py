@@ -173,7 +173,7 @@ LOOSE = {
 
 @pytest.mark.parametrize("choice", ["required", NAMED])
 def test_forced_call_with_unbounded_string_and_integer_ends(make_client, choice):
-    c = make_client(grammar_max_string_length=16)
+    c = make_client(grammar_max_tool_string_length=16)  # the tiny model also loops in strings: bound them
     r = c.post(
         "/v1/chat/completions",
         json={"messages": MSGS, "tools": [tool("get_weather", LOOSE)], "tool_choice": choice, "max_tokens": 400},
@@ -206,3 +206,62 @@ def test_forced_call_cut_off_by_max_tokens_is_not_content(client):
 def test_call_arguments_keep_the_schema_key_order(client):
     calls = post(client, tool_choice=NAMED)["choices"][0]["message"]["tool_calls"]
     assert list(json.loads(calls[0]["function"]["arguments"])) == ["city", "unit", "days"]
+
+
+WRITE_FILE = {
+    "type": "object",
+    "properties": {"path": {"type": "string"}, "content": {"type": "string"}, "mode": {"type": "integer"}},
+    "required": ["path", "content", "mode"],
+}
+FILE_TEXT = 'def f():\n    return "hi" \\ 1\n' + "x" * 3000  # lines, quotes, a backslash, past any string bound
+
+
+def _forced_constraint(client, **body):
+    """The constraint ``/v1/chat/completions`` decodes a forced call under (built as the route builds it)."""
+    from hypic_agent.api.chat import ChatRequest
+    from hypic_agent.api.chat_job import prepare_chat
+    from tests.api.conftest import state
+
+    req = ChatRequest.model_validate({"messages": MSGS, "max_tokens": 8, **body})
+    cj = prepare_chat(state(client), req, "default")
+    return cj.job.sampling.constraint(), cj
+
+
+def _feed(c, text):
+    for b in text.encode():
+        assert c.allowed(259)[b], (text, chr(b))
+        c.accept(b)
+
+
+def test_a_forced_free_text_argument_keeps_escapes_and_integers_stay_bounded(make_client):
+    """``write_file(content)``: the grammar of a forced call accepts a string with line breaks, quotes
+    and a backslash, longer than the response_format string bound, and the call parses back to that
+    text; an integer argument is still bounded (the looping-digits case ends). The same server bounds
+    a response_format string."""
+    from hypic_agent.tools.format import call_text
+    from hypic_agent.tools.parse import parse_output
+
+    c = make_client(grammar_max_string_length=8)
+    body = {
+        "tools": [tool("write_file", WRITE_FILE)],
+        "tool_choice": {"type": "function", "function": {"name": "write_file"}},
+    }
+    con, cj = _forced_constraint(c, **body)
+    call = call_text("write_file", {"path": "a.py", "content": FILE_TEXT, "mode": 420}, cj.fmt.syntax)
+    _feed(con, call)
+    assert con.is_finished()  # one named call, complete
+    content, calls = parse_output(call, cj.fmt.syntax, cj.tools.functions)
+    assert content is None and [k.name for k in calls] == ["write_file"]
+    assert json.loads(calls[0].arguments) == {"path": "a.py", "content": FILE_TEXT, "mode": 420}
+
+    con, _ = _forced_constraint(c, **body)  # a looping integer: cut at the digit bound
+    _feed(con, '<tool_call>\n{"name": "write_file", "arguments": {"path": "a", "content": "b", "mode": ' + "1" * 15)
+    mask = con.allowed(259)
+    assert not mask[ord("1")] and mask[ord("}")]
+
+    schema = {"type": "object", "properties": {"content": {"type": "string"}}, "required": ["content"]}
+    rf = {"type": "json_schema", "json_schema": {"name": "doc", "schema": schema}}
+    con, _ = _forced_constraint(c, response_format=rf)
+    _feed(con, '{"content": "abcdefgh')
+    mask = con.allowed(259)
+    assert int(mask.sum()) == 1 and mask[ord('"')]  # response_format keeps the string bound (8 here)

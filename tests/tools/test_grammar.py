@@ -85,3 +85,55 @@ def test_qwen_xml_calls_are_bounded_and_may_end_after_each(grammars):
     assert c.allowed(TINY_VOCAB_SIZE)[TINY_EOS_ID] and not c.is_finished()
     write(c, "\n" + call_text("get_weather", {"city": "ab", "days": 12}, "qwen_xml"))
     assert c.is_finished()  # max_calls=2
+
+
+WRITE = {
+    "type": "object",
+    "properties": {"path": {"type": "string"}, "content": {"type": "string"}, "mode": {"type": "integer"}},
+    "required": ["path", "content", "mode"],
+}
+TEXT = 'line one\nshe said "hi" \\ done\n'
+
+
+@pytest.mark.parametrize("syntax", ["json", "qwen_xml"])
+def test_default_tool_bounds_keep_escapes_and_bound_numbers(grammars, syntax):
+    """A free-text argument (``write_file(content)``) can hold line breaks, quotes and backslashes
+    under the default settings; an integer is still bounded (the looping-digits case ends)."""
+    from hypic_agent.config import Settings
+
+    bounds = JsonBounds.for_tool_calls(Settings())
+    assert bounds.max_string_length == 0 and bounds.max_number_digits == 15
+    setup = ToolSetup((Function("write_file", None, WRITE),), ToolChoice("named", "write_file"))
+    tag = call_grammar(setup, syntax, bounds, 1)
+
+    def fresh():
+        return grammars.factory(GrammarSpec.structural_tag(tag))()
+
+    c = fresh()
+    write(c, call_text("write_file", {"path": "a.txt", "content": TEXT + "x" * 3000, "mode": 420}, syntax))
+    assert c.is_finished()  # the whole call was accepted (one named call: then the end)
+    if syntax == "json":
+        c = fresh()
+        write(c, '<tool_call>\n{"name": "write_file", "arguments": {"path": "a.txt", "content": "a')
+        assert not c.allowed(TINY_VOCAB_SIZE)[ord("\n")]  # a raw line break: not strict JSON
+        write(c, '", "mode": ' + "9" * 15)
+        mask = c.allowed(TINY_VOCAB_SIZE)
+        assert not mask[ord("9")] and not mask[ord("0")] and mask[ord("}")]  # 15 digits at most
+    else:
+        c = fresh()
+        write(c, "<tool_call>\n<function=write_file>\n<parameter=path>\na\n</parameter>\n<parameter=content>\n")
+        write(c, TEXT)
+        write(c, "\n</parameter>\n<parameter=mode>\n" + "9" * 15)
+        assert not c.allowed(TINY_VOCAB_SIZE)[ord("9")]
+
+
+def test_a_response_format_string_keeps_its_bound(grammars):
+    """``response_format`` schemas keep the string bound (``JsonBounds.of``): the string ends."""
+    from hypic_agent.config import Settings
+
+    bounds = JsonBounds.of(Settings(grammar_max_string_length=4))
+    schema = {"type": "object", "properties": {"content": {"type": "string"}}, "required": ["content"]}
+    c = grammars.factory(GrammarSpec.json_schema(schema, bounds=bounds))()
+    write(c, '{"content": "abcd')
+    mask = c.allowed(TINY_VOCAB_SIZE)
+    assert int(mask.sum()) == 1 and mask[ord('"')]

@@ -2,9 +2,13 @@
 
 The prompt is raw text (no chat template, no generation prompt): a ``text`` segment after the
 extension ``segments``, if any, so a long prompt sent again is served from the cache like any
-segment. ``logprobs`` is OpenAI's legacy integer (that many top alternatives per token, 0-5);
-``echo``, ``suffix``, ``best_of`` > 1 and ``n`` > 1 are refused (400). Streaming sends
-``text_completion`` chunks and ``data: [DONE]``; ``stream_options.include_usage`` adds a usage chunk.
+segment. A prompt of whitespace only is the uncached suffix, and an empty prompt (OpenAI allows
+one) adds nothing: alone, the prompt is the tokenizer's BOS token (400 for a tokenizer without
+one, which has nothing to start from). Types are strict, as on the other routes (``"stream":
+"yes"``, ``"n": "2"`` are 422 naming the field). ``logprobs`` is OpenAI's legacy integer (that
+many top alternatives per token, 0-5); ``echo``, ``suffix``, ``best_of`` > 1 and ``n`` > 1 are
+refused (400). Streaming sends ``text_completion`` chunks and ``data: [DONE]``;
+``stream_options.include_usage`` adds a usage chunk.
 """
 
 from __future__ import annotations
@@ -35,13 +39,15 @@ from hypic_agent.api.streaming import sse_body
 from hypic_agent.errors import InvalidRequestError
 from hypic_agent.runtime.results import FinishEvent
 from hypic_agent.segments.kinds import Segment, SegmentIn
+from hypic_agent.segments.plan import PromptPlan
+from hypic_agent.segments.tokenize import detect_bos, encode
 from hypic_agent.wire import MaxTokens, Seam, Seed, Temperature, Text, TopK, TopP
 
 router = APIRouter(tags=["openai"])
 
 
 class CompletionRequest(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)  # "stream": "yes", "n": "2" are type errors
 
     model: Text | None = None
     prompt: Text | list[Text] = Field(description="raw text (a list of one string is accepted)")
@@ -75,8 +81,7 @@ class CompletionRequest(BaseModel):
                 raise InvalidRequestError(f"{name} is not supported here", param=name)
         if self.best_of not in (None, 1):
             raise InvalidRequestError("best_of is not supported here", param="best_of")
-        if not self.text().strip():
-            raise InvalidRequestError("prompt must not be empty", param="prompt")
+        self.text()
 
     def sampling(self) -> SamplingIn:
         return SamplingIn(
@@ -92,6 +97,32 @@ class CompletionRequest(BaseModel):
         )
 
 
+def completion_plan(st: ServerState, req: CompletionRequest, tenant_name: str, key_seam: float) -> PromptPlan:
+    """The extension segments, then the prompt: a ``text`` segment (cached like any segment), or, for
+    a prompt of whitespace only, the uncached suffix (no segment holds blank text). With nothing at
+    all to run (an empty prompt, no segments) the prompt is the BOS token alone."""
+    tok = st.engine.tokenizer
+    text = req.text()
+    segments = [s.to_segment() for s in req.segments or []]
+    tail: tuple[int, ...] = ()
+    if text.strip():
+        segments.append(Segment(kind="text", text=text))
+    elif text:
+        tail = encode(tok, text)
+    if segments:
+        return replace(service.build_request_plan(st, segments, None, tenant_name, key_seam), suffix_ids=tail)
+    if tail:
+        return PromptPlan(segments=(), suffix_ids=tail, bos_id=detect_bos(tok))
+    bos = getattr(tok, "bos_token_id", None)
+    if bos is None:
+        raise InvalidRequestError(
+            "the prompt is empty and this model's tokenizer has no BOS token to start from, so there is "
+            "nothing to continue: send some prompt text (or segments)",
+            param="prompt",
+        )
+    return PromptPlan(segments=(), suffix_ids=(int(bos),))  # the BOS token alone
+
+
 def prepare(st: ServerState, req: CompletionRequest, tenant_name: str) -> service.GenerateJob:
     check_model(st, req.model)
     req.check()
@@ -99,9 +130,9 @@ def prepare(st: ServerState, req: CompletionRequest, tenant_name: str) -> servic
     mode, seam, key_seam = service.resolve_mode(st, req.mode, req.seam)
     top = check_top_logprobs(req.logprobs, req.logprobs is not None)
     sampling = with_output_controls(st, service.sampling_of(st, req.sampling()), None, top)
-    segments = [*(s.to_segment() for s in req.segments or []), Segment(kind="text", text=req.text())]
-    plan = replace(service.build_request_plan(st, segments, None, tenant_name, key_seam), suffix_ids=())
+    plan = completion_plan(st, req, tenant_name, key_seam)
     plan.check_fits(st.engine.max_context, sampling.max_tokens)
+    st.admit_prompt(plan, mode, seam, tenant_name, sampling.max_tokens)  # 413 / 429 before any build
     return service.GenerateJob(uuid.uuid4().hex, tenant_name, plan, sampling, mode, seam, key_seam, t0)
 
 

@@ -15,6 +15,11 @@ bound, in the schema's own terms, so xgrammar compiles it as it compiles any sch
   ``d`` digits before the point, at most 6 after it and no exponent;
 * an ``array`` with no ``maxItems`` gets ``maxItems`` (``max_array_items``).
 
+Forced tool calls (``JsonBounds.for_tool_calls``) keep escapes: their strings are unbounded
+unless the tool's schema bounds them or ``grammar_max_tool_string_length`` is set (a
+``write_file(content)`` must be able to write lines and quotes), while their numbers and arrays
+are bounded as above (a looping integer still ends).
+
 A bound the schema sets itself is kept as it is. Key order is kept (xgrammar writes properties in
 the order of ``properties``). A bound of 0 leaves that kind of value unbounded.
 
@@ -60,8 +65,19 @@ class JsonBounds:
 
     @classmethod
     def of(cls, settings: Any) -> JsonBounds:
+        """The bounds of ``response_format`` schemas."""
         return cls(
             settings.grammar_max_string_length, settings.grammar_max_number_digits, settings.grammar_max_array_items
+        )
+
+    @classmethod
+    def for_tool_calls(cls, settings: Any) -> JsonBounds:
+        """The bounds of forced tool calls' arguments: strings unbounded (escapes kept) unless
+        ``grammar_max_tool_string_length`` is set, numbers and arrays as ``of``."""
+        return cls(
+            settings.grammar_max_tool_string_length,
+            settings.grammar_max_number_digits,
+            settings.grammar_max_array_items,
         )
 
 
