@@ -108,8 +108,9 @@ def run_load(serving: Serving, trace: Trace, mode: str, rate: float, n: int, max
 
 
 class StepProfile:
-    """Per scheduler step: its rows (decodes, combines joined, cold tokens) and wall time, and the stage
-    graphs captured meanwhile (``--profile``; wraps the scheduler's step and the graphs' capture)."""
+    """Per scheduler step: its rows (decodes, combines joined, cold tokens), wall time split into the
+    HYPIC work's set-up (``StepWork.build``) and the forward, the caching allocator's retries, and the
+    stage graphs captured meanwhile (``--profile``; wraps the scheduler's step and the graphs' capture)."""
 
     def __init__(self, serving: Serving) -> None:
         from hypic_agent.runtime.runner.stage_graphs import LayerGraphs
@@ -117,23 +118,58 @@ class StepProfile:
 
         self.steps: list[dict[str, float]] = []
         self.captures: list[float] = []
-        sched = serving.scheduler
-        run, build, capture = sched._run_step, StepWork.build, LayerGraphs._capture
-        current: dict[str, float] = {}
+        sched, runner = serving.scheduler, serving.runner
+        run, build, capture, forward = sched._run_step, StepWork.build, LayerGraphs._capture, runner.forward
+        cur: dict[str, float] = {}
+        cuda = torch.cuda.is_available()
+
+        def retries() -> int:
+            return torch.cuda.memory_stats().get("num_alloc_retries", 0) if cuda else 0
 
         def step() -> None:
-            current.clear()
-            current["decode"] = sum(1 for r in sched.live if r.decoding)
-            t0 = time.perf_counter()
+            cur.clear()
+            cur["decode"] = sum(1 for r in sched.live if r.decoding)
+            r0, t0 = retries(), time.perf_counter()
             run()
-            torch.cuda.synchronize() if torch.cuda.is_available() else None
-            current["ms"] = (time.perf_counter() - t0) * 1e3
-            if "joined" in current or current["decode"]:
-                self.steps.append(dict(current))
+            if cuda:
+                torch.cuda.synchronize()
+            cur["ms"] = (time.perf_counter() - t0) * 1e3
+            cur["alloc_retries"] = retries() - r0
+            if "joined" in cur or cur["decode"]:
+                self.steps.append(dict(cur))
 
         def built(work: Any) -> Any:
-            current["joined"], current["cold_tokens"] = len(work.joined), work.cold_tokens
-            return build(work)
+            t0 = time.perf_counter()
+            out = build(work)
+            cur["joined"], cur["cold_tokens"] = len(work.joined), work.cold_tokens
+            cur["build_ms"] = (time.perf_counter() - t0) * 1e3
+            return out
+
+        def forwarded(plan: Any) -> Any:
+            t0 = time.perf_counter()
+            out = forward(plan)
+            if cuda:
+                torch.cuda.synchronize()
+            cur["forward_ms"], cur["rows"] = (time.perf_counter() - t0) * 1e3, plan.n_rows
+            return out
+
+        self.compiles: list[tuple[str, float]] = []  # Triton JIT compiles (or cache loads): kernel, ms
+        try:
+            from triton.runtime.jit import JITFunction
+
+            do_compile = JITFunction._do_compile
+
+            def compiled(fn: Any, *a: Any, **kw: Any) -> Any:
+                t0 = time.perf_counter()
+                out = do_compile(fn, *a, **kw)
+                ms = (time.perf_counter() - t0) * 1e3
+                self.compiles.append((fn.fn.__qualname__, ms))
+                cur["compile_ms"] = cur.get("compile_ms", 0.0) + ms
+                return out
+
+            JITFunction._do_compile = compiled  # type: ignore[method-assign]
+        except ImportError:
+            pass
 
         def captured(graphs: Any, key: Any, fn: Any, parts: Any) -> Any:
             t0 = time.perf_counter()
@@ -142,6 +178,7 @@ class StepProfile:
             return out
 
         sched._run_step = step  # type: ignore[method-assign]
+        runner.forward = forwarded  # type: ignore[method-assign]
         StepWork.build = built  # type: ignore[method-assign]
         LayerGraphs._capture = captured  # type: ignore[method-assign]
 
@@ -158,8 +195,13 @@ class StepProfile:
             "with_combines": agg(with_combines)
             | {"mean_joined": sum(r["joined"] for r in with_combines) / max(len(with_combines), 1)},
             "cold_only": agg(cold_only),
+            "slowest": sorted(self.steps, key=lambda r: -r["ms"])[:6],
+            "alloc_retries": sum(r.get("alloc_retries", 0) for r in self.steps),
             "stage_captures": len(self.captures),
             "stage_capture_ms": sum(self.captures),
+            "compiles": len(self.compiles),
+            "compile_ms": sum(ms for _, ms in self.compiles),
+            "slowest_compiles": sorted(self.compiles, key=lambda c: -c[1])[:8],
         }
 
 
@@ -227,8 +269,10 @@ def main() -> None:
             bursts.append(burst(serving, trace, mode, args.burst, args.max_tokens))
             print(bursts[-1], flush=True)
         if prof is not None:  # the warm-up's and burst's steps are not a load's
+            print({"warm_up_compiles": len(prof.compiles), "compile_ms": sum(ms for _, ms in prof.compiles)})
             prof.steps.clear()
             prof.captures.clear()
+            prof.compiles.clear()
         best = 0.0
         for rate in args.loads:
             n = args.per_load or max(12, round(rate * 12))
@@ -237,6 +281,7 @@ def main() -> None:
                 row["profile"] = prof.summary()
                 prof.steps.clear()
                 prof.captures.clear()
+                prof.compiles.clear()
             rows.append(row)
             print({k: round(v, 2) if isinstance(v, float) else v for k, v in row.items()}, flush=True)
             write_json(args.out, {"args": vars(args), "rows": rows, "burst": bursts, "partial": True})

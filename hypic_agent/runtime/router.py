@@ -29,7 +29,9 @@ class Route:
     cold: list[int]  # plan indices to prefill (first occurrence of each cold key)
 
 
-def route(keys: Sequence[str | None], cache: EntryCache) -> Route:
+def route(keys: Sequence[str | None], cache: EntryCache, *, count: bool = True) -> Route:
+    """Each key looked up in ``cache``; ``count=False`` for a request's re-reads after its first
+    lookup (the store counts one hit per request that used an entry)."""
     entries: list[SegmentEntry | None] = []
     tiers: list[str | None] = []
     cold: list[int] = []
@@ -39,7 +41,7 @@ def route(keys: Sequence[str | None], cache: EntryCache) -> Route:
             entries.append(None)
             tiers.append(None)
             continue
-        hit = cache.lookup(k)
+        hit = cache.lookup(k) if count else cache.lookup(k, count=False)
         entries.append(hit.entry)
         tiers.append(hit.tier)
         if hit.entry is None and k not in seen:

@@ -22,7 +22,9 @@ class Lookup:
 
 
 class EntryCache(Protocol):
-    def lookup(self, key: str) -> Lookup: ...
+    def lookup(self, key: str, *, count: bool = True) -> Lookup:
+        """``count=False``: a re-read for a use already looked up (and counted) once."""
+        ...
 
     def insert(self, key: str, entry: SegmentEntry, *, kind: str = "text", tenant: str = "default") -> None: ...
 
@@ -37,7 +39,7 @@ class MemoryEntryCache:
         self.bytes = 0
         self.evictions = 0
 
-    def lookup(self, key: str) -> Lookup:
+    def lookup(self, key: str, *, count: bool = True) -> Lookup:
         with self._lock:
             e = self._entries.get(key)
             if e is None:

@@ -59,10 +59,13 @@ class StoreEntryCache:
         self.on_insert: Callable[[str], None] | None = None  # e.g. a metrics hook, called per cold store
 
     # ------------------------------------------------------------------ EntryCache
-    def lookup(self, key: str) -> Lookup:
-        hit = self.store.get(key, model_fingerprint=self.fingerprint)
+    def lookup(self, key: str, *, count: bool = True) -> Lookup:
+        """``count=False``: a re-read of an entry this request already looked up (its admission
+        counted the use), so the store's hits and this cache's counts are one per request."""
+        hit = self.store.get(key, model_fingerprint=self.fingerprint, count=count)
         if hit is None:
-            self._count(hit=False)
+            if count:
+                self._count(hit=False)
             return Lookup(None, None)
         tensors, tier = hit
         try:
@@ -70,9 +73,11 @@ class StoreEntryCache:
         except (KeyError, IndexError, ValueError, RuntimeError) as exc:
             log.warning("entry %s does not decode for this model (%s); dropping its payload", key, exc)
             self.store.drop_payload(key)  # the row (and the id) stays; rebuilt on next use
-            self._count(hit=False)
+            if count:
+                self._count(hit=False)
             return Lookup(None, None)
-        self._count(hit=True)
+        if count:
+            self._count(hit=True)
         return Lookup(entry, tier)
 
     def insert(self, key: str, entry: SegmentEntry, *, kind: str = "text", tenant: str = "default") -> None:

@@ -72,8 +72,9 @@ class ComposedPrep:
         return cls(p, tenant, seams, keys, blend, hits, r.tiers, (time.perf_counter() - t0) * 1e3)
 
     def lookup(self, engine: Engine) -> Route:
-        """The entries as they are now (earlier steps may have built some)."""
-        return route(self.keys, engine.cache)
+        """The entries as they are now (earlier steps may have built some). A re-read: the use was
+        counted once, by ``resolve`` (what the usage reports as hits), so this counts nothing."""
+        return route(self.keys, engine.cache, count=False)
 
     def n_active(self) -> int:
         """Rows its combine adds: the seams of cacheable segments (their entries exist once the step's
