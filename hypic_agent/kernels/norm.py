@@ -13,12 +13,21 @@ needed (``torch.no_grad`` / ``inference_mode``, or nothing requires grad); train
 If the fla call fails (import or signature drift) one warning is logged and that op uses torch for
 the rest of the process; the error is kept in ``FLA_ERRORS``. Inputs of fewer than ``min_rows``
 rows stay on torch (host-bound short forwards; ``KernelConfig.norm_fla_min_rows``).
+
+For rows of at most 512 features (attention's per-head q/k norms, GDN's gated norm) fla runs
+row-block kernels whose autotune key holds ``NB``, the number of row blocks (``ceil(rows / 2048)``
+for ``rms_norm``, ``ceil(rows / 65536)`` for the gated norm): every new block count is a new
+autotune of nine launch shapes. Measured on the H200 (Qwen3.5-35B-A3B shape, the served steps of
+``benchmarks/qps.py``, whose row counts change from step to step): 8 such autotunes of 7.8-9.7 s
+each held requests for seconds. Longer inputs therefore go to fla in pieces of one block
+(``in_blocks``): each kernel is tuned once, for one block, and every later call reuses that.
 """
 
 from __future__ import annotations
 
 import logging
 import weakref
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -30,6 +39,22 @@ log = logging.getLogger(__name__)
 
 FLA_ERRORS: dict[str, str] = {}
 """op name -> error of the fla call that failed (that op then stays on torch)."""
+
+ROW_BLOCKS = {"rms_norm": 2048, "gated_rms_norm": 2048 * 32}  # rows per block of fla's row-block kernels
+ROW_KERNEL_MAX_D = 512  # features up to which fla runs those kernels
+
+
+def in_blocks(fn: Callable[..., torch.Tensor], block: int, *xs: torch.Tensor) -> torch.Tensor:
+    """``fn(*xs)`` over xs ``[..., D]`` (one shape) -> ``[..., D]``, in pieces of at most ``block``
+    rows when D is small enough for fla's row-block kernels (module doc)."""
+    x = xs[0]
+    d = x.shape[-1]
+    rows = x.numel() // max(d, 1)
+    if d > ROW_KERNEL_MAX_D or rows <= block:
+        return fn(*xs)
+    flat = [t.reshape(rows, d) for t in xs]
+    return torch.cat([fn(*(t[a : a + block] for t in flat)) for a in range(0, rows, block)]).view(x.shape)
+
 
 # id(weight) -> (weakref to weight, data_ptr, version, fp32 ``1 + w``)
 _PLUS_ONE: dict[int, tuple[weakref.ref, int, int, torch.Tensor]] = {}
@@ -100,9 +125,12 @@ def rms_norm(
         try:
             from .norm_fla import rms_norm_fla
 
+            block = ROW_BLOCKS["rms_norm"]
             if zero_centered:
-                return rms_norm_fla(x, _plus_one(weight), eps)
-            return rms_norm_fla(x, weight, eps).to(torch.promote_types(weight.dtype, x.dtype))
+                w1 = _plus_one(weight)
+                return in_blocks(lambda t: rms_norm_fla(t, w1, eps), block, x)
+            out = in_blocks(lambda t: rms_norm_fla(t, weight, eps), block, x)
+            return out.to(torch.promote_types(weight.dtype, x.dtype))
         except torch.cuda.OutOfMemoryError:
             raise
         except Exception as err:  # never crash the forward on an fla problem
@@ -128,7 +156,7 @@ def gated_rms_norm(
         try:
             from .norm_fla import gated_rms_norm_fla
 
-            return gated_rms_norm_fla(x, z, weight, eps)
+            return in_blocks(lambda a, b: gated_rms_norm_fla(a, b, weight, eps), ROW_BLOCKS["gated_rms_norm"], x, z)
         except torch.cuda.OutOfMemoryError:
             raise
         except Exception as err:

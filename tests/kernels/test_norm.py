@@ -188,3 +188,37 @@ def test_short_inputs_stay_on_torch(fake_fla):
         mod.kernels = KernelConfig(norm_fla_min_rows=6)
         mod(_rand(6, 16), _rand(6, 16, seed=1))
     assert [c[0] for c in fake_fla] == ["rms", "gated"]
+
+
+@pytest.mark.parametrize("d", [64, 256, 512])
+def test_long_inputs_reach_fla_in_single_blocks_and_equal_one_call(fake_fla, monkeypatch, d):
+    """fla's row-block norm kernels (D <= 512) autotune per block count: long inputs go in pieces of
+    one block (``ROW_BLOCKS``), with the result of one call."""
+    monkeypatch.setattr(norm, "ROW_BLOCKS", {"rms_norm": 16, "gated_rms_norm": 8})
+    sizes: list[int] = []
+    real = sys.modules["hypic_agent.kernels.norm_fla"]
+    rms, gated = real.rms_norm_fla, real.gated_rms_norm_fla
+    monkeypatch.setattr(real, "rms_norm_fla", lambda x, w, eps: (sizes.append(x.shape[0]), rms(x, w, eps))[1])
+    monkeypatch.setattr(
+        real, "gated_rms_norm_fla", lambda x, z, w, eps: (sizes.append(x.shape[0]), gated(x, z, w, eps))[1]
+    )
+    g = torch.Generator().manual_seed(d)
+    x = torch.randn(5, 9, d, generator=g)  # 45 rows
+    z = torch.randn(5, 9, d, generator=g)
+    w = torch.randn(d, generator=g)
+    with torch.no_grad():
+        got = norm.rms_norm(x, w, 1e-6, zero_centered=True, min_rows=0)
+        assert sizes == [16, 16, 13]
+        sizes.clear()
+        got_gated = norm.gated_rms_norm(x, z, w, 1e-6, min_rows=0)
+        assert sizes == [8, 8, 8, 8, 8, 5]
+    torch.testing.assert_close(got, rms(x.reshape(-1, d), 1.0 + w, 1e-6).view_as(x))
+    torch.testing.assert_close(got_gated, gated(x.reshape(-1, d), z.reshape(-1, d), w, 1e-6).view_as(x))
+
+
+def test_wide_rows_go_to_fla_whole(fake_fla, monkeypatch):
+    monkeypatch.setattr(norm, "ROW_BLOCKS", {"rms_norm": 16, "gated_rms_norm": 8})
+    calls_before = len(fake_fla)
+    with torch.no_grad():
+        norm.rms_norm(torch.randn(40, 1024), torch.randn(1024), 1e-6, zero_centered=False, min_rows=0)
+    assert len(fake_fla) - calls_before == 1  # D > 512: fla's other kernel, no block count in its key
