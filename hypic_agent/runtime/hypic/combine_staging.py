@@ -9,10 +9,9 @@ replay first copies the request's pairs into them (``StagedPairs.fill``: one mul
 the device, no host work per layer). Conv tails and attention keys / values still come through the
 splice tables by pointer (``splice.SpliceTables``), which ``CombineInputs.refresh`` rewrites.
 
-A copy per replay costs the pairs' bytes twice in HBM traffic (Kimi-Linear-48B-A3B, 8 bodies:
-~0.6 GB, well under a millisecond on an H200) against the host time of launching the forward's
-kernels one by one (Granite-4.0-H-Small warm ``hypic``, 8 x 1k documents: 72.5 ms eager, 51.0 ms
-replayed, H200).
+A copy per replay costs the pairs' bytes twice in HBM traffic (for a few bodies of a large model,
+under a millisecond of bandwidth) against the host time of launching the forward's kernels one by
+one, which it saves (measured on the H200, see docs/benchmarks.md, ttft).
 """
 
 from __future__ import annotations

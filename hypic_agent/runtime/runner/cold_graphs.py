@@ -2,9 +2,9 @@
 
 A request at 80% hit rate builds its few cold segments inside the combine forward (``ColdBatch``).
 Each linear layer's cold core (the causal conv over the packed segments, then fla's chunked delta
-rule writing the body pairs: some 17 kernels behind fla's Python wrappers) cost more host time than
-GPU time at 4 x 1k tokens of the Qwen3.5-35B-A3B shape on the H200, and made such requests
-host-bound. In a RAG workload the cold batch's layout repeats (documents chunked to one length:
+rule writing the body pairs: some 17 kernels behind fla's Python wrappers) costs more host time
+than GPU time at a few 1k-token segments (measured on the H200, see docs/benchmarks.md), which made
+such requests host-bound. In a RAG workload the cold batch's layout repeats (documents chunked to one length:
 the same lengths and seams), so each layer's core is captured once per layout and replayed in one
 launch:
 
@@ -21,9 +21,8 @@ launch:
 
 A layout is captured at its ``capture_after``-th batch (the first runs eagerly: it autotunes); up to
 ``max_layouts`` are kept, least recently used dropped first. A capture failure logs once and turns
-the runner off. Memory: a kept layout of 4 x 1k tokens held 4.7 GB more device memory than the
-eager path (H200, Qwen3.5-35B-A3B shape: each layer's outputs and scratch in the graphs' pool);
-not counted in the entry budgets.
+the runner off. Memory: a kept layout holds each layer's outputs and scratch in the graphs' pool
+(gigabytes for a few 1k-token segments of a large shape), not counted in the entry budgets.
 """
 
 from __future__ import annotations

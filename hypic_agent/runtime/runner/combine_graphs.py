@@ -1,10 +1,10 @@
 """CUDA graphs per combine layout: the whole combine forward replayed in a few launches.
 
 A warm combine over a few hundred active tokens is bound by the host: some 600 launches and 80
-stage-graph replays, each with Python and dispatcher time (measured on the H200 for the
-Qwen3.5-35B-A3B shape: 36 ms of host time against 42 ms of GPU work, and slower whenever the host
-is). In a RAG or agent workload the layout repeats (same segment lengths, seams and question
-length) while the segments change: what differs between such requests is which entries the forward
+stage-graph replays, each with Python and dispatcher time: its host time is of the order of its
+GPU work, and longer whenever the host is slower (measured on the H200, see docs/benchmarks.md).
+In a RAG or agent workload the layout repeats (same segment lengths, seams and question length)
+while the segments change: what differs between such requests is which entries the forward
 reads and the active token ids. With every cached tensor read through a pointer table
 (``combine_inputs.CombineInputs.by_pointer``), the forward of one layout is a fixed sequence of
 kernels over fixed addresses, so it is captured once (as graphs of ``LAYERS_PER_GRAPH`` layers in
@@ -56,7 +56,8 @@ log = logging.getLogger(__name__)
 # ``combine.forward_steps``: (model, lay, entries, spec, inputs, cold, every) -> None per step, then the state
 ForwardSteps = Callable[..., Iterator[RequestState | None]]
 # Layers per graph: the forward is captured as a few graphs replayed in order, so the GPU starts on
-# the first while the host still launches the rest (one graph of ~4,000 kernels took ~2 ms to launch).
+# the first while the host still launches the rest (one graph of a whole forward's kernels takes
+# milliseconds to launch).
 LAYERS_PER_GRAPH = 8
 MAX_TRACKED = 1024  # layouts whose sightings are counted (least recently seen dropped first)
 AGE_EVERY = 4096  # sightings between halvings of every count

@@ -1,8 +1,9 @@
 """CUDA graphs for the token-local stages of short forwards (combine, prefix continuation, decode).
 
 A forward over a few hundred tokens is bound by the host: every op pays Python and dispatcher time
-while the GPU idles (measured: 4.3 ms per layer of a Qwen3.5-35B-A3B combine over 210 active
-tokens on an H200, against about 2 ms of GPU work; the MoE block alone is some 35 launches). The
+while the GPU idles (a combine layer over a few hundred active tokens spends about twice its GPU
+work in host time, measured on the H200, see docs/benchmarks.md; the MoE block alone is some 35
+launches). The
 stages that only have token-local shapes are captured once per (stage, layer, padded token count)
 and replayed, one launch each:
 
@@ -32,7 +33,7 @@ Chained stages (``keep=True``, the combine forward): the hidden states' buffer i
 attention's gate) by ``mixer_in``'s output and ``mixer_out``'s input. A stage run with ``keep``
 returns views of its output buffers instead of copies, and an input that already is its buffer is
 not copied, so a forward that hands each stage's views to the next moves no hidden state between
-layers (4.3k rows of Qwen3.5-35B-A3B: ~650 device copies and ~6 ms of copy time per forward). The
+layers (otherwise hundreds of device copies per forward). The
 views stay valid until the next replay of any stage: the caller must be done with them by then
 (copy what it keeps) and must hold the runner to itself, one forward at a time.
 """
