@@ -103,23 +103,6 @@ def test_chain_triton_last_only_and_bf16_pairs(HV, K, V, n, pair_dtype):
         assert fast < 5e-3
 
 
-def test_chain_timing():
-    """Prints torch loop vs Triton timings at Qwen3-Next shapes (no speed assertion)."""
-    triton = pytest.importorskip("triton")
-    HV, K = 32, 128
-    h0 = torch.zeros(HV, K, K, device="cuda")
-    for n in (32, 256):
-        T = torch.randn(n, HV, K, K, device="cuda") * 0.45 / K**0.5
-        S = torch.randn(n, HV, K, K, device="cuda")
-        t_loop = triton.testing.do_bench(lambda: chain_scan(h0, T, S, backend="torch"), warmup=3, rep=20)
-        t_full = triton.testing.do_bench(lambda: chain_scan(h0, T, S, backend="fla"), warmup=3, rep=20)
-        t_chk = triton.testing.do_bench(lambda: chain_scan(h0, T, S, backend="fla", chunked=True), warmup=3, rep=20)
-        print(
-            f"chain n={n} HV={HV} K=V={K}: torch loop {t_loop:.3f} ms, triton tf32x3 {t_full:.3f} ms, "
-            f"triton chunked ieee {t_chk:.3f} ms"
-        )
-
-
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 5e-3), (torch.bfloat16, 3e-2)])
 def test_gdn_with_pairs_fla_matches_reference(dtype, tol):
     from hypic_agent.kernels.gdn_pairs import SeamSplit, gated_delta_rule_with_pairs
