@@ -110,7 +110,11 @@ def test_full_pool_queues_and_every_request_finishes():
     solo = _engine()
     for p, r in zip(plans, results, strict=True):
         assert r.token_ids == _final(solo.generate(p, SamplingParams(max_tokens=5, ignore_eos=True))).token_ids
-    assert max(h.queue_ms for h in handles[2:]) > 0
+    # never more than max_running (2) admitted at once: each admission finds at most one other running
+    spans = [(h.admitted_at, h.request.t0 + r.total_ms / 1e3) for h, r in zip(handles, results, strict=True)]
+    for start, _ in spans:
+        assert start is not None and sum(a <= start < end for a, end in spans) <= 2, spans
+    assert min(end for _, end in spans[:2]) <= max(a for a, _ in spans[2:])  # the last waited for a slot
     assert eng.scheduler.snapshot()["pages_used"] == 0
     eng.close()
     solo.close()
