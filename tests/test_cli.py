@@ -72,9 +72,7 @@ def test_bad_arguments_fail_fast_before_loading(
     args: list[str], message: str, files: list[Path], no_load: None, tmp_path: Path
 ) -> None:
     args = [a.replace("{paris}", str(files[0])) for a in args]
-    t0 = time.perf_counter()
-    res = invoke("-p", "What is the capital of France?", *args, home=tmp_path)
-    assert time.perf_counter() - t0 < 1.0
+    res = invoke("-p", "What is the capital of France?", *args, home=tmp_path)  # no_load: nothing loads
     assert res.exit_code == 2, res.output
     assert message in " ".join(res.output.split()), res.output
 
@@ -255,7 +253,6 @@ def test_serve_on_a_busy_port_fails_before_loading(no_load: None, tmp_path: Path
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        t0 = time.perf_counter()
         res = CliRunner().invoke(
             app, ["serve", "--model", TINY, "--device", "cpu", "--port", str(port)],
             env={"HYPIC_HOME": str(tmp_path)},
@@ -263,7 +260,7 @@ def test_serve_on_a_busy_port_fails_before_loading(no_load: None, tmp_path: Path
     assert res.exit_code == 2, res.output
     out = " ".join(res.output.split())
     assert f"port {port} on 127.0.0.1 is already in use" in out and "--port N (or HYPIC_PORT)" in out, res.output
-    assert "listening" not in res.output and time.perf_counter() - t0 < 5
+    assert "listening" not in res.output
 
 
 def test_serve_holds_its_port_from_the_check_to_serving(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
