@@ -8,7 +8,6 @@ the declared schema (the error envelope for every error), and invalid requests m
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -40,7 +39,6 @@ CHECKS = [
     negative_data_rejection,
 ]
 EXAMPLES = {GenerationMode.POSITIVE: 40, GenerationMode.NEGATIVE: 25}
-TIME_BUDGET_S = 60.0
 
 
 @pytest.fixture
@@ -54,7 +52,6 @@ def api_schema(engine: Any, tmp_path: Any) -> Iterator[Any]:
 
 
 def test_fuzz_no_5xx_and_conforms_to_spec(api_schema: Any) -> None:
-    t0 = time.monotonic()
     seen: dict[str, int] = {}
     operations = 0
     for result in api_schema.get_all_operations():
@@ -81,4 +78,3 @@ def test_fuzz_no_5xx_and_conforms_to_spec(api_schema: Any) -> None:
                 # a route with no parameters and no body (GET /health) has no invalid request
                 assert mode == GenerationMode.NEGATIVE, op.label
     assert operations >= 12 and len(seen) == operations, seen  # every route was exercised
-    assert time.monotonic() - t0 < TIME_BUDGET_S * 2  # the budget, with slack for a loaded machine
