@@ -155,7 +155,8 @@ def test_a_lone_combine_goes_through_the_combine_graphs_path_and_matches_the_loo
             combine_inputs(model, lay, list(entries), True),
             StateDestination.of(pool, seq, lay.total),
         )
-        assert runner._lone_combine(plan := runner.plan([], [], [work])) == (graphs.combines is not None)
+        plan = runner.plan([], [], [work])
+        assert runner._lone_combine(plan) == (graphs.combines is not None)
         logits = runner.forward(plan)
         work.into.commit(work.state(logits[0]))
         results.append((logits[0], pool.export(seq)))
