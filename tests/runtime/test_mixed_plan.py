@@ -130,11 +130,20 @@ def test_pool_rows_are_the_plans_ids_even_without_sequence_objects():
     _close(runner.layers(bare)[0], ref.last_logits)
 
 
-def test_a_lone_combine_goes_through_the_combine_graphs_path_and_matches_the_loop():
+def test_a_lone_combine_goes_through_the_combine_graphs_path_and_matches_the_loop(monkeypatch):
     """A step of one combine and nothing else is handed to ``combine`` with the runner's graphs (a CUDA
     graph replays it on a GPU; on the CPU it runs eagerly): same logits and pool state as the loop."""
+    from hypic_agent.runtime.runner import runner as runner_module
     from hypic_agent.runtime.runner.combine_graphs import CombineGraphs
     from hypic_agent.runtime.runner.graph_set import GraphSet
+
+    handed: list[GraphSet] = []  # the graphs of each call of ``combine`` by the runner
+
+    def spy(*args, **kwargs):
+        handed.append(kwargs["graphs"])
+        return combine(*args, **kwargs)
+
+    monkeypatch.setattr(runner_module, "combine", spy)
 
     model, _, _ = make_model("qwen3_5_text")
     spec = mode_spec("hypic")
@@ -155,9 +164,10 @@ def test_a_lone_combine_goes_through_the_combine_graphs_path_and_matches_the_loo
             combine_inputs(model, lay, list(entries), True),
             StateDestination.of(pool, seq, lay.total),
         )
-        plan = runner.plan([], [], [work])
-        assert runner._lone_combine(plan) == (graphs.combines is not None)
-        logits = runner.forward(plan)
+        handed.clear()
+        logits = runner.forward(runner.plan([], [], [work]))
+        # with combine graphs the lone combine goes to ``combine`` with them; without, to the layer loop
+        assert len(handed) == (graphs.combines is not None) and all(g is graphs for g in handed)
         work.into.commit(work.state(logits[0]))
         results.append((logits[0], pool.export(seq)))
     (a, sa), (b, sb) = results
