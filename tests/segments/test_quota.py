@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from hypic_agent.config import Settings
@@ -13,8 +15,10 @@ E = entry_bytes()  # 260 payload bytes per entry
 TWO = TenantShares(0.5, {}, ("t1", "t2"))
 
 
-def _pinned(s, tenant: str, tier: str = "disk") -> int:
-    return s._pinned_bytes(tier, tenant=tenant)
+def _pinned(s, tenant: str) -> int:
+    """Bytes on disk of ``tenant``'s pinned entries: its listed rows' files."""
+    rows = s.list_entries(tenant, limit=1000).items
+    return sum(os.path.getsize(s.disk.path(r.location)) for r in rows if r.pinned and r.location)
 
 
 def test_shares_from_settings():
