@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import gdn_torch
+from .gdn import gdn_torch
 from .backend import on_device, resolve_triton, to_device_async
 from .combine_scan_wy import WYSteps, plan_steps
 from .config import DEFAULT_KERNELS

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import gdn_torch
+from .gdn import gdn_torch
 from .backend import to_device_async
 
 # Chunk sizes the planner picks from: the time of one chain step of that size and the latency of

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from . import gdn_torch
+from .gdn import gdn_torch
 from ._varlen import normalize_cu_seqlens
 from .backend import resolve_backend
 

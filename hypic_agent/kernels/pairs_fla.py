@@ -16,7 +16,7 @@ from fla.ops.utils.constant import RCP_LN2
 from fla.ops.utils.index import prepare_chunk_indices
 
 from ._varlen import as_int64
-from .gdn_torch import l2norm
+from .gdn.gdn_torch import l2norm
 
 CHUNK = 64
 

@@ -7,7 +7,7 @@ import torch
 
 from hypic_agent.kernels.chain import chain_scan, chain_scan_torch
 from hypic_agent.kernels.gdn import gated_delta_rule
-from hypic_agent.kernels.gdn_torch import l2norm
+from hypic_agent.kernels.gdn.gdn_torch import l2norm
 from hypic_agent.kernels.pairs import apply_pair, transition_pairs
 from tests.kernels.helpers import gdn_inputs, rel_err
 

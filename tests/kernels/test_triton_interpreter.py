@@ -149,7 +149,7 @@ assert rel_err(o, ro) < 1e-5 and rel_err(h, rh) < 1e-5, (rel_err(o, ro), rel_err
 
 BODY_PAIRS = """
 import torch
-from hypic_agent.kernels import gdn_torch
+from hypic_agent.kernels.gdn import gdn_torch
 from hypic_agent.kernels.body_pairs import body_pairs_torch
 from hypic_agent.kernels.body_pairs_triton import body_pairs_triton
 from hypic_agent.kernels.gdn import gated_delta_rule

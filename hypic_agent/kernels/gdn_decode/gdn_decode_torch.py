@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import gdn_torch
+from ..gdn import gdn_torch
 
 
 def gdn_decode_slots_torch(

@@ -17,7 +17,7 @@ import itertools
 
 import torch
 
-from hypic_agent.kernels.gdn_torch import l2norm
+from ..gdn.gdn_torch import l2norm
 
 
 def _bounds(cu_seqlens: torch.Tensor | None, total: int) -> list[int]:

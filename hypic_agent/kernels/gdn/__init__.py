@@ -3,6 +3,10 @@
 Layouts (docs/architecture.md): q, k ``[T, H, K]``; v ``[T, HV, V]``; g (log decay, <= 0) and
 beta ``[T, HV]``; state ``[N, HV, K, V]`` fp32, keys -> values. GVA: query/key head ``h`` serves
 value heads ``h*r .. h*r+r-1`` with ``r = HV // H``.
+
+On CUDA (``backend`` "auto" / "fla") fla-core's chunked and fused recurrent kernels run
+(``gdn_fla``); elsewhere the plain-PyTorch twin (``gdn_torch``: a chunked WY form and the per-token
+recurrence, also the helpers other ops build on: ``prepare``, ``l2norm``, ``wy_factors``).
 """
 
 from __future__ import annotations
@@ -10,8 +14,8 @@ from __future__ import annotations
 import torch
 
 from . import gdn_torch
-from ._varlen import normalize_cu_seqlens
-from .backend import resolve_backend
+from .._varlen import normalize_cu_seqlens
+from ..backend import resolve_backend
 
 
 def _check_state(state: torch.Tensor | None, n: int, hv: int, kd: int, vd: int, name: str) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from fla.ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
 
-from ._varlen import as_int64
+from .._varlen import as_int64
 
 
 def chunk_gdn_fla(
