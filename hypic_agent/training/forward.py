@@ -20,9 +20,10 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from hypic_agent.runtime.models.attention import FullAttention
-from hypic_agent.runtime.models.gated_deltanet import GatedDeltaNet
-from hypic_agent.runtime.models.hybrid import DecoderLayer, HybridForCausalLM
+from hypic_agent.runtime.models.hybrid import HybridForCausalLM
+from hypic_agent.runtime.models.layers.attention import FullAttention
+from hypic_agent.runtime.models.layers.decoder import DecoderLayer
+from hypic_agent.runtime.models.layers.gated_deltanet import GatedDeltaNet
 from hypic_agent.training.gdn_train import GdnFn, chunk_gdn_torch
 
 Probe = Callable[[int, str, torch.Tensor], None]

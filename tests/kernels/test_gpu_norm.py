@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from hypic_agent.kernels import norm
 from hypic_agent.kernels.attention import _sdpa
-from hypic_agent.runtime.models.norms import GatedRMSNorm, RMSNorm
+from hypic_agent.runtime.models.layers.norms import GatedRMSNorm, RMSNorm
 
 pytestmark = [
     pytest.mark.gpu,

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from hypic_agent.kernels import norm
 from hypic_agent.kernels.config import KernelConfig
-from hypic_agent.runtime.models.norms import GatedRMSNorm, RMSNorm
+from hypic_agent.runtime.models.layers.norms import GatedRMSNorm, RMSNorm
 
 DTYPES = [torch.float32, torch.bfloat16]
 ANY_ROWS = KernelConfig(norm_fla_min_rows=0)  # modules: the fla path for inputs of any length

@@ -14,7 +14,7 @@ from typing import cast
 import torch
 
 from hypic_agent.runtime.models.hybrid import HybridForCausalLM
-from hypic_agent.runtime.models.linear_mixer import at
+from hypic_agent.runtime.models.layers.linear_mixer import at
 from hypic_agent.runtime.state import AttentionLayerState, LayerState, LinearLayerState, RequestState
 
 

@@ -134,7 +134,7 @@ def test_mamba2_seams_covering_whole_segments_equal_full_recompute_in_every_laye
 def test_lightning_pair_is_the_fixed_decay_and_composes_exactly_without_seams():
     """A Lightning body's T is exp(-slope * body length) per head; with no conv, layer 0's composed
     state equals the one-pass state even at w = 0, and dropping T (addition) does not."""
-    from hypic_agent.runtime.models.lightning import lightning_slopes
+    from hypic_agent.runtime.models.layers.lightning import lightning_slopes
 
     model, _, _ = make_model("minimax", layer_types=["linear_attention"] * 4)
     segs, suffix = segments(), rand_tokens(5, 94)

@@ -8,7 +8,7 @@ import torch
 
 from hypic_agent.runtime.hypic.build import build_entries
 from hypic_agent.runtime.hypic.entry import LinearEntry
-from hypic_agent.runtime.models.mla import MLAttention
+from hypic_agent.runtime.models.layers.mla import MLAttention
 
 from .conftest import make_model, rand_tokens
 from .test_family_pairs import compose, one_pass, rel, segments

@@ -15,7 +15,7 @@ import torch
 from hypic_agent.runtime.hypic.build import build_entries
 from hypic_agent.runtime.hypic.entry import AttentionEntry, SegmentEntry
 from hypic_agent.runtime.models.config import HybridConfig
-from hypic_agent.runtime.models.mla import MLAttention
+from hypic_agent.runtime.models.layers.mla import MLAttention
 from hypic_agent.runtime.models.tiny import build_hf_model
 from hypic_agent.runtime.runner.plan import plan_forward
 from hypic_agent.runtime.runner.pool import StatePool

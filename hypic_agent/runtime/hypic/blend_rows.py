@@ -31,7 +31,7 @@ from hypic_agent.kernels.backend import to_device_async
 from hypic_agent.runtime.hypic.entry import LinearEntry, SegmentEntry
 from hypic_agent.runtime.hypic.layout import CombineLayout
 from hypic_agent.runtime.hypic.modes import ModeSpec
-from hypic_agent.runtime.models.linear_mixer import LinearMixer, at
+from hypic_agent.runtime.models.layers.linear_mixer import LinearMixer, at
 from hypic_agent.runtime.state import LinearLayerState
 
 

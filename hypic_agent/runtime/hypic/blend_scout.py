@@ -21,9 +21,10 @@ from hypic_agent.runtime.hypic.combine_work import CombineWork
 from hypic_agent.runtime.hypic.entry import SegmentEntry
 from hypic_agent.runtime.hypic.layout import CombineLayout
 from hypic_agent.runtime.hypic.modes import mode_spec
-from hypic_agent.runtime.models.attention import FullAttention
-from hypic_agent.runtime.models.hybrid import DecoderLayer, HybridForCausalLM
-from hypic_agent.runtime.models.mla import MLAttention
+from hypic_agent.runtime.models.hybrid import HybridForCausalLM
+from hypic_agent.runtime.models.layers.attention import FullAttention
+from hypic_agent.runtime.models.layers.decoder import DecoderLayer
+from hypic_agent.runtime.models.layers.mla import MLAttention
 from hypic_agent.runtime.runner.layer_loop import run_layers
 from hypic_agent.runtime.runner.plan import plan_forward
 from hypic_agent.runtime.state import AttentionLayerState

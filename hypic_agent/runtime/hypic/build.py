@@ -32,8 +32,9 @@ from hypic_agent.kernels._varlen import concat_ranges, cu_seqlens
 from hypic_agent.kernels.backend import to_device_async, upload_int64
 from hypic_agent.kernels.gdn_pairs import PairSink, SeamSplit
 from hypic_agent.runtime.hypic.entry import AttentionEntry, LinearEntry, SegmentEntry
-from hypic_agent.runtime.models.hybrid import DecoderLayer, HybridForCausalLM
-from hypic_agent.runtime.models.linear_mixer import at
+from hypic_agent.runtime.models.hybrid import HybridForCausalLM
+from hypic_agent.runtime.models.layers.decoder import DecoderLayer
+from hypic_agent.runtime.models.layers.linear_mixer import at
 from hypic_agent.runtime.runner.cold_graphs import ColdGraphs, new_serial
 from hypic_agent.runtime.runner.layer_loop import run_layers
 from hypic_agent.runtime.runner.plan import plan_forward

@@ -14,7 +14,7 @@ from hypic_agent.runtime.hypic.entry import AttentionEntry, SegmentEntry
 from hypic_agent.runtime.hypic.layout import CombineLayout
 from hypic_agent.runtime.hypic.modes import ModeSpec
 from hypic_agent.runtime.hypic.splice import SpliceTables
-from hypic_agent.runtime.models.attention import FullAttention
+from hypic_agent.runtime.models.layers.attention import FullAttention
 from hypic_agent.runtime.runner.destination import StateDestination
 from hypic_agent.runtime.state import AttentionLayerState
 

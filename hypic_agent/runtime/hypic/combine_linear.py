@@ -17,8 +17,8 @@ from hypic_agent.runtime.hypic.combine_inputs import LayerScan
 from hypic_agent.runtime.hypic.entry import LinearEntry, SegmentEntry
 from hypic_agent.runtime.hypic.layout import CombineLayout
 from hypic_agent.runtime.hypic.modes import ModeSpec
-from hypic_agent.runtime.models.gated_deltanet import GatedDeltaNet
-from hypic_agent.runtime.models.linear_mixer import LinearMixer, at
+from hypic_agent.runtime.models.layers.gated_deltanet import GatedDeltaNet
+from hypic_agent.runtime.models.layers.linear_mixer import LinearMixer, at
 from hypic_agent.runtime.state import LinearLayerState
 
 

@@ -28,7 +28,7 @@ from hypic_agent.runtime.hypic.combine_linear import combine_linear
 from hypic_agent.runtime.hypic.entry import SegmentEntry
 from hypic_agent.runtime.hypic.layout import CombineLayout
 from hypic_agent.runtime.hypic.modes import ModeSpec
-from hypic_agent.runtime.models.hybrid import DecoderLayer
+from hypic_agent.runtime.models.layers.decoder import DecoderLayer
 from hypic_agent.runtime.runner.destination import StateDestination
 from hypic_agent.runtime.state import LayerState, RequestState
 

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import torch
 
-from hypic_agent.runtime.models.attention import FullAttention
-from hypic_agent.runtime.models.linear_mixer import LinearMixer, at
+from hypic_agent.runtime.models.layers.attention import FullAttention
+from hypic_agent.runtime.models.layers.linear_mixer import LinearMixer, at
 from hypic_agent.runtime.runner.plan import ForwardPlan
 from hypic_agent.runtime.runner.pool import StatePool
 

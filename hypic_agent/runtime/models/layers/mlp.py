@@ -10,7 +10,7 @@ from hypic_agent.kernels import moe as moe_ops
 from hypic_agent.kernels import moe_route
 from hypic_agent.kernels.config import DEFAULT_KERNELS, KernelConfig
 from hypic_agent.runtime.models.config import HybridConfig
-from hypic_agent.runtime.models.fused_inputs import FusedInputs, fuse
+from hypic_agent.runtime.models.layers.fused_inputs import FusedInputs, fuse
 
 
 class MLP(nn.Module):

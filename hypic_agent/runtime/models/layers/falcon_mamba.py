@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from hypic_agent.runtime.models.config import HybridConfig
-from hypic_agent.runtime.models.mamba2 import Mamba2Mixer
+from hypic_agent.runtime.models.layers.mamba2 import Mamba2Mixer
 
 
 class FalconMamba2(Mamba2Mixer):

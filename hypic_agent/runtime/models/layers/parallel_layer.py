@@ -22,11 +22,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hypic_agent.runtime.models.attention import FullAttention
 from hypic_agent.runtime.models.config import HybridConfig
-from hypic_agent.runtime.models.falcon_mamba import FalconMamba2
-from hypic_agent.runtime.models.hybrid import DecoderLayer
-from hypic_agent.runtime.models.norms import RMSNorm
+from hypic_agent.runtime.models.layers.attention import FullAttention
+from hypic_agent.runtime.models.layers.decoder import DecoderLayer
+from hypic_agent.runtime.models.layers.falcon_mamba import FalconMamba2
+from hypic_agent.runtime.models.layers.norms import RMSNorm
 
 
 class ScaledMLP(nn.Module):

@@ -16,8 +16,8 @@ from torch import nn
 
 from hypic_agent.kernels import decay_attention as decay_ops
 from hypic_agent.runtime.models.config import HybridConfig
-from hypic_agent.runtime.models.decay_mixer import DecayMixer
-from hypic_agent.runtime.models.norms import RMSNorm
+from hypic_agent.runtime.models.layers.decay_mixer import DecayMixer
+from hypic_agent.runtime.models.layers.norms import RMSNorm
 
 LightningOperands = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # q, k, v [T, H, D]
 

@@ -26,8 +26,8 @@ from hypic_agent.kernels import decay_attention as decay_ops
 from hypic_agent.kernels import rope as rope_ops
 from hypic_agent.kernels.state_rope import rotate_state
 from hypic_agent.runtime.models.config import HybridConfig
-from hypic_agent.runtime.models.decay_mixer import DecayMixer
-from hypic_agent.runtime.models.norms import RMSNorm
+from hypic_agent.runtime.models.layers.decay_mixer import DecayMixer
+from hypic_agent.runtime.models.layers.norms import RMSNorm
 
 RingOperands = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # rotated, scaled q; rotated k; v [T, H, D]
 

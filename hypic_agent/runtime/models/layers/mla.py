@@ -24,9 +24,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from hypic_agent.kernels.paged_mla import paged_mla_decode
-from hypic_agent.runtime.models.attention import FullAttention
 from hypic_agent.runtime.models.config import HybridConfig
-from hypic_agent.runtime.models.norms import RMSNorm
+from hypic_agent.runtime.models.layers.attention import FullAttention
+from hypic_agent.runtime.models.layers.norms import RMSNorm
 
 
 class MLAttention(FullAttention):

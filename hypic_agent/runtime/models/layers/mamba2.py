@@ -25,7 +25,7 @@ from hypic_agent.kernels import conv as conv_ops
 from hypic_agent.kernels import decay_attention as decay_ops
 from hypic_agent.kernels.conv_decode import conv_decode_slots
 from hypic_agent.runtime.models.config import HybridConfig
-from hypic_agent.runtime.models.decay_mixer import DecayMixer
+from hypic_agent.runtime.models.layers.decay_mixer import DecayMixer
 
 
 @dataclass

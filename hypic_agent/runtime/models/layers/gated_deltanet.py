@@ -25,8 +25,8 @@ from hypic_agent.kernels.gdn_decode import gdn_decode_slots
 from hypic_agent.kernels.gdn_gates import gdn_gates
 from hypic_agent.kernels.gdn_pairs import PairSink, SeamSplit
 from hypic_agent.runtime.models.config import HybridConfig
-from hypic_agent.runtime.models.fused_inputs import FusedInputs, fuse
-from hypic_agent.runtime.models.norms import GatedRMSNorm
+from hypic_agent.runtime.models.layers.fused_inputs import FusedInputs, fuse
+from hypic_agent.runtime.models.layers.norms import GatedRMSNorm
 
 
 @dataclass

@@ -16,7 +16,7 @@ from torch import nn
 from hypic_agent.kernels import attention as attn_ops
 from hypic_agent.kernels import rope as rope_ops
 from hypic_agent.runtime.models.config import HybridConfig
-from hypic_agent.runtime.models.norms import RMSNorm
+from hypic_agent.runtime.models.layers.norms import RMSNorm
 
 
 class FullAttention(nn.Module):
