@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .gdn import gdn_torch
 from .backend import on_device, resolve_triton, to_device_async
 from .combine_scan_wy import WYSteps, plan_steps
 from .config import DEFAULT_KERNELS
+from .gdn import gdn_torch
 
 MAX_TOKENS = 2048  # above this many active tokens the chunked (WY) path is faster
 

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .gdn import gdn_torch
 from .backend import to_device_async
+from .gdn import gdn_torch
 
 # Chunk sizes the planner picks from: the time of one chain step of that size and the latency of
 # the factor kernel for it (us, H200, Qwen3.5 shape, 2026-12-01: a 64-token step runs bigger dots than

@@ -69,8 +69,8 @@ def test_window_pass_plumbing_equals_the_reference():
     sub-sequences, the windows' own zero-start pass giving the states entering the bodies, and the
     body pairs from that pass's WY factors and final states (``body_pairs_torch``: T from the
     identity, ``S_body = fin - T_body S_win``), equals the reference's outputs, finals and pairs."""
-    from hypic_agent.kernels.gdn import gdn_torch
     from hypic_agent.kernels.body_pairs import body_pairs_torch
+    from hypic_agent.kernels.gdn import gdn_torch
 
     x = {n: t.double() for n, t in gdn_inputs(sum(LENS), 2, 4, K=16, V=8, seed=7).items()}
     sp = SeamSplit.build(LENS, SEAMS, torch.device("cpu"))

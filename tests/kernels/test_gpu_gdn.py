@@ -128,9 +128,9 @@ def test_body_pairs_triton_matches_twin(dtype, pair_dtype):
     from fla.ops.utils import chunk_local_cumsum
     from fla.ops.utils.constant import RCP_LN2
 
-    from hypic_agent.kernels.gdn import gdn_torch
     from hypic_agent.kernels.body_pairs import body_pairs_torch
     from hypic_agent.kernels.body_pairs_triton import body_pairs_triton
+    from hypic_agent.kernels.gdn import gdn_torch
     from hypic_agent.kernels.gdn_pairs import PairSink, SeamSplit
 
     lens, seams = [300, 1, 777, 64, 129, 8], [8, 1, 8, 0, 16, 8]

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import torch
 
-from . import gdn_torch
 from .._varlen import normalize_cu_seqlens
 from ..backend import resolve_backend
+from . import gdn_torch
 
 
 def _check_state(state: torch.Tensor | None, n: int, hv: int, kd: int, vd: int, name: str) -> None:

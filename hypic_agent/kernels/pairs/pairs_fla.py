@@ -1,4 +1,4 @@
-"""fla-core implementation of ``pairs.transition_pairs`` (CUDA only; imported lazily).
+"""fla-core twin of ``pairs_torch.transition_pairs_torch`` (CUDA only; imported lazily by ``pairs``).
 
 Pipeline (as in fla's chunked GDN forward): L2-normalise k, chunk-local cumsum of g in log2
 space, WY factors ``w, u`` per chunk, then ``chunk_cp_fwd_h(..., multi_seqs=True)`` writes the
@@ -15,8 +15,8 @@ from fla.ops.utils import chunk_local_cumsum
 from fla.ops.utils.constant import RCP_LN2
 from fla.ops.utils.index import prepare_chunk_indices
 
-from ._varlen import as_int64
-from .gdn.gdn_torch import l2norm
+from .._varlen import as_int64
+from ..gdn.gdn_torch import l2norm
 
 CHUNK = 64
 

@@ -4,19 +4,21 @@ A span C acts on any incoming state affinely (HYPIC §2): ``T_C [HV, K, K]`` is 
 the per-token transitions ``exp(g_t) (I - beta_t k_t k_t^T)`` (latest on the left) and
 ``S_C [HV, K, V]`` is the final state from a zero start. Both are fp32.
 
-* torch: run the gated delta rule with value dim ``V + K``, values ``[v | 0]`` and initial
-  state ``[0 | I]``; the final state splits into ``[S_C | T_C]``.
-* fla: ``fla.ops.cp.chunk_fwd.chunk_cp_fwd_h(..., multi_seqs=True)`` writes the same summary
-  ``hm [N, HV, K, V+K] = [h_local | M]`` for all sequences in one launch.
+* torch (``pairs_torch``): run the gated delta rule with value dim ``V + K``, values ``[v | 0]``
+  and initial state ``[0 | I]``; the final state splits into ``[S_C | T_C]``.
+* fla (``pairs_fla``, CUDA): ``fla.ops.cp.chunk_fwd.chunk_cp_fwd_h(..., multi_seqs=True)`` writes
+  the same summary ``hm [N, HV, K, V+K] = [h_local | M]`` for all sequences in one launch.
 """
 
 from __future__ import annotations
 
 import torch
 
-from .gdn import gdn_torch
-from ._varlen import normalize_cu_seqlens
-from .backend import resolve_backend
+from .._varlen import normalize_cu_seqlens
+from ..backend import resolve_backend
+from .pairs_torch import transition_pairs_torch
+
+__all__ = ["apply_pair", "transition_pairs", "transition_pairs_torch"]
 
 
 def transition_pairs(
@@ -37,20 +39,12 @@ def transition_pairs(
     Returns:
         T ``[N, HV, K, K]`` and S ``[N, HV, K, V]``, fp32. An empty sequence gives (I, 0).
     """
-    total, _, K = k.shape
-    HV, V = v.shape[-2:]
-    cu = normalize_cu_seqlens(cu_seqlens, total, k.device)
+    cu = normalize_cu_seqlens(cu_seqlens, k.shape[0], k.device)
     if resolve_backend(backend, k.device) == "fla":
         from .pairs_fla import transition_pairs_fla
 
         return transition_pairs_fla(k, v, g, beta, cu, use_qk_l2norm)
-    n = cu.numel() - 1
-    _, kp, vp, gp, bp = gdn_torch.prepare(k, k, v, g, beta, use_qk_l2norm=use_qk_l2norm, scale=1.0)
-    v_ext = torch.cat([vp, vp.new_zeros(total, HV, K)], dim=-1)  # [T, HV, V+K]
-    h0 = vp.new_zeros(n, HV, K, V + K)
-    h0[..., V:] = torch.eye(K, dtype=vp.dtype, device=vp.device)
-    _, hm = gdn_torch.chunked(kp, kp, v_ext, gp, bp, cu, h0)
-    return hm[..., V:].contiguous(), hm[..., :V].contiguous()
+    return transition_pairs_torch(k, v, g, beta, cu, use_qk_l2norm)
 
 
 def apply_pair(T: torch.Tensor, S: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
