@@ -262,8 +262,8 @@ def decode_ms_per_token(model: str, n: int = 32) -> float:
     from hypic_agent.runtime.results import FinishEvent
     from hypic_agent.runtime.sampling import SamplingParams
     from hypic_agent.runtime.serving import Serving
-    from hypic_agent.segments.keys import KeyContext
-    from hypic_agent.segments.plan import build_plan
+    from hypic_agent.segments.prompt.keys import KeyContext
+    from hypic_agent.segments.prompt.plan import build_plan
 
     serving = Serving.of(load_engine(Settings(device="cpu"), model=model))
     tok = serving.engine.tokenizer

@@ -46,9 +46,9 @@ from hypic_agent.runtime.loader import load_engine
 from hypic_agent.runtime.results import FinishEvent
 from hypic_agent.runtime.runner.standalone import prefill
 from hypic_agent.runtime.sampling import SamplingParams
-from hypic_agent.segments.keys import KeyContext
-from hypic_agent.segments.kinds import Segment
-from hypic_agent.segments.plan import PromptPlan, build_plan
+from hypic_agent.segments.prompt.keys import KeyContext
+from hypic_agent.segments.prompt.kinds import Segment
+from hypic_agent.segments.prompt.plan import PromptPlan, build_plan
 
 # prefix_cache is not compared: it is exact by construction (the scheduler's tests check it against
 # full_recompute) and is served only through the scheduler's radix cache

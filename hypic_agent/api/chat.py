@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from hypic_agent.api.schemas import SamplingIn
 from hypic_agent.api.tool_schemas import ResponseFormatIn, ToolCallIn, ToolChoiceIn, ToolIn
 from hypic_agent.errors import InvalidRequestError
-from hypic_agent.segments.kinds import Message, Segment, SegmentIn
+from hypic_agent.segments.prompt.kinds import Message, Segment, SegmentIn
 from hypic_agent.tools.format import ToolFormat, call_text
 from hypic_agent.wire import MaxTokens, Temperature, Text, TopK, TopP
 

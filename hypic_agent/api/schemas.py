@@ -15,7 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from hypic_agent.config import MODES
-from hypic_agent.segments.kinds import SegmentIn
+from hypic_agent.segments.prompt.kinds import SegmentIn
 from hypic_agent.wire import MaxTokens, Seam, Seed, Temperature, Text, TopK, TopP, invalid
 
 MAX_STOP = 16

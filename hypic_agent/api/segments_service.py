@@ -25,10 +25,10 @@ from hypic_agent.errors import InvalidRequestError, SegmentNotFoundError
 from hypic_agent.runtime.hypic.modes import mode_spec, seam_tokens
 from hypic_agent.runtime.hypic.store_cache import EntryHint
 from hypic_agent.segments.entries import EntryMeta
+from hypic_agent.segments.prompt.resolve import stored_resolver
+from hypic_agent.segments.prompt.tokenize import CanonicalSegment, canonicalize
 from hypic_agent.segments.quota import EntryTooLargeError, PinQuotaError
 from hypic_agent.segments.registry import EntryRecord
-from hypic_agent.segments.resolve import stored_resolver
-from hypic_agent.segments.tokenize import CanonicalSegment, canonicalize
 from hypic_agent.wire import check_json, json_depth
 
 log = logging.getLogger("hypic.api")

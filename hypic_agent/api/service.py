@@ -22,10 +22,10 @@ from hypic_agent.runtime.hypic.store_cache import EntryHint
 from hypic_agent.runtime.results import FinishEvent, Prepared, TokenEvent
 from hypic_agent.runtime.sampling import SamplingParams
 from hypic_agent.runtime.scheduler.request import EventSink, GenerationRequest, RequestHandle
-from hypic_agent.segments.keys import KeyContext
-from hypic_agent.segments.kinds import Segment
-from hypic_agent.segments.plan import PromptPlan, build_plan
-from hypic_agent.segments.resolve import stored_resolver
+from hypic_agent.segments.prompt.keys import KeyContext
+from hypic_agent.segments.prompt.kinds import Segment
+from hypic_agent.segments.prompt.plan import PromptPlan, build_plan
+from hypic_agent.segments.prompt.resolve import stored_resolver
 
 
 @dataclass

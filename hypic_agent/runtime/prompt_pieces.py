@@ -1,6 +1,6 @@
 """A prompt plan validated for the engine: ``PromptPieces`` (segments, kinds, suffix, mode, seam).
 
-The edge (``api/service.py``, the CLI, the SDK's server) builds a ``segments.plan.PromptPlan``; the
+The edge (``api/service.py``, the CLI, the SDK's server) builds a ``segments.prompt.plan.PromptPlan``; the
 engine checks it once here (``make_pieces``: not empty, inside the context window, a known mode and
 a valid seam) and every later stage (scheduler, cold builds, combine) takes the pieces as they are.
 Composed modes with ``Settings.split_segment_tokens`` cut long segments into pieces here too.
@@ -14,11 +14,11 @@ from typing import Any, Protocol
 
 from hypic_agent.errors import ContextLengthError, InvalidRequestError
 from hypic_agent.runtime.hypic.modes import ModeSpec
-from hypic_agent.segments.split import Split, split_segments
+from hypic_agent.segments.prompt.split import Split, split_segments
 
 
 class PlanLike(Protocol):
-    """What the engine reads of a ``segments.plan.PromptPlan``."""
+    """What the engine reads of a ``segments.prompt.plan.PromptPlan``."""
 
     @property
     def segments(self) -> Sequence[Any]: ...  # each with .token_ids and .kind
@@ -35,7 +35,7 @@ class PromptPieces:
     """A validated prompt: segments (BOS first, if any) with their kinds, the suffix, the mode.
 
     Composed modes with ``Settings.split_segment_tokens``: ``segs`` are the pieces of the plan's
-    segments (``segments.split``), ``owners`` per piece the index of its segment (BOS counted);
+    segments (``segments.prompt.split``), ``owners`` per piece the index of its segment (BOS counted);
     empty: one piece per segment."""
 
     segs: list[tuple[int, ...]]
@@ -48,7 +48,7 @@ class PromptPieces:
 
 
 def id_tuple(ids: Sequence[int]) -> tuple[int, ...]:
-    """Token ids as a tuple of ints; a tuple (what ``segments.plan`` builds) is taken as it is: a
+    """Token ids as a tuple of ints; a tuple (what ``segments.prompt.plan`` builds) is taken as it is: a
     RAG prompt's 20k ids cost ~1 ms to convert one by one."""
     return ids if type(ids) is tuple else tuple(map(int, ids))
 

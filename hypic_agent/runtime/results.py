@@ -19,7 +19,7 @@ class SegmentUsage:
 
 
 def fold_pieces(usage: Sequence[SegmentUsage], owners: Sequence[int]) -> list[SegmentUsage]:
-    """Per-piece usage (``segments.split``: ``owners[i]`` is piece i's segment) back to one usage per
+    """Per-piece usage (``segments.prompt.split``: ``owners[i]`` is piece i's segment) back to one usage per
     segment; a segment of one piece is reported as it is, a split one with its pieces inside."""
     if not owners:
         return list(usage)

@@ -4,7 +4,7 @@ Pipeline: ``SegmentIn`` (wire) -> ``Segment`` -> ``CanonicalSegment`` (framed, t
 keyed) -> ``PromptPlan``; entries computed for segments live in the ``SegmentStore``
 (GPU -> CPU -> disk, rows in the SQLAlchemy ``Registry``).
 
-Names resolve lazily, so importing e.g. ``hypic_agent.segments.kinds`` does not pull in torch.
+Names resolve lazily, so importing e.g. ``hypic_agent.segments.prompt.kinds`` does not pull in torch.
 """
 
 from __future__ import annotations
@@ -13,12 +13,12 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 _EXPORTS = {
-    "kinds": ("KINDS", "CachePolicy", "Message", "Segment", "SegmentIn", "SegmentKind", "parse_segment"),
-    "framing": ("FORMAT_VERSION", "Framer"),
-    "keys": ("KeyContext", "SegmentKey", "segment_key", "token_digest"),
-    "tokenize": ("CanonicalSegment", "Tokenizer", "canonicalize"),
-    "plan": ("PromptPlan", "Resolver", "build_plan"),
-    "resolve": ("stored_resolver",),
+    "prompt.kinds": ("KINDS", "CachePolicy", "Message", "Segment", "SegmentIn", "SegmentKind", "parse_segment"),
+    "prompt.framing": ("FORMAT_VERSION", "Framer"),
+    "prompt.keys": ("KeyContext", "SegmentKey", "segment_key", "token_digest"),
+    "prompt.tokenize": ("CanonicalSegment", "Tokenizer", "canonicalize"),
+    "prompt.plan": ("PromptPlan", "Resolver", "build_plan"),
+    "prompt.resolve": ("stored_resolver",),
     "registry": ("EntryRecord", "Page", "Registry"),
     "entries": ("EntryMeta", "Fetch", "StoreStats", "TierStats"),
     "eviction": ("EvictionPolicy",),
@@ -60,14 +60,22 @@ __all__ = [
 if TYPE_CHECKING:
     from hypic_agent.segments.entries import EntryMeta, Fetch, StoreStats, TierStats
     from hypic_agent.segments.eviction import EvictionPolicy
-    from hypic_agent.segments.framing import FORMAT_VERSION, Framer
-    from hypic_agent.segments.keys import KeyContext, SegmentKey, segment_key, token_digest
-    from hypic_agent.segments.kinds import KINDS, CachePolicy, Message, Segment, SegmentIn, SegmentKind, parse_segment
-    from hypic_agent.segments.plan import PromptPlan, Resolver, build_plan
+    from hypic_agent.segments.prompt.framing import FORMAT_VERSION, Framer
+    from hypic_agent.segments.prompt.keys import KeyContext, SegmentKey, segment_key, token_digest
+    from hypic_agent.segments.prompt.kinds import (
+        KINDS,
+        CachePolicy,
+        Message,
+        Segment,
+        SegmentIn,
+        SegmentKind,
+        parse_segment,
+    )
+    from hypic_agent.segments.prompt.plan import PromptPlan, Resolver, build_plan
+    from hypic_agent.segments.prompt.resolve import stored_resolver
+    from hypic_agent.segments.prompt.tokenize import CanonicalSegment, Tokenizer, canonicalize
     from hypic_agent.segments.registry import EntryRecord, Page, Registry
-    from hypic_agent.segments.resolve import stored_resolver
     from hypic_agent.segments.store import SegmentStore
-    from hypic_agent.segments.tokenize import CanonicalSegment, Tokenizer, canonicalize
 
 
 def __getattr__(name: str) -> Any:

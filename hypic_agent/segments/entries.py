@@ -11,9 +11,9 @@ from typing import Any
 import torch
 
 from hypic_agent.errors import InvalidRequestError
-from hypic_agent.segments.keys import token_digest
+from hypic_agent.segments.prompt.keys import token_digest
+from hypic_agent.segments.prompt.tokenize import CanonicalSegment
 from hypic_agent.segments.registry import EntryRecord, State, Tier
-from hypic_agent.segments.tokenize import CanonicalSegment
 
 Tensors = dict[str, torch.Tensor]
 

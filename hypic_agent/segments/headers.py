@@ -24,7 +24,7 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from hypic_agent.segments.entries import EntryMeta, IndexEntry
-from hypic_agent.segments.keys import token_bytes, token_digest, tokens_from_bytes
+from hypic_agent.segments.prompt.keys import token_bytes, token_digest, tokens_from_bytes
 from hypic_agent.segments.registry import IDENTITY, EntryRecord
 from hypic_agent.segments.tiers import CorruptEntryError, FileHeader
 

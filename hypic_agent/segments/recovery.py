@@ -34,7 +34,7 @@ from typing import Any
 from hypic_agent.segments.entries import IndexEntry
 from hypic_agent.segments.headers import record_from_header, repair
 from hypic_agent.segments.integrity import stamp
-from hypic_agent.segments.keys import token_digest
+from hypic_agent.segments.prompt.keys import token_digest
 from hypic_agent.segments.registry import IDENTITY, EntryRecord, Registry
 from hypic_agent.segments.tiers import CorruptEntryError, DiskTier, FileHeader
 

@@ -45,7 +45,7 @@ from hypic_agent.errors import InvalidRequestError
 from hypic_agent.segments.entries import EntryMeta, Fetch, IndexEntry, Tensors
 from hypic_agent.segments.eviction import EvictionPolicy
 from hypic_agent.segments.headers import record_from_header
-from hypic_agent.segments.keys import token_digest
+from hypic_agent.segments.prompt.keys import token_digest
 from hypic_agent.segments.quota import TenantShares
 from hypic_agent.segments.recovery import RecoveryReport, recover, repair_row
 from hypic_agent.segments.registry import UNSET, EntryRecord, Page, Registry

@@ -26,8 +26,8 @@ from collections.abc import Sequence
 from functools import lru_cache
 from typing import ClassVar
 
-from hypic_agent.segments.framing import Framer
-from hypic_agent.segments.kinds import Segment
+from hypic_agent.segments.prompt.framing import Framer
+from hypic_agent.segments.prompt.kinds import Segment
 from hypic_agent.tools.format import DEFAULT_INSTRUCTIONS, ToolFormat, tool_block
 from hypic_agent.tools.spec import Function
 

@@ -18,9 +18,9 @@ import torch
 
 from hypic_agent.config import Settings
 from hypic_agent.runtime.models.catalog import BUNDLED, CATALOG, catalog_path
-from hypic_agent.segments.keys import KeyContext
-from hypic_agent.segments.kinds import Segment
-from hypic_agent.segments.plan import build_plan
+from hypic_agent.segments.prompt.keys import KeyContext
+from hypic_agent.segments.prompt.kinds import Segment
+from hypic_agent.segments.prompt.plan import build_plan
 from tests.runtime.test_loading_gguf import SMOL
 
 MODEL = "smollm2-135m-hybrid"

@@ -10,7 +10,7 @@ from hypic_agent.config import Settings
 from hypic_agent.runtime.engine import Engine
 from hypic_agent.runtime.models.tokenizer import tiny_tokenizer
 from hypic_agent.runtime.results import SegmentUsage, fold_pieces
-from hypic_agent.segments.split import split_ids, split_segments
+from hypic_agent.segments.prompt.split import split_ids, split_segments
 
 from .conftest import Plan, Seg, make_model, rand_tokens
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from hypic_agent.segments.entries import EntryMeta
-from hypic_agent.segments.keys import segment_key
+from hypic_agent.segments.prompt.keys import segment_key
 from hypic_agent.segments.registry import Registry
 from hypic_agent.segments.store import SegmentStore
 

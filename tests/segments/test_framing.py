@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from hypic_agent.segments.framing import FORMAT_VERSION, Framer
-from hypic_agent.segments.kinds import Message, Segment
+from hypic_agent.segments.prompt.framing import FORMAT_VERSION, Framer
+from hypic_agent.segments.prompt.kinds import Message, Segment
 
 
 def test_format_version_is_an_int():

@@ -6,7 +6,7 @@ import pytest
 from pydantic import BaseModel, ValidationError
 
 from hypic_agent.errors import InvalidRequestError
-from hypic_agent.segments.kinds import CachePolicy, Message, Segment, SegmentIn, parse_segment
+from hypic_agent.segments.prompt.kinds import CachePolicy, Message, Segment, SegmentIn, parse_segment
 
 
 class Request(BaseModel):

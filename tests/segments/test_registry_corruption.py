@@ -21,7 +21,7 @@ import torch
 
 from hypic_agent.segments.headers import record_from_header, row_header
 from hypic_agent.segments.integrity import RegistryUnavailableError, check_sqlite
-from hypic_agent.segments.keys import token_digest
+from hypic_agent.segments.prompt.keys import token_digest
 from hypic_agent.segments.registry import EntryRecord, Registry, decode_row
 from hypic_agent.segments.tiers import DiskTier, checksum_bytes
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 
 from hypic_agent.errors import ContextLengthError, InvalidRequestError, SegmentNotFoundError
-from hypic_agent.segments.framing import Framer
-from hypic_agent.segments.keys import KeyContext, segment_key, token_digest
-from hypic_agent.segments.kinds import Message, Segment
-from hypic_agent.segments.plan import PromptPlan, build_plan
+from hypic_agent.segments.prompt.framing import Framer
+from hypic_agent.segments.prompt.keys import KeyContext, segment_key, token_digest
+from hypic_agent.segments.prompt.kinds import Message, Segment
+from hypic_agent.segments.prompt.plan import PromptPlan, build_plan
+from hypic_agent.segments.prompt.resolve import stored_resolver
+from hypic_agent.segments.prompt.tokenize import CanonicalSegment, canonicalize, detect_bos
 from hypic_agent.segments.registry import EntryRecord
-from hypic_agent.segments.resolve import stored_resolver
-from hypic_agent.segments.tokenize import CanonicalSegment, canonicalize, detect_bos
 
 CTX = KeyContext(model_fingerprint="tiny-fp", tenant="acme", seam=8)
 SEGS = [
@@ -111,7 +111,7 @@ def test_key_is_stable_across_processes():
     import sys
 
     code = (
-        "from hypic_agent.segments.keys import segment_key\n"
+        "from hypic_agent.segments.prompt.keys import segment_key\n"
         "print(segment_key([5, 6], model_fingerprint='m', tenant='t', seam=8))"
     )
     outs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout for _ in range(2)}

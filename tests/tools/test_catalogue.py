@@ -8,8 +8,8 @@ import pytest
 
 from hypic_agent.api.chat import ChatRequest, chat_to_segments
 from hypic_agent.runtime.models.tokenizer import tiny_tokenizer
-from hypic_agent.segments.framing import Framer
-from hypic_agent.segments.kinds import Segment
+from hypic_agent.segments.prompt.framing import Framer
+from hypic_agent.segments.prompt.kinds import Segment
 from hypic_agent.tools.catalogue import with_tools
 from hypic_agent.tools.format import DEFAULT_INSTRUCTIONS, ToolFormat
 from hypic_agent.tools.spec import Function

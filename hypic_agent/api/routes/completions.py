@@ -38,9 +38,9 @@ from hypic_agent.api.state import ServerState, get_state
 from hypic_agent.api.streaming import sse_body
 from hypic_agent.errors import InvalidRequestError
 from hypic_agent.runtime.results import FinishEvent
-from hypic_agent.segments.kinds import Segment, SegmentIn
-from hypic_agent.segments.plan import PromptPlan
-from hypic_agent.segments.tokenize import detect_bos, encode
+from hypic_agent.segments.prompt.kinds import Segment, SegmentIn
+from hypic_agent.segments.prompt.plan import PromptPlan
+from hypic_agent.segments.prompt.tokenize import detect_bos, encode
 from hypic_agent.wire import MaxTokens, Seam, Seed, Temperature, Text, TopK, TopP
 
 router = APIRouter(tags=["openai"])

@@ -18,7 +18,7 @@ from hypic_agent.api.served import check_model
 from hypic_agent.api.state import ServerState, get_state
 from hypic_agent.api.streaming import sse_body
 from hypic_agent.runtime.results import FinishEvent
-from hypic_agent.segments.kinds import Segment
+from hypic_agent.segments.prompt.kinds import Segment
 
 router = APIRouter(tags=["generate"])
 

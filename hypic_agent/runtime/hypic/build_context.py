@@ -35,7 +35,7 @@ from typing import Any
 import xxhash
 
 from hypic_agent.errors import ModelConfigError
-from hypic_agent.segments.framing import header_block
+from hypic_agent.segments.prompt.framing import header_block
 
 _SENTINEL = "hypic-build-context-sentinel"
 # ``document``: the neutral document after the system turn (title, text), framed as documents are

@@ -22,7 +22,7 @@ from hypic_agent.runtime.hypic.build_context import BuildContext, context_at, ke
 from hypic_agent.runtime.hypic.modes import seam_tokens
 from hypic_agent.runtime.models.hybrid import HybridForCausalLM
 from hypic_agent.runtime.prompt_pieces import PromptPieces
-from hypic_agent.segments.keys import segment_key
+from hypic_agent.segments.prompt.keys import segment_key
 
 
 class SeamPlanner:

@@ -19,7 +19,7 @@ _IDS = itertools.count(1)
 
 @dataclass(frozen=True)
 class GenerationRequest:
-    plan: Any  # a segments.plan.PromptPlan (engine.PlanLike)
+    plan: Any  # a segments.prompt.plan.PromptPlan (engine.PlanLike)
     sampling: SamplingParams
     mode: str | None = None
     seam: float | str | None = None

@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from itertools import accumulate
 
 from hypic_agent.errors import ContextLengthError, InvalidRequestError
-from hypic_agent.segments.framing import Framer
-from hypic_agent.segments.keys import KeyContext, SegmentKey
-from hypic_agent.segments.kinds import Segment
-from hypic_agent.segments.tokenize import CanonicalSegment, Tokenizer, canonicalize, detect_bos, suffix_ids
+from hypic_agent.segments.prompt.framing import Framer
+from hypic_agent.segments.prompt.keys import KeyContext, SegmentKey
+from hypic_agent.segments.prompt.kinds import Segment
+from hypic_agent.segments.prompt.tokenize import CanonicalSegment, Tokenizer, canonicalize, detect_bos, suffix_ids
 
 Resolver = Callable[[Segment], CanonicalSegment]
 """Turns a segment given by id into its canonical form (see ``resolve.py``)."""

@@ -20,7 +20,7 @@ import numpy as np
 import xxhash
 
 from hypic_agent.errors import InvalidRequestError
-from hypic_agent.segments.framing import FORMAT_VERSION
+from hypic_agent.segments.prompt.framing import FORMAT_VERSION
 
 SegmentKey = NewType("SegmentKey", str)
 """32 lowercase hex digits (xxh3_128)."""

@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from hypic_agent.errors import InvalidRequestError
-from hypic_agent.segments.kinds import Message, Segment
+from hypic_agent.segments.prompt.kinds import Message, Segment
 
 FORMAT_VERSION = 1
 """Bump on any change to the text produced here (it is part of every ``SegmentKey``)."""

@@ -6,16 +6,36 @@ may use another seam than the one the id was registered under: same tokens, othe
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
 
 from hypic_agent.errors import InvalidRequestError, SegmentNotFoundError
-from hypic_agent.segments.keys import KeyContext, token_digest
-from hypic_agent.segments.kinds import Segment
-from hypic_agent.segments.plan import Resolver
-from hypic_agent.segments.registry import EntryRecord
-from hypic_agent.segments.tokenize import CanonicalSegment
+from hypic_agent.segments.prompt.keys import KeyContext, token_digest
+from hypic_agent.segments.prompt.kinds import Segment
+from hypic_agent.segments.prompt.plan import Resolver
+from hypic_agent.segments.prompt.tokenize import CanonicalSegment
 
-Lookup = Callable[[str, str], EntryRecord | None]
+
+class StoredSegment(Protocol):
+    """What resolving reads of a stored row (the store's ``EntryRecord`` is one)."""
+
+    @property
+    def kind(self) -> str: ...
+    @property
+    def model_fingerprint(self) -> str: ...
+    @property
+    def token_ids(self) -> tuple[int, ...] | None: ...
+    @property
+    def token_digest(self) -> str | None: ...
+    @property
+    def text(self) -> str | None: ...
+    @property
+    def title(self) -> str | None: ...
+    @property
+    def meta(self) -> Mapping[str, Any]: ...
+
+
+Lookup = Callable[[str, str], StoredSegment | None]
 """``(id, tenant) -> row with token ids``: ``Registry.get`` or ``SegmentStore.info``."""
 
 

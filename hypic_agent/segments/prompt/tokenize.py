@@ -15,9 +15,9 @@ from types import MappingProxyType
 from typing import Any, Protocol
 
 from hypic_agent.errors import InvalidRequestError
-from hypic_agent.segments.framing import Framer
-from hypic_agent.segments.keys import KeyContext, SegmentKey, token_digest
-from hypic_agent.segments.kinds import CachePolicy, Segment, SegmentKind
+from hypic_agent.segments.prompt.framing import Framer
+from hypic_agent.segments.prompt.keys import KeyContext, SegmentKey, token_digest
+from hypic_agent.segments.prompt.kinds import CachePolicy, Segment, SegmentKind
 
 
 class Tokenizer(Protocol):
