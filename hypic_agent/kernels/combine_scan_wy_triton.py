@@ -33,7 +33,7 @@ import triton
 import triton.language as tl
 
 from .backend import autotune_cache, interpreting
-from .chain_triton import pair_step
+from .chain.chain_triton import pair_step
 
 
 @triton.jit

@@ -27,7 +27,7 @@ def test_import_does_not_pull_gpu_packages():
     code = (
         "import sys\n"
         "from hypic_agent.kernels import gdn, pairs, chain, conv, rope, attention, moe, backend\n"
-        "lazy = ('fla', 'hypic_agent.kernels.chain_triton', 'hypic_agent.kernels.gdn.gdn_fla')\n"
+        "lazy = ('fla', 'hypic_agent.kernels.chain.chain_triton', 'hypic_agent.kernels.gdn.gdn_fla')\n"
         "assert not [m for m in lazy if m in sys.modules]\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CHAIN = """
 import torch
 from hypic_agent.kernels.chain import chain_scan_torch
-from hypic_agent.kernels.chain_triton import chain_scan_triton
+from hypic_agent.kernels.chain.chain_triton import chain_scan_triton
 from tests.kernels.helpers import rel_err
 g = torch.Generator().manual_seed(0)
 for HV, K, V, n in ((3, 32, 24, 5), (2, 20, 16, 0)):

@@ -2,7 +2,7 @@
 
 ``states[0] = h0`` and ``states[i+1] = T[i] @ states[i] + S[i]`` per value head, fp32. This is
 the combine step of HYPIC linear layers (seam -> body -> seam ...). The torch reference is a
-loop of batched matmuls; on CUDA (``"auto"`` or ``"fla"``) the fused Triton kernel
+loop of batched matmuls (``chain_torch``); on CUDA (``"auto"`` or ``"fla"``) the fused Triton kernel
 (``chain_triton``, one launch, full ``[K, K]`` tile in tf32x3). Measured on an H200 for 41 pairs
 at HV=32, K=V=128 (``benchmarks/prefill_profile.py``): Triton 0.41 ms vs 2.05 ms for the cuBLAS
 loop, relative difference 3.3e-7.
@@ -12,17 +12,10 @@ from __future__ import annotations
 
 import torch
 
-from .backend import resolve_triton
+from ..backend import resolve_triton
+from .chain_torch import chain_scan_torch, compose_bodies
 
-
-def chain_scan_torch(h0: torch.Tensor, T: torch.Tensor, S: torch.Tensor) -> torch.Tensor:
-    """Reference: h0 ``[HV, K, V]``, T ``[n, HV, K, K]``, S ``[n, HV, K, V]`` -> ``[n+1, HV, K, V]`` fp32."""
-    out = h0.new_empty(T.shape[0] + 1, *h0.shape, dtype=torch.float32)
-    out[0] = h0.float()
-    ts, ss, outs = T.float().unbind(0), S.float().unbind(0), out.unbind(0)
-    for i in range(len(ts)):
-        torch.baddbmm(ss[i], ts[i], outs[i], out=outs[i + 1])
-    return out
+__all__ = ["chain_scan", "chain_scan_torch", "compose_bodies", "compose_body_pointers"]
 
 
 def chain_scan(
@@ -64,27 +57,6 @@ def chain_scan(
         )
     states = chain_scan_torch(h0, T, S)
     return states[-1] if last_only else states
-
-
-def compose_bodies(chains: list[list[tuple[torch.Tensor, torch.Tensor]]], *, transition: bool = True) -> torch.Tensor:
-    """Reference: the state after each chain of pairs from a zero state.
-
-    Args:
-        chains: L chains of n >= 1 pairs ``(T [HV, K, K], S [HV, K, V])``: the pairs of a ``w = 0``
-            prompt's leading bodies, one chain per linear layer.
-        transition: ``h <- T @ h + S``; False: ``h <- h + S`` (the ``addition`` ablation).
-    Returns:
-        ``[L, HV, K, V]`` fp32.
-    """
-    if not chains or not all(chains):
-        raise ValueError("need at least one chain, each of at least one pair")
-    out = []
-    for chain in chains:
-        h = chain[0][1].float()  # T_0 @ 0 + S_0
-        for T, S in chain[1:]:
-            h = (torch.bmm(T.float(), h) if transition else h) + S.float()
-        out.append(h)
-    return torch.stack(out)
 
 
 def compose_body_pointers(

@@ -1,4 +1,5 @@
-"""Fused chain scan in Triton (CUDA; imported lazily so CPU installs never need triton).
+"""Fused chain scan in Triton (CUDA; imported lazily so CPU installs never need triton). Twins:
+``chain_torch``.
 
 One launch, grid ``(cdiv(V, BV), HV)``: each program owns a ``[K, BV]`` column slice of the
 running state and walks the n pairs, ``h <- T[i] @ h + S[i]``, storing every state. Two
@@ -22,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .backend import interpreting
+from ..backend import interpreting
 
 
 @triton.jit
