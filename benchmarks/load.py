@@ -219,8 +219,8 @@ def check_disk(home: Path) -> dict[str, Any]:
     (checksum verified on read)."""
     sys.path.insert(0, str(ROOT))
     from hypic_agent.config import Settings
-    from hypic_agent.segments.registry import Registry
-    from hypic_agent.segments.store import SegmentStore
+    from hypic_agent.segments.store.registry import Registry
+    from hypic_agent.segments.store.segment_store import SegmentStore
 
     settings = Settings(home=home, device="cpu")
     root = settings.resolved_store_dir()

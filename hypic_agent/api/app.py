@@ -26,7 +26,7 @@ from hypic_agent.api.routes import chat, completions, generate, segments, system
 from hypic_agent.api.state import ServerState
 from hypic_agent.config import Settings, get_settings
 from hypic_agent.runtime.engine import Engine
-from hypic_agent.segments.store import SegmentStore
+from hypic_agent.segments.store.segment_store import SegmentStore
 
 log = logging.getLogger("hypic.api")
 

@@ -24,11 +24,11 @@ from hypic_agent.api.state import ServerState
 from hypic_agent.errors import InvalidRequestError, SegmentNotFoundError
 from hypic_agent.runtime.hypic.modes import mode_spec, seam_tokens
 from hypic_agent.runtime.hypic.store_cache import EntryHint
-from hypic_agent.segments.entries import EntryMeta
 from hypic_agent.segments.prompt.resolve import stored_resolver
 from hypic_agent.segments.prompt.tokenize import CanonicalSegment, canonicalize
-from hypic_agent.segments.quota import EntryTooLargeError, PinQuotaError
-from hypic_agent.segments.registry import EntryRecord
+from hypic_agent.segments.store.entries import EntryMeta
+from hypic_agent.segments.store.quota import EntryTooLargeError, PinQuotaError
+from hypic_agent.segments.store.registry import EntryRecord
 from hypic_agent.wire import check_json, json_depth
 
 log = logging.getLogger("hypic.api")

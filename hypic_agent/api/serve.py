@@ -190,7 +190,7 @@ def run_server(
     from hypic_agent.api.segments_service import put_segments
     from hypic_agent.api.state import ServerState
     from hypic_agent.runtime.loader import load_engine
-    from hypic_agent.segments.store import SegmentStore
+    from hypic_agent.segments.store.segment_store import SegmentStore
 
     configure_logging(settings.log_level)
     items = read_prewarm(prewarm) if prewarm is not None else None  # a bad file fails before loading

@@ -24,7 +24,7 @@ from hypic_agent.runtime.engine import Engine
 from hypic_agent.runtime.hypic.store_cache import StoreEntryCache
 from hypic_agent.runtime.serving import Serving
 from hypic_agent.segments.prompt.framing import Framer
-from hypic_agent.segments.store import SegmentStore
+from hypic_agent.segments.store.segment_store import SegmentStore
 
 
 @dataclass

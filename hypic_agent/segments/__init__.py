@@ -19,10 +19,10 @@ _EXPORTS = {
     "prompt.tokenize": ("CanonicalSegment", "Tokenizer", "canonicalize"),
     "prompt.plan": ("PromptPlan", "Resolver", "build_plan"),
     "prompt.resolve": ("stored_resolver",),
-    "registry": ("EntryRecord", "Page", "Registry"),
-    "entries": ("EntryMeta", "Fetch", "StoreStats", "TierStats"),
-    "eviction": ("EvictionPolicy",),
-    "store": ("SegmentStore",),
+    "store.registry": ("EntryRecord", "Page", "Registry"),
+    "store.entries": ("EntryMeta", "Fetch", "StoreStats", "TierStats"),
+    "store.eviction": ("EvictionPolicy",),
+    "store.segment_store": ("SegmentStore",),
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 __all__ = [
@@ -58,8 +58,6 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from hypic_agent.segments.entries import EntryMeta, Fetch, StoreStats, TierStats
-    from hypic_agent.segments.eviction import EvictionPolicy
     from hypic_agent.segments.prompt.framing import FORMAT_VERSION, Framer
     from hypic_agent.segments.prompt.keys import KeyContext, SegmentKey, segment_key, token_digest
     from hypic_agent.segments.prompt.kinds import (
@@ -74,8 +72,10 @@ if TYPE_CHECKING:
     from hypic_agent.segments.prompt.plan import PromptPlan, Resolver, build_plan
     from hypic_agent.segments.prompt.resolve import stored_resolver
     from hypic_agent.segments.prompt.tokenize import CanonicalSegment, Tokenizer, canonicalize
-    from hypic_agent.segments.registry import EntryRecord, Page, Registry
-    from hypic_agent.segments.store import SegmentStore
+    from hypic_agent.segments.store.entries import EntryMeta, Fetch, StoreStats, TierStats
+    from hypic_agent.segments.store.eviction import EvictionPolicy
+    from hypic_agent.segments.store.registry import EntryRecord, Page, Registry
+    from hypic_agent.segments.store.segment_store import SegmentStore
 
 
 def __getattr__(name: str) -> Any:

@@ -8,7 +8,7 @@ import torch
 from hypic_agent.config import Settings
 from hypic_agent.runtime.hypic.entry import LinearEntry
 from hypic_agent.runtime.hypic.store_cache import EntryHint, StoreEntryCache
-from hypic_agent.segments.store import SegmentStore
+from hypic_agent.segments.store.segment_store import SegmentStore
 
 TOKENS = [list(range(10, 60)), list(range(100, 140))]
 

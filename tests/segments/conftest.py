@@ -66,7 +66,7 @@ def registry_url(request: pytest.FixtureRequest, tmp_path) -> str:
         pytest.skip("HYPIC_TEST_POSTGRES_URL is not set")
     import sqlalchemy as sa
 
-    from hypic_agent.segments.registry import Base
+    from hypic_agent.segments.store.registry import Base
 
     engine = sa.create_engine(url)
     Base.metadata.drop_all(engine)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from hypic_agent.segments.entries import EntryMeta
 from hypic_agent.segments.prompt.keys import segment_key
-from hypic_agent.segments.registry import Registry
-from hypic_agent.segments.store import SegmentStore
+from hypic_agent.segments.store.entries import EntryMeta
+from hypic_agent.segments.store.registry import Registry
+from hypic_agent.segments.store.segment_store import SegmentStore
 
 FP = "tiny-model:fp32:abc"
 NBYTES = 256  # payload() is 64 float32 values

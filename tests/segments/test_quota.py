@@ -7,7 +7,7 @@ import os
 import pytest
 
 from hypic_agent.config import Settings
-from hypic_agent.segments.quota import EntryTooLargeError, PinQuotaError, TenantShares
+from hypic_agent.segments.store.quota import EntryTooLargeError, PinQuotaError, TenantShares
 
 from .helpers import FakeClock, entry_bytes, key, make_store, meta, payload
 

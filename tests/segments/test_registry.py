@@ -7,7 +7,7 @@ import threading
 import pytest
 
 from hypic_agent.errors import InvalidRequestError
-from hypic_agent.segments.registry import EntryRecord, Registry
+from hypic_agent.segments.store.registry import EntryRecord, Registry
 
 
 def rec(key: str, tenant: str = "t1", **kw) -> EntryRecord:

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from hypic_agent.segments.singleflight import SingleFlight
+from hypic_agent.segments.store.singleflight import SingleFlight
 
 from .helpers import entry_bytes, key, make_store, meta, payload, same
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from hypic_agent.segments.quota import TenantShares
+from hypic_agent.segments.store.quota import TenantShares
 
 from .helpers import FakeClock, entry_bytes, key, make_store, meta, payload
 

@@ -26,8 +26,8 @@ from typing import Any
 
 from hypic_agent.runtime.hypic.cache import Lookup
 from hypic_agent.runtime.hypic.entry import SegmentEntry
-from hypic_agent.segments.entries import EntryMeta
-from hypic_agent.segments.store import SegmentStore
+from hypic_agent.segments.store.entries import EntryMeta
+from hypic_agent.segments.store.segment_store import SegmentStore
 
 log = logging.getLogger("hypic.store_cache")
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from hypic_agent.segments.entries import IndexEntry, StoreStats, Tensors, TierStats
-from hypic_agent.segments.registry import Registry
-from hypic_agent.segments.tiers import DiskTier, MemoryTier
+from hypic_agent.segments.store.entries import IndexEntry, StoreStats, Tensors, TierStats
+from hypic_agent.segments.store.registry import Registry
+from hypic_agent.segments.store.tiers import DiskTier, MemoryTier
 
 
 class UsageLog:

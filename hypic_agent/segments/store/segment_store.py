@@ -42,17 +42,17 @@ import torch
 
 from hypic_agent.config import Settings
 from hypic_agent.errors import InvalidRequestError
-from hypic_agent.segments.entries import EntryMeta, Fetch, IndexEntry, Tensors
-from hypic_agent.segments.eviction import EvictionPolicy
-from hypic_agent.segments.headers import record_from_header
 from hypic_agent.segments.prompt.keys import token_digest
-from hypic_agent.segments.quota import TenantShares
-from hypic_agent.segments.recovery import RecoveryReport, recover, repair_row
-from hypic_agent.segments.registry import UNSET, EntryRecord, Page, Registry
-from hypic_agent.segments.singleflight import SingleFlight, StoreFlights
-from hypic_agent.segments.tier_policy import TierPolicy
-from hypic_agent.segments.tiers import CorruptEntryError, DiskTier, MemoryTier, payload_nbytes
-from hypic_agent.segments.usage import UsageLog
+from hypic_agent.segments.store.entries import EntryMeta, Fetch, IndexEntry, Tensors
+from hypic_agent.segments.store.eviction import EvictionPolicy
+from hypic_agent.segments.store.headers import record_from_header
+from hypic_agent.segments.store.quota import TenantShares
+from hypic_agent.segments.store.recovery import RecoveryReport, recover, repair_row
+from hypic_agent.segments.store.registry import UNSET, EntryRecord, Page, Registry
+from hypic_agent.segments.store.singleflight import SingleFlight, StoreFlights
+from hypic_agent.segments.store.tier_policy import TierPolicy
+from hypic_agent.segments.store.tiers import CorruptEntryError, DiskTier, MemoryTier, payload_nbytes
+from hypic_agent.segments.store.usage import UsageLog
 
 log = logging.getLogger(__name__)
 

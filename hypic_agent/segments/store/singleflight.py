@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import Future
 from typing import Any, Generic, TypeVar
 
-from hypic_agent.segments.entries import EntryMeta, Fetch, Tensors
+from hypic_agent.segments.store.entries import EntryMeta, Fetch, Tensors
 
 T = TypeVar("T")
 Compute = Callable[[], tuple[Tensors, EntryMeta]]

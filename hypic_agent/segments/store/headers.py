@@ -23,10 +23,10 @@ from dataclasses import fields
 from pathlib import PurePosixPath
 from typing import Any
 
-from hypic_agent.segments.entries import EntryMeta, IndexEntry
 from hypic_agent.segments.prompt.keys import token_bytes, token_digest, tokens_from_bytes
-from hypic_agent.segments.registry import IDENTITY, EntryRecord
-from hypic_agent.segments.tiers import CorruptEntryError, FileHeader
+from hypic_agent.segments.store.entries import EntryMeta, IndexEntry
+from hypic_agent.segments.store.registry import IDENTITY, EntryRecord
+from hypic_agent.segments.store.tiers import CorruptEntryError, FileHeader
 
 ROW_VERSION = 1
 

@@ -56,8 +56,8 @@ from sqlalchemy.types import NullType
 
 from hypic_agent.config import Settings
 from hypic_agent.errors import InvalidRequestError
-from hypic_agent.segments.integrity import Quarantined, check_sqlite, lenient_text, quarantine_db, sqlite_path
 from hypic_agent.segments.prompt.keys import token_bytes, token_digest, tokens_from_bytes
+from hypic_agent.segments.store.integrity import Quarantined, check_sqlite, lenient_text, quarantine_db, sqlite_path
 
 log = logging.getLogger(__name__)
 

@@ -24,9 +24,9 @@ from typing import Any, TypeVar
 
 from hypic_agent.config import Settings
 from hypic_agent.errors import ConflictError, PayloadTooLargeError
-from hypic_agent.segments.entries import IndexEntry
-from hypic_agent.segments.eviction import EvictionPolicy
-from hypic_agent.segments.tiers import DiskTier, MemoryTier
+from hypic_agent.segments.store.entries import IndexEntry
+from hypic_agent.segments.store.eviction import EvictionPolicy
+from hypic_agent.segments.store.tiers import DiskTier, MemoryTier
 
 
 class PinQuotaError(ConflictError):

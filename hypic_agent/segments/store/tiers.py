@@ -29,7 +29,7 @@ import safetensors.torch
 import torch
 import xxhash
 
-from hypic_agent.segments.integrity import QUARANTINE_DIR, stamp
+from hypic_agent.segments.store.integrity import QUARANTINE_DIR, stamp
 
 Tensors = dict[str, torch.Tensor]
 FILE_FORMAT = "hypic-entry-1"

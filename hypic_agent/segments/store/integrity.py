@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-log = logging.getLogger("hypic_agent.segments.registry")
+log = logging.getLogger("hypic_agent.segments.store.registry")
 
 QUARANTINE_DIR = "quarantine"
 _SIDE_FILES = ("-wal", "-shm", "-journal")
