@@ -26,8 +26,8 @@ forwards run in lockstep and keep no per-layer rows.
    picks.
 
 The deviation alone (question-blind, what CacheBlend's layer-1 key/value deviation also measures)
-picked tokens that lowered the first-token KL but not the gold-answer NLL (``docs/benchmarks.md``);
-weighting by the question's attention is what made the picks count. The scout's rows are charged
+picked tokens that lowered the first-token KL but not the gold-answer NLL (CHANGELOG.md, "Benchmark
+history"); weighting by the question's attention is what made the picks count. The scout's rows are charged
 to the budget: ``active rows x scout layers / layers`` token equivalents. A deeper scout reads the
 question better but costs more: on SmolLM2 at w=8's token count, 8 of 30 layers left the lowest
 first-token KL (4 and 15 within noise, all 30 clearly worse: its cost ate a third of the budget).
