@@ -10,9 +10,9 @@ import textwrap
 import pytest
 import torch
 
+from hypic_agent.segments.store.disk_tier import DiskTier
 from hypic_agent.segments.store.eviction import EvictionPolicy
 from hypic_agent.segments.store.registry import Registry
-from hypic_agent.segments.store.tiers import DiskTier
 
 from .helpers import FakeClock, entry_bytes, key, make_store, meta, payload, same
 

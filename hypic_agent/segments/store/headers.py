@@ -4,11 +4,11 @@ Each disk file's safetensors metadata keeps the fields older files had (``key``,
 ``kind``, ``model_fingerprint``, ``token_digest``) and, from header version 1 on, the entry's row
 as JSON under ``row``: identity, ``n_tokens``, the token ids (base64 of little-endian int32),
 ``created_at``, ``prefill_ms``, pin and TTL as written, payload ``nbytes``, framed text, title and
-metadata. ``tiers.DiskTier`` adds ``row_xxh3`` and ``data_xxh3`` so a rebuild trusts only what
+metadata. ``disk_tier.DiskTier`` adds ``row_xxh3`` and ``data_xxh3`` so a rebuild trusts only what
 checks out. A header tells the row as it was when the file was written: a later PATCH of pin or
 TTL, hit counts and last-used times live only in the registry.
 
-``record_from_header`` turns a checked header (``tiers.FileHeader``) into an ``EntryRecord``
+``record_from_header`` turns a checked header (``disk_tier.FileHeader``) into an ``EntryRecord``
 (``tier = disk``); ``repair`` fills a damaged row's bad fields from one. Old files (no ``row``)
 rebuild too: their token ids come from the payload's own ``token_ids`` tensor when its digest
 matches, their ``created_at`` from the file's mtime, text / title / metadata are unknown.
@@ -24,9 +24,9 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from hypic_agent.segments.prompt.keys import token_bytes, token_digest, tokens_from_bytes
+from hypic_agent.segments.store.disk_tier import CorruptEntryError, FileHeader
 from hypic_agent.segments.store.entries import EntryMeta, IndexEntry
 from hypic_agent.segments.store.registry import IDENTITY, EntryRecord
-from hypic_agent.segments.store.tiers import CorruptEntryError, FileHeader
 
 ROW_VERSION = 1
 

@@ -24,9 +24,10 @@ from typing import Any, TypeVar
 
 from hypic_agent.config import Settings
 from hypic_agent.errors import ConflictError, PayloadTooLargeError
+from hypic_agent.segments.store.disk_tier import DiskTier
 from hypic_agent.segments.store.entries import IndexEntry
 from hypic_agent.segments.store.eviction import EvictionPolicy
-from hypic_agent.segments.store.tiers import DiskTier, MemoryTier
+from hypic_agent.segments.store.memory_tier import MemoryTier
 
 
 class PinQuotaError(ConflictError):

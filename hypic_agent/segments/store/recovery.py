@@ -32,11 +32,11 @@ from pathlib import Path
 from typing import Any
 
 from hypic_agent.segments.prompt.keys import token_digest
+from hypic_agent.segments.store.disk_tier import CorruptEntryError, DiskTier, FileHeader
 from hypic_agent.segments.store.entries import IndexEntry
 from hypic_agent.segments.store.headers import record_from_header, repair
 from hypic_agent.segments.store.integrity import stamp
 from hypic_agent.segments.store.registry import IDENTITY, EntryRecord, Registry
-from hypic_agent.segments.store.tiers import CorruptEntryError, DiskTier, FileHeader
 
 log = logging.getLogger(__name__)
 

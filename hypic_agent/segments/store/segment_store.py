@@ -43,15 +43,16 @@ import torch
 from hypic_agent.config import Settings
 from hypic_agent.errors import InvalidRequestError
 from hypic_agent.segments.prompt.keys import token_digest
+from hypic_agent.segments.store.disk_tier import CorruptEntryError, DiskTier
 from hypic_agent.segments.store.entries import EntryMeta, Fetch, IndexEntry, Tensors
 from hypic_agent.segments.store.eviction import EvictionPolicy
 from hypic_agent.segments.store.headers import record_from_header
+from hypic_agent.segments.store.memory_tier import MemoryTier, payload_nbytes
 from hypic_agent.segments.store.quota import TenantShares
 from hypic_agent.segments.store.recovery import RecoveryReport, recover, repair_row
 from hypic_agent.segments.store.registry import UNSET, EntryRecord, Page, Registry
 from hypic_agent.segments.store.singleflight import SingleFlight, StoreFlights
 from hypic_agent.segments.store.tier_policy import TierPolicy
-from hypic_agent.segments.store.tiers import CorruptEntryError, DiskTier, MemoryTier, payload_nbytes
 from hypic_agent.segments.store.usage import UsageLog
 
 log = logging.getLogger(__name__)

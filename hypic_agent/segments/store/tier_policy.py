@@ -11,12 +11,13 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from hypic_agent.segments.store.disk_tier import DiskTier
 from hypic_agent.segments.store.entries import EntryMeta, IndexEntry, Tensors
 from hypic_agent.segments.store.eviction import EvictionPolicy
 from hypic_agent.segments.store.headers import row_header
+from hypic_agent.segments.store.memory_tier import MemoryTier
 from hypic_agent.segments.store.quota import TenantQuota, fair_victims
 from hypic_agent.segments.store.registry import Registry
-from hypic_agent.segments.store.tiers import DiskTier, MemoryTier
 
 log = logging.getLogger("hypic_agent.segments.store.segment_store")
 

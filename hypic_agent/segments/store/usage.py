@@ -12,9 +12,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from hypic_agent.segments.store.disk_tier import DiskTier
 from hypic_agent.segments.store.entries import IndexEntry, StoreStats, Tensors, TierStats
+from hypic_agent.segments.store.memory_tier import MemoryTier
 from hypic_agent.segments.store.registry import Registry
-from hypic_agent.segments.store.tiers import DiskTier, MemoryTier
 
 
 class UsageLog:
