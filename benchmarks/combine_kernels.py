@@ -1,6 +1,6 @@
 """The combine's two seam-window kernels at the Qwen3.5-35B-A3B combine shape, each variant side by side.
 
-* WY chain (``combine_scan_wy_triton``): 20 seam windows of 8 tokens, each followed by a cached
+* WY chain (``combine_scan/combine_scan_triton``): 20 seam windows of 8 tokens, each followed by a cached
   body pair, then a 50-token question (24 steps, 32 value heads of 128 x 128, fp32 pairs); state
   dots in tf32x3 (``precise``) or one tf32 pass (the default for bf16 outputs).
 * Split-K attention (``attention_splitk_triton``): the same 210 queries (16 heads of 256, 2 kv
@@ -21,11 +21,11 @@ import torch
 from _common import device_ms, print_table, write_json
 
 from hypic_agent.kernels.attention import attention
-from hypic_agent.kernels.combine_scan_wy import plan_steps
+from hypic_agent.kernels.combine_scan import plan_steps
 
 
 def wy_rows(reps: int) -> list[dict[str, object]]:
-    from hypic_agent.kernels import combine_scan_wy_triton as wy
+    from hypic_agent.kernels.combine_scan import combine_scan_triton as wy
 
     dev, HV, K, V = torch.device("cuda"), 32, 128, 128
     g = torch.Generator(device=dev).manual_seed(0)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hypic_agent.kernels.combine_scan_wy import choose_chunk_size, plan_steps, wy_factors_torch
+from hypic_agent.kernels.combine_scan import choose_chunk_size, plan_steps, wy_factors_torch
 from hypic_agent.kernels.gdn import gdn_torch
 from tests.kernels.helpers import gdn_inputs, rel_err
 

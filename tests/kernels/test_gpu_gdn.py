@@ -205,9 +205,8 @@ def test_combine_scan_wy_matches_twin(pair_dtype, transition):
     twin at the Qwen3.5 shape (20 seams of 8 tokens around cached bodies, a 50-token question): both
     chunk sizes, the dispatcher's default launch and one fixed launch shape, precise and one-pass
     state dots. (Launch-shape timings: ``benchmarks/combine_kernels.py``.)"""
-    from hypic_agent.kernels.combine_scan import chain_tables, gdn_combine_scan, gdn_combine_scan_torch
-    from hypic_agent.kernels.combine_scan_wy import plan_steps
-    from hypic_agent.kernels.combine_scan_wy_triton import wy_chain_triton, wy_factors_triton
+    from hypic_agent.kernels.combine_scan import chain_tables, gdn_combine_scan, gdn_combine_scan_torch, plan_steps
+    from hypic_agent.kernels.combine_scan.combine_scan_triton import wy_chain_triton, wy_factors_triton
 
     HV, K, V = 32, 128, 128
     x = gdn_inputs(20 * 8 + 50, 16, HV, K=K, V=V, seed=10, device="cuda", dtype=torch.bfloat16)

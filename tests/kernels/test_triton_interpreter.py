@@ -61,7 +61,8 @@ COMBINE_TABLES = """
 import functools
 from unittest import mock
 import torch
-from hypic_agent.kernels import combine_scan, combine_scan_wy_triton, gather_spans
+from hypic_agent.kernels import combine_scan, gather_spans
+from hypic_agent.kernels.combine_scan import combine_scan_triton as combine_scan_wy_triton
 from hypic_agent.kernels.config import KernelConfig
 from hypic_agent.runtime.hypic import combine as comb
 from hypic_agent.runtime.hypic import splice
@@ -103,8 +104,8 @@ COMBINE_WY = """
 # the WY scan: its factor kernel against the torch twin, the whole scan against the token-loop twin
 import torch
 from hypic_agent.kernels.combine_scan import Body, Piece, chain_tables, gdn_combine_scan_torch
-from hypic_agent.kernels.combine_scan_wy import plan_steps, wy_factors_torch
-from hypic_agent.kernels.combine_scan_wy_triton import wy_chain_triton, wy_factors_triton
+from hypic_agent.kernels.combine_scan import plan_steps, wy_factors_torch
+from hypic_agent.kernels.combine_scan.combine_scan_triton import wy_chain_triton, wy_factors_triton
 from tests.kernels.helpers import gdn_inputs, rel_err
 H, HV, K, V = 2, 4, 32, 48
 x = gdn_inputs(100, H, HV, K, V, seed=5)
@@ -138,7 +139,8 @@ for a, b in zip(wy_factors_triton(**views, chunks=st.chunks, chunk_size=64), f):
 # the dispatcher's WY branch (chunk size picked by the planner), at a fixed launch shape
 import functools
 from unittest import mock
-from hypic_agent.kernels import combine_scan, combine_scan_wy_triton
+from hypic_agent.kernels import combine_scan
+from hypic_agent.kernels.combine_scan import combine_scan_triton as combine_scan_wy_triton
 fixed = functools.partial(wy_chain_triton, bv=16, num_warps=2)
 with mock.patch.object(combine_scan, "resolve_triton", lambda b, d: True), \
         mock.patch.object(combine_scan_wy_triton, "wy_chain_triton", fixed):

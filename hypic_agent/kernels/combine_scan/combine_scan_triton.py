@@ -1,6 +1,6 @@
 """Combine scan in WY form: the state-independent work of every piece in parallel, then a short chain
-(CUDA; imported lazily). Twins: ``combine_scan_wy.wy_factors_torch`` (the factors) and
-``combine_scan.gdn_combine_scan_torch`` (the whole scan, token loop).
+(CUDA; imported lazily). Twins: ``combine_scan_torch.wy_factors_torch`` (the factors) and
+``combine_scan_torch.gdn_combine_scan_torch`` (the whole scan, token loop).
 
 The token-loop scan walks 210 dependent token steps per layer for a RAG prompt (20 seam windows of
 8 tokens and a 50-token question), one round of reductions over K each, plus 20 body products whose
@@ -32,8 +32,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .backend import autotune_cache, interpreting
-from .chain.chain_triton import pair_step
+from ..backend import autotune_cache, interpreting
+from ..chain.chain_triton import pair_step
 
 
 @triton.jit
@@ -238,7 +238,7 @@ def wy_chain_triton(
     precise: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``factors`` (``wy_factors_triton``), meta ``[NS, 4]`` int32 and ptrs ``[NS, 2]`` int64
-    (``combine_scan_wy.WYSteps``), h0 ``[HV, K, V]`` -> (o ``[T, HV, V]`` in ``out_dtype``, final state
+    (``combine_scan_plan.WYSteps``), h0 ``[HV, K, V]`` -> (o ``[T, HV, V]`` in ``out_dtype``, final state
     ``[HV, K, V]`` fp32). Launch: autotuned (value columns per program, warps, pipeline stages) unless
     ``bv`` is given, then ``num_warps`` and ``stages`` of software pipelining over the steps.
 
