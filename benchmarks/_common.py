@@ -17,9 +17,9 @@ ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
 sys.path.insert(0, str(ROOT))
 
-from hypic_agent.runtime.models import random_weights  # noqa: E402
 from hypic_agent.runtime.models.config import HybridConfig  # noqa: E402
 from hypic_agent.runtime.models.hybrid import HybridForCausalLM  # noqa: E402
+from hypic_agent.runtime.models.testing import random_weights  # noqa: E402
 
 
 def model_args(ap: argparse.ArgumentParser, layers: int | None = None) -> argparse.ArgumentParser:
@@ -34,7 +34,7 @@ def model_args(ap: argparse.ArgumentParser, layers: int | None = None) -> argpar
 def load_shape(name_or_path: str, layers: int | None = None) -> dict[str, Any]:
     """A real config from shared/configs (or a path / tiny:<arch>), optionally cut to ``layers`` layers."""
     if name_or_path.startswith("tiny:"):
-        from hypic_agent.runtime.models.tiny import tiny_config
+        from hypic_agent.runtime.models.testing.tiny import tiny_config
 
         raw = tiny_config(name_or_path[5:])
     else:

@@ -42,7 +42,7 @@ def hf_twin(model: Any, raw: dict[str, Any], device: str) -> Any:
     """transformers' CausalLM sharing ``model``'s parameters (no second copy of the weights)."""
     from transformers import AutoModelForCausalLM
 
-    from hypic_agent.runtime.models.tiny import hf_config_object
+    from hypic_agent.runtime.models.testing.tiny import hf_config_object
 
     text = raw.get("text_config", raw)
     if raw.get("model_type") in ("qwen3_5", "qwen3_5_moe"):
@@ -71,7 +71,7 @@ def hf_own_times(raw: dict[str, Any], args: argparse.Namespace, dtype: torch.dty
     all s)}``, or ``{length: "error ..."}`` where a length fails; the model is freed before returning."""
     from transformers import AutoModelForCausalLM
 
-    from hypic_agent.runtime.models.tiny import hf_config_object
+    from hypic_agent.runtime.models.testing.tiny import hf_config_object
 
     with torch.device(args.device):
         hf = AutoModelForCausalLM.from_config(hf_config_object(raw.get("text_config", raw)), torch_dtype=dtype).eval()

@@ -56,7 +56,7 @@ def load_base(base: dict[str, Any], settings: Settings | None = None) -> tuple[d
     from hypic_agent.runtime.models.loading import load_checkpoint
 
     if "tiny" in base:
-        from hypic_agent.runtime.models.tiny import random_state_dict, tiny_config
+        from hypic_agent.runtime.models.testing.tiny import random_state_dict, tiny_config
 
         raw = tiny_config(base["tiny"])
         return raw, random_state_dict(raw, int(base.get("seed", 0)))

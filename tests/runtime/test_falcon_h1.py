@@ -16,7 +16,7 @@ from hypic_agent.runtime.models.config import HybridConfig
 from hypic_agent.runtime.models.keymap import to_contract
 from hypic_agent.runtime.models.layers.parallel_layer import ParallelAttentionHalf, ParallelSsmHalf
 from hypic_agent.runtime.models.registry import build_model
-from hypic_agent.runtime.models.tiny import build_hf_model, random_state_dict, tiny_config
+from hypic_agent.runtime.models.testing.tiny import build_hf_model, random_state_dict, tiny_config
 from hypic_agent.runtime.runner.standalone import decode_step, prefill
 
 from .conftest import make_model, rand_tokens

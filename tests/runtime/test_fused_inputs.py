@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hypic_agent.runtime.models.tiny import TINY_ARCHS
+from hypic_agent.runtime.models.testing.tiny import TINY_ARCHS
 from hypic_agent.runtime.runner.standalone import decode_step, prefill
 
 from .conftest import make_model, rand_tokens

@@ -18,7 +18,7 @@ from hypic_agent.runtime.hypic.build import build_entries
 from hypic_agent.runtime.hypic.combine import combine
 from hypic_agent.runtime.hypic.layout import plan_layout
 from hypic_agent.runtime.hypic.modes import mode_spec
-from hypic_agent.runtime.models.tiny import tiny_config
+from hypic_agent.runtime.models.testing.tiny import tiny_config
 from hypic_agent.runtime.runner.pool import StatePool
 from hypic_agent.runtime.runner.runner import ModelRunner
 from hypic_agent.runtime.runner.standalone import prefill

@@ -19,7 +19,7 @@ from hypic_agent.runtime.models.loading import (
     validate_state_dict,
     weight_files,
 )
-from hypic_agent.runtime.models.tiny import TINY_ARCHS, build_hf_model, random_state_dict, tiny_config
+from hypic_agent.runtime.models.testing.tiny import TINY_ARCHS, build_hf_model, random_state_dict, tiny_config
 
 
 def _save_hf(arch: str, folder: Path, shard: str | None = None, dtype: torch.dtype = torch.float32) -> dict:

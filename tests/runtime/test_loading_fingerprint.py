@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from hypic_agent.runtime.models.fingerprint import file_digest, model_fingerprint
-from hypic_agent.runtime.models.tiny import random_state_dict, tiny_config
+from hypic_agent.runtime.models.testing.tiny import random_state_dict, tiny_config
 
 CFG = tiny_config("llama")
 

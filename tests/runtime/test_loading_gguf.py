@@ -13,7 +13,7 @@ from hypic_agent.errors import ModelConfigError, WeightsError
 from hypic_agent.runtime.models.catalog import CATALOG, ModelSource, catalog_path
 from hypic_agent.runtime.models.gguf_loader import load_gguf
 from hypic_agent.runtime.models.loading import load_weights
-from hypic_agent.runtime.models.tiny import random_state_dict, tiny_config
+from hypic_agent.runtime.models.testing.tiny import random_state_dict, tiny_config
 from hypic_agent.runtime.models.tokenizer import _bytes_to_unicode, load_tokenizer
 
 from .conftest import write_stub_gguf
@@ -186,7 +186,7 @@ def test_smollm2_matches_transformers(smol: tuple) -> None:
     from transformers import AutoModelForCausalLM
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
-    from hypic_agent.runtime.models.tiny import hf_config_object
+    from hypic_agent.runtime.models.testing.tiny import hf_config_object
 
     _, _, tensors = smol
     meta = load_gguf_checkpoint(str(SMOL))

@@ -266,7 +266,7 @@ def test_lfm2_layout_agrees_with_transformers_gguf_reader(tmp_path: Path) -> Non
     from transformers import AutoModelForCausalLM
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
-    from hypic_agent.runtime.models.tiny import hf_config_object
+    from hypic_agent.runtime.models.testing.tiny import hf_config_object
 
     path = tmp_path / "lfm2.gguf"
     write_family_gguf(path, "lfm2")

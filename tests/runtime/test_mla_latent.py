@@ -16,7 +16,7 @@ from hypic_agent.runtime.hypic.build import build_entries
 from hypic_agent.runtime.hypic.entry import AttentionEntry, SegmentEntry
 from hypic_agent.runtime.models.config import HybridConfig
 from hypic_agent.runtime.models.layers.mla import MLAttention
-from hypic_agent.runtime.models.tiny import build_hf_model
+from hypic_agent.runtime.models.testing.tiny import build_hf_model
 from hypic_agent.runtime.runner.plan import plan_forward
 from hypic_agent.runtime.runner.pool import StatePool
 from hypic_agent.runtime.runner.runner import ModelRunner
@@ -192,7 +192,7 @@ def test_kimi_48b_pool_and_entry_bytes_per_token_are_the_latent_form():
 
 def test_fingerprint_names_the_latent_entry_layout(monkeypatch):
     from hypic_agent.runtime.models import fingerprint as fp
-    from hypic_agent.runtime.models.tiny import tiny_config
+    from hypic_agent.runtime.models.testing.tiny import tiny_config
 
     kimi, qwen = (HybridConfig.from_hf(tiny_config(a)) for a in ("kimi_linear", "qwen3_5_text"))
     assert fp.entry_layout(kimi) == "mla-latent-v1" and fp.entry_layout(qwen) == ""

@@ -13,7 +13,7 @@ from hypic_agent.config import Settings
 from hypic_agent.errors import ModelNotAvailableError
 from hypic_agent.runtime.loader import load_engine, load_model
 from hypic_agent.runtime.models.catalog import resolve_model
-from hypic_agent.runtime.models.tiny import tiny_config
+from hypic_agent.runtime.models.testing.tiny import tiny_config
 from hypic_agent.runtime.results import FinishEvent
 from hypic_agent.runtime.sampling import SamplingParams
 from hypic_agent.runtime.serving import Serving

@@ -178,7 +178,7 @@ def test_hf_folder_with_hub_names_loads_to_the_same_model(ring, tmp_path):
 
     from hypic_agent.runtime.models.loading import load_checkpoint
     from hypic_agent.runtime.models.registry import build_model
-    from hypic_agent.runtime.models.tiny import tiny_config
+    from hypic_agent.runtime.models.testing.tiny import tiny_config
 
     model, sd, raw = make_model(ARCH)
     hub = _hub_names(model.config, sd)
@@ -201,7 +201,7 @@ def test_hf_folder_with_hub_names_loads_to_the_same_model(ring, tmp_path):
 def test_ring_config_refusals():
     from hypic_agent.errors import ModelConfigError
     from hypic_agent.runtime.models.config import HybridConfig
-    from hypic_agent.runtime.models.tiny import tiny_config
+    from hypic_agent.runtime.models.testing.tiny import tiny_config
 
     with pytest.raises(ModelConfigError, match="MLA"):
         HybridConfig.from_hf({**tiny_config(ARCH), "kv_lora_rank": 512})

@@ -10,7 +10,7 @@ from hypic_agent.runtime.models.config import HybridConfig
 from hypic_agent.runtime.models.keymap import to_contract
 from hypic_agent.runtime.models.loading import expected_shapes, validate_state_dict
 from hypic_agent.runtime.models.registry import build_model
-from hypic_agent.runtime.models.tiny import (
+from hypic_agent.runtime.models.testing.tiny import (
     TINY_ARCHS,
     TINY_EOS_ID,
     TINY_VOCAB_SIZE,
@@ -178,7 +178,7 @@ def test_oracle_model_runs_on_shared_weights(arch: str) -> None:
 def test_family_unknown_to_installed_transformers_still_gets_weights(monkeypatch):
     """Ling 3 is newer than some transformers releases (5.17 lacks ``bailing_hybrid``): its tiny weights are
     then drawn on our own module, so ``tiny:bailing_hybrid`` serves under any supported transformers."""
-    from hypic_agent.runtime.models import tiny
+    from hypic_agent.runtime.models.testing import tiny
 
     cfg = tiny.tiny_config("bailing_hybrid")
     monkeypatch.setattr(tiny, "transformers_has", lambda model_type: False)

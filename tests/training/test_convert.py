@@ -7,7 +7,7 @@ import torch
 
 from hypic_agent.runtime.models.config import HybridConfig
 from hypic_agent.runtime.models.registry import build_model
-from hypic_agent.runtime.models.tiny import build_hf_model, random_state_dict, tiny_config
+from hypic_agent.runtime.models.testing.tiny import build_hf_model, random_state_dict, tiny_config
 from hypic_agent.runtime.runner.standalone import prefill
 from hypic_agent.training.calibrate import collect_stats
 from hypic_agent.training.convert import ConvertOptions, convert, mixer_names, student_hf_config

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from hypic_agent.errors import InvalidRequestError
-from hypic_agent.runtime.models.tiny import tiny_config
+from hypic_agent.runtime.models.testing.tiny import tiny_config
 from hypic_agent.training.gdn_train import (
     check_gradients,
     chunk_gdn_torch,
@@ -39,7 +39,7 @@ def test_backend_resolution_on_cpu() -> None:
 def test_training_forward_matches_runtime_prefill() -> None:
     """forward.run_model (SDPA, conv1d, training GDN) == runtime prefill, every tiny arch."""
     from hypic_agent.runtime.models.registry import build_model
-    from hypic_agent.runtime.models.tiny import random_state_dict
+    from hypic_agent.runtime.models.testing.tiny import random_state_dict
     from hypic_agent.runtime.runner.standalone import prefill
     from hypic_agent.training.forward import run_model
 

@@ -141,7 +141,7 @@ def resolve_model(
     """
     name = str(name_or_path).strip()
     if name.startswith("tiny:") or name == "tiny":
-        from hypic_agent.runtime.models.tiny import canonical_arch
+        from hypic_agent.runtime.models.testing.tiny import canonical_arch
 
         arch = canonical_arch(name.partition(":")[2] or "qwen3_5_text")
         return ModelSource(name=f"tiny:{arch}", kind="tiny", arch=arch)
@@ -267,7 +267,7 @@ def fetch_model(
 def list_models(settings: Settings, *, hf_cache_dir: Path | None = None) -> list[ModelInfo]:
     """Catalog models, tiny models, models under ``<home>/models`` and supported HF-cache models."""
     from hypic_agent.runtime.models.loading import expected_shapes
-    from hypic_agent.runtime.models.tiny import OWN_INIT, TINY_ARCHS, tiny_config
+    from hypic_agent.runtime.models.testing.tiny import OWN_INIT, TINY_ARCHS, tiny_config
 
     out: list[ModelInfo] = []
     known: set[Path] = set()

@@ -308,7 +308,7 @@ def load_weights(
     from hypic_agent.runtime.models.fingerprint import model_fingerprint
 
     if source.kind == "tiny":
-        from hypic_agent.runtime.models.tiny import random_state_dict, tiny_config
+        from hypic_agent.runtime.models.testing.tiny import random_state_dict, tiny_config
 
         raw = tiny_config(source.arch or "qwen3_5_text")
         dt = dtype or torch.float32

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hypic_agent.errors import ModelConfigError, ModelNotAvailableError
-from hypic_agent.runtime.models.tiny import TINY_VOCAB_SIZE
+from hypic_agent.runtime.models.testing.tiny import TINY_VOCAB_SIZE
 
 if TYPE_CHECKING:
     from hypic_agent.runtime.models.catalog import ModelSource

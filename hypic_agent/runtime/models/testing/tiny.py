@@ -21,8 +21,8 @@ from typing import Any
 import torch
 
 from hypic_agent.errors import ModelConfigError
-from hypic_agent.runtime.models.tiny_bailing import LING_TINY, RING_TINY, own_state_dict
-from hypic_agent.runtime.models.tiny_falcon import FALCON_TINY
+from hypic_agent.runtime.models.testing.tiny_bailing import LING_TINY, RING_TINY, own_state_dict
+from hypic_agent.runtime.models.testing.tiny_falcon import FALCON_TINY
 
 # vocab of ``tokenizer.tiny_tokenizer()``: 256 byte tokens + <|endoftext|>, <|im_start|>, <|im_end|>
 TINY_VOCAB_SIZE = 259
