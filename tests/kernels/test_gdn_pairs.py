@@ -164,11 +164,11 @@ def test_shared_fla_failure_falls_back_once(monkeypatch, caplog):
         calls.append(1)
         raise TypeError("signature drift")
 
-    fake = types.ModuleType("hypic_agent.kernels.gdn_pairs_fla")
+    fake = types.ModuleType("hypic_agent.kernels.gdn_pairs.gdn_pairs_fla")
     fake.gdn_with_pairs_fla = broken  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "hypic_agent.kernels.gdn_pairs_fla", fake)
+    monkeypatch.setitem(sys.modules, "hypic_agent.kernels.gdn_pairs.gdn_pairs_fla", fake)
     monkeypatch.setattr(gdn_pairs, "_SHARED_FAILED", [])
-    import hypic_agent.kernels as kpkg
+    import hypic_agent.kernels.gdn_pairs as kpkg
 
     monkeypatch.setattr(kpkg, "gdn_pairs_fla", fake, raising=False)
     assert gdn_pairs._shared_fla(lambda m: m.gdn_with_pairs_fla()) is None

@@ -129,7 +129,7 @@ def test_body_pairs_triton_matches_twin(dtype, pair_dtype):
     from fla.ops.utils.constant import RCP_LN2
 
     from hypic_agent.kernels.body_pairs import body_pairs_torch
-    from hypic_agent.kernels.body_pairs_triton import body_pairs_triton
+    from hypic_agent.kernels.body_pairs.body_pairs_triton import body_pairs_triton
     from hypic_agent.kernels.gdn import gdn_torch
     from hypic_agent.kernels.gdn_pairs import PairSink, SeamSplit
 

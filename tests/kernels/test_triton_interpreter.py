@@ -153,7 +153,7 @@ BODY_PAIRS = """
 import torch
 from hypic_agent.kernels.gdn import gdn_torch
 from hypic_agent.kernels.body_pairs import body_pairs_torch
-from hypic_agent.kernels.body_pairs_triton import body_pairs_triton
+from hypic_agent.kernels.body_pairs.body_pairs_triton import body_pairs_triton
 from hypic_agent.kernels.gdn import gated_delta_rule
 from hypic_agent.kernels.pair_sink import PairSink
 from hypic_agent.kernels.seam_split import SeamSplit

@@ -1,4 +1,4 @@
-"""Body pairs in Triton (CUDA; imported lazily). Twin: ``body_pairs.body_pairs_torch``.
+"""Body pairs in Triton (CUDA; imported lazily). Twin: ``body_pairs_torch``.
 
 Two launches per linear layer:
 
@@ -18,8 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .pair_sink import PairSink
-from .seam_split import CHUNK, SeamSplit
+from ..pair_sink import PairSink
+from ..seam_split import CHUNK, SeamSplit
 
 _TY = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 

@@ -11,7 +11,8 @@ feeds the windows' own zero-start state pass (their ``S`` are the states enterin
 forward from those states, and the body pairs (``body_pairs``: a state pass on the identity with
 zero values for every ``T``, a body's ``S`` as its final state less ``T_body S_win``), written
 straight into the cache entries' tensors (``PairSink``). A pair costs one extra state sweep instead
-of a second forward, with no gathers of the bodies (``gdn_pairs_fla``).
+of a second forward, with no gathers of the bodies (``gdn_pairs_fla``). Elsewhere, and where that
+path fails, the separate passes run (``gdn_pairs_torch``).
 
 ``gated_delta_rule_after_pairs`` is the combine-side twin: pieces (seam windows, the suffix) get
 their pairs, a caller-supplied chain turns them into incoming states, and the pieces then run
@@ -26,11 +27,10 @@ from typing import Any, TypeVar
 
 import torch
 
-from . import gdn as gdn_ops
-from . import pairs as pair_ops
-from .backend import resolve_backend
-from .pair_sink import PairSink
-from .seam_split import CHUNK, SeamSplit, identity_pairs
+from ..backend import resolve_backend
+from ..pair_sink import PairSink
+from ..seam_split import CHUNK, SeamSplit
+from .gdn_pairs_torch import EnterFn, gdn_after_pairs_separate, gdn_with_pairs_separate
 
 __all__ = [
     "CHUNK",
@@ -40,6 +40,8 @@ __all__ = [
     "gated_delta_rule_after_pairs",
     "gated_delta_rule_into_pairs",
     "gated_delta_rule_with_pairs",
+    "gdn_after_pairs_separate",
+    "gdn_with_pairs_separate",
 ]
 
 log = logging.getLogger(__name__)
@@ -132,37 +134,6 @@ def gated_delta_rule_with_pairs(
     return (o, fin, *sink.stacks())
 
 
-def gdn_with_pairs_separate(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    g: torch.Tensor,
-    beta: torch.Tensor,
-    cu_seqlens: torch.Tensor,
-    split: SeamSplit,
-    use_qk_l2norm: bool,
-    scale: float | None,
-    backend: str = "torch",
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Reference (``backend="torch"``): one ``gated_delta_rule`` over whole segments, then
-    ``transition_pairs`` over the bodies, which recomputes their WY factors."""
-    o, final = gdn_ops.gated_delta_rule(
-        q, k, v, g, beta, cu_seqlens=cu_seqlens, use_qk_l2norm=use_qk_l2norm, scale=scale, backend=backend
-    )
-    assert final is not None
-    T, S = identity_pairs(split.n, v.shape[1], k.shape[2], v.shape[2], q.device)
-    if split.body_segs:
-        b = split.body_idx
-        Tb, Sb = pair_ops.transition_pairs(
-            k[b], v[b], g[b], beta[b], cu_seqlens=split.cu_body, use_qk_l2norm=use_qk_l2norm, backend=backend
-        )
-        T[split.body_seg_idx], S[split.body_seg_idx] = Tb.float(), Sb.float()
-    return o, final, T, S
-
-
-EnterFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-
-
 def gated_delta_rule_after_pairs(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -192,11 +163,4 @@ def gated_delta_rule_after_pairs(
         out = _shared_fla(lambda m: m.gdn_after_pairs_fla(q, k, v, g, beta, cu_seqlens, enter, use_qk_l2norm, scale))
         if out is not None:
             return out
-    T, S = pair_ops.transition_pairs(k, v, g, beta, cu_seqlens=cu_seqlens, use_qk_l2norm=use_qk_l2norm, backend=be)
-    h0 = enter(T.float(), S.float())
-    o, final = gdn_ops.gated_delta_rule(
-        q, k, v, g, beta, cu_seqlens=cu_seqlens, initial_state=h0.contiguous(), use_qk_l2norm=use_qk_l2norm,
-        scale=scale, backend=be,
-    )  # fmt: skip
-    assert final is not None
-    return o, final
+    return gdn_after_pairs_separate(q, k, v, g, beta, cu_seqlens, enter, use_qk_l2norm, scale, be)

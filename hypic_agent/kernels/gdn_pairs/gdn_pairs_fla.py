@@ -1,4 +1,4 @@
-"""fla-core implementation of ``gdn_pairs.gated_delta_rule_with_pairs`` (CUDA only; imported lazily).
+"""fla-core path of ``gdn_pairs`` (CUDA only; imported lazily by its dispatcher, which it does not import).
 
 One varlen pass over the split's sub-sequences (every segment cut into its seam window and its
 body), through fla's forward stages called one by one (as ``chunk_gated_delta_rule_fwd`` composes
@@ -26,11 +26,11 @@ from fla.ops.utils import chunk_local_cumsum
 from fla.ops.utils.constant import RCP_LN2
 from fla.ops.utils.index import prepare_chunk_indices
 
-from ._varlen import as_int64
-from .body_pairs import body_pairs
-from .gdn_pairs import EnterFn
-from .pair_sink import PairSink
-from .seam_split import CHUNK, SeamSplit
+from .._varlen import as_int64
+from ..body_pairs import body_pairs
+from ..pair_sink import PairSink
+from ..seam_split import CHUNK, SeamSplit
+from .gdn_pairs_torch import EnterFn
 
 
 def _l2norm_qk(q: torch.Tensor, k: torch.Tensor, use: bool) -> tuple[torch.Tensor, torch.Tensor]:

@@ -14,53 +14,21 @@ A segment without a body gets ``(I, 0)``. The pairs go straight into a ``PairSin
 own tensors), in the sink's dtype; ``S_body`` is computed from the stored ``T_body``, so that the
 stored pair reproduces ``fin`` exactly from ``S_win``.
 
-``body_pairs_torch`` is the fp32 reference; ``body_pairs`` runs the Triton kernels on CUDA
-(``body_pairs_triton``: final states only, where fla's state pass also writes every chunk's
-state) and the reference elsewhere.
+``body_pairs_torch`` (``body_pairs_torch.py``) is the fp32 reference; ``body_pairs`` runs the
+Triton kernels on CUDA (``body_pairs_triton``: final states only, where fla's state pass also
+writes every chunk's state) and the reference elsewhere.
 """
 
 from __future__ import annotations
 
-import itertools
-
 import torch
 
-from .backend import resolve_triton
-from .pair_sink import PairSink
-from .seam_split import CHUNK, SeamSplit
+from ..backend import resolve_triton
+from ..pair_sink import PairSink
+from ..seam_split import SeamSplit
+from .body_pairs_torch import body_pairs_torch
 
-
-def body_pairs_torch(
-    k: torch.Tensor,
-    w: torch.Tensor,
-    gc: torch.Tensor,
-    fin: torch.Tensor,
-    S_win_z: torch.Tensor,
-    split: SeamSplit,
-    sink: PairSink,
-) -> None:
-    """Reference. k ``[1, T, H, K]``, w ``[1, T, HV, K]``, gc ``[1, T, HV]``, fin ``[M, HV, K, V]``,
-    S_win_z ``[Nw+1, HV, K, V]`` (the windows' zero-start states and a zero row) -> ``sink``."""
-    H, K = k.shape[2], k.shape[3]
-    HV = w.shape[2]
-    cu = [0, *itertools.accumulate(split.sub_lens)]  # host bounds: no device read
-    eye = torch.eye(K, dtype=torch.float32, device=k.device).expand(HV, K, K)
-    for j, (sub, win) in enumerate(zip(split.seg_body_sub_host, split.seg_body_win_host, strict=True)):
-        if sub < 0:
-            sink.T[j].copy_(eye)
-            sink.S[j].zero_()
-            continue
-        h = eye.clone()
-        for lo in range(cu[sub], cu[sub + 1], CHUNK):
-            hi = min(lo + CHUNK, cu[sub + 1])
-            ww = w[0, lo:hi].float().transpose(0, 1)  # [HV, L, K]
-            kk = k[0, lo:hi].float().repeat_interleave(HV // H, dim=1).transpose(0, 1)  # [HV, L, K]
-            g = gc[0, lo:hi].float().T  # [HV, L]
-            g_last = g[:, -1:]
-            v_new = -(ww @ h) * torch.exp2(g_last - g)[..., None]
-            h = h * torch.exp2(g_last)[..., None] + kk.transpose(-1, -2) @ v_new
-        sink.T[j].copy_(h)
-        sink.S[j].copy_(fin[sub].float() - sink.T[j].float() @ S_win_z[win].float())
+__all__ = ["body_pairs", "body_pairs_torch"]
 
 
 def body_pairs(
