@@ -28,7 +28,7 @@ from hypic_agent.segments.prompt.resolve import stored_resolver
 from hypic_agent.segments.prompt.tokenize import CanonicalSegment, canonicalize
 from hypic_agent.segments.store.entries import EntryMeta
 from hypic_agent.segments.store.quota import EntryTooLargeError, PinQuotaError
-from hypic_agent.segments.store.registry import EntryRecord
+from hypic_agent.segments.store.record import EntryRecord
 from hypic_agent.wire import check_json, json_depth
 
 log = logging.getLogger("hypic.api")

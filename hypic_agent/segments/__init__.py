@@ -19,7 +19,8 @@ _EXPORTS = {
     "prompt.tokenize": ("CanonicalSegment", "Tokenizer", "canonicalize"),
     "prompt.plan": ("PromptPlan", "Resolver", "build_plan"),
     "prompt.resolve": ("stored_resolver",),
-    "store.registry": ("EntryRecord", "Page", "Registry"),
+    "store.record": ("EntryRecord", "Page"),
+    "store.registry": ("Registry",),
     "store.entries": ("EntryMeta", "Fetch", "StoreStats", "TierStats"),
     "store.eviction": ("EvictionPolicy",),
     "store.segment_store": ("SegmentStore",),
@@ -74,7 +75,8 @@ if TYPE_CHECKING:
     from hypic_agent.segments.prompt.tokenize import CanonicalSegment, Tokenizer, canonicalize
     from hypic_agent.segments.store.entries import EntryMeta, Fetch, StoreStats, TierStats
     from hypic_agent.segments.store.eviction import EvictionPolicy
-    from hypic_agent.segments.store.registry import EntryRecord, Page, Registry
+    from hypic_agent.segments.store.record import EntryRecord, Page
+    from hypic_agent.segments.store.registry import Registry
     from hypic_agent.segments.store.segment_store import SegmentStore
 
 

@@ -7,7 +7,8 @@ import threading
 import pytest
 
 from hypic_agent.errors import InvalidRequestError
-from hypic_agent.segments.store.registry import EntryRecord, Registry
+from hypic_agent.segments.store.record import EntryRecord
+from hypic_agent.segments.store.registry import Registry
 
 
 def rec(key: str, tenant: str = "t1", **kw) -> EntryRecord:

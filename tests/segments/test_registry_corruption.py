@@ -23,7 +23,9 @@ from hypic_agent.segments.prompt.keys import token_digest
 from hypic_agent.segments.store.disk_tier import DiskTier, checksum_bytes
 from hypic_agent.segments.store.headers import record_from_header, row_header
 from hypic_agent.segments.store.integrity import RegistryUnavailableError, check_sqlite
-from hypic_agent.segments.store.registry import EntryRecord, Registry, decode_row
+from hypic_agent.segments.store.record import EntryRecord
+from hypic_agent.segments.store.registry import Registry
+from hypic_agent.segments.store.row_decoding import decode_row
 
 from .helpers import FP, FakeClock, key, make_store, meta, payload, same
 

@@ -11,7 +11,7 @@ from hypic_agent.segments.prompt.kinds import Message, Segment
 from hypic_agent.segments.prompt.plan import PromptPlan, build_plan
 from hypic_agent.segments.prompt.resolve import stored_resolver
 from hypic_agent.segments.prompt.tokenize import CanonicalSegment, canonicalize, detect_bos
-from hypic_agent.segments.store.registry import EntryRecord
+from hypic_agent.segments.store.record import EntryRecord
 
 CTX = KeyContext(model_fingerprint="tiny-fp", tenant="acme", seam=8)
 SEGS = [

@@ -13,7 +13,7 @@ import torch
 from hypic_agent.errors import InvalidRequestError
 from hypic_agent.segments.prompt.keys import token_digest
 from hypic_agent.segments.prompt.tokenize import CanonicalSegment
-from hypic_agent.segments.store.registry import EntryRecord, State, Tier
+from hypic_agent.segments.store.record import EntryRecord, State, Tier
 
 Tensors = dict[str, torch.Tensor]
 

@@ -26,7 +26,7 @@ from typing import Any
 from hypic_agent.segments.prompt.keys import token_bytes, token_digest, tokens_from_bytes
 from hypic_agent.segments.store.disk_tier import CorruptEntryError, FileHeader
 from hypic_agent.segments.store.entries import EntryMeta, IndexEntry
-from hypic_agent.segments.store.registry import IDENTITY, EntryRecord
+from hypic_agent.segments.store.record import IDENTITY, EntryRecord
 
 ROW_VERSION = 1
 

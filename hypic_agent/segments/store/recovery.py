@@ -36,7 +36,8 @@ from hypic_agent.segments.store.disk_tier import CorruptEntryError, DiskTier, Fi
 from hypic_agent.segments.store.entries import IndexEntry
 from hypic_agent.segments.store.headers import record_from_header, repair
 from hypic_agent.segments.store.integrity import stamp
-from hypic_agent.segments.store.registry import IDENTITY, EntryRecord, Registry
+from hypic_agent.segments.store.record import IDENTITY, EntryRecord
+from hypic_agent.segments.store.registry import Registry
 
 log = logging.getLogger(__name__)
 

@@ -49,8 +49,9 @@ from hypic_agent.segments.store.eviction import EvictionPolicy
 from hypic_agent.segments.store.headers import record_from_header
 from hypic_agent.segments.store.memory_tier import MemoryTier, payload_nbytes
 from hypic_agent.segments.store.quota import TenantShares
+from hypic_agent.segments.store.record import UNSET, EntryRecord, Page
 from hypic_agent.segments.store.recovery import RecoveryReport, recover, repair_row
-from hypic_agent.segments.store.registry import UNSET, EntryRecord, Page, Registry
+from hypic_agent.segments.store.registry import Registry
 from hypic_agent.segments.store.singleflight import SingleFlight, StoreFlights
 from hypic_agent.segments.store.tier_policy import TierPolicy
 from hypic_agent.segments.store.usage import UsageLog
