@@ -226,7 +226,7 @@ assert rel_err(o, ref) < 1e-5, rel_err(o, ref)
 CONV = """
 import torch
 from hypic_agent.kernels.conv import causal_conv1d
-from hypic_agent.kernels.conv_triton import causal_conv1d_triton
+from hypic_agent.kernels.conv.conv_triton import causal_conv1d_triton
 g = torch.Generator().manual_seed(0)
 lens = [5, 1, 0, 2, 40]
 cu = torch.tensor([0, 5, 6, 6, 8, 48])

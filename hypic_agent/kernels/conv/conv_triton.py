@@ -1,5 +1,5 @@
 """Varlen causal depthwise conv for short forwards, in Triton (CUDA; imported lazily).
-Twin: ``conv.causal_conv1d`` on its torch path.
+Twin: ``conv_torch.causal_conv1d_torch``.
 
 fla's conv is built for long prefills; at a few hundred tokens (combine's seam windows, prefix
 continuation) its Python launch path costs more than the GPU work. This is two plain launches:

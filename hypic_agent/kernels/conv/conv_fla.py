@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from fla.modules.causal_conv1d import causal_conv1d as fla_causal_conv1d
 
-from ._varlen import as_int64
+from .._varlen import as_int64
 
 
 def causal_conv1d_fla(

@@ -6,25 +6,21 @@ sequence is ``act(bias + sum_j weight[:, j] * x_{t-W+1+j})`` where inputs before
 start come from its initial state (zeros when none).
 
 On CUDA: up to ``SHORT_TOKENS`` tokens the project's Triton kernel (``conv_triton``: two plain
-launches), longer inputs fla-core's conv.
+launches), longer inputs fla-core's conv (``conv_fla``); elsewhere the plain-PyTorch twin
+(``conv_torch``). The decode step is torch on every device (the pooled one is ``conv_decode``).
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
-from ._varlen import normalize_cu_seqlens, seq_ids
-from .backend import resolve_backend
+from .._varlen import normalize_cu_seqlens
+from ..backend import resolve_backend
+from .conv_torch import activate, causal_conv1d_step_torch, causal_conv1d_torch
 
-_ACTS = (None, "silu", "swish", "identity")
+__all__ = ["SHORT_TOKENS", "causal_conv1d", "causal_conv1d_step", "causal_conv1d_step_torch", "causal_conv1d_torch"]
+
 SHORT_TOKENS = 2048
-
-
-def _act(y: torch.Tensor, activation: str | None) -> torch.Tensor:
-    if activation not in _ACTS:
-        raise ValueError(f"unknown conv activation {activation!r}; use one of {_ACTS}")
-    return F.silu(y) if activation in ("silu", "swish") else y
 
 
 def causal_conv1d(
@@ -53,7 +49,7 @@ def causal_conv1d(
     n = cu.numel() - 1
     if initial_state is not None and tuple(initial_state.shape) != (n, C, W - 1):
         raise ValueError(f"initial_state must be [N, C, W-1] = {(n, C, W - 1)}, got {tuple(initial_state.shape)}")
-    _act(x[:0], activation)  # validate the name early
+    activate(x[:0], activation)  # validate the name early
     if resolve_backend(backend, x.device) == "fla":
         if T <= SHORT_TOKENS:
             from .conv_triton import causal_conv1d_triton
@@ -62,26 +58,7 @@ def causal_conv1d(
         from .conv_fla import causal_conv1d_fla
 
         return causal_conv1d_fla(x, weight, bias, cu, initial_state, activation)
-    # extended buffer: each sequence preceded by its W-1 state inputs
-    h0 = initial_state if initial_state is not None else x.new_zeros(n, C, W - 1)
-    seq = seq_ids(cu, T)
-    pos_tok = torch.arange(T, device=x.device) + (seq + 1) * (W - 1)  # where token t lands
-    pos_st = (cu[:-1].long() + torch.arange(n, device=x.device) * (W - 1)).view(n, 1) + torch.arange(
-        W - 1, device=x.device
-    )  # [N, W-1]
-    ext = x.new_zeros(T + n * (W - 1), C, dtype=torch.float32)
-    ext[pos_tok] = x.float()
-    ext[pos_st.reshape(-1)] = h0.float().transpose(1, 2).reshape(-1, C)
-    wf = weight.float()
-    y = ext[pos_tok] * wf[:, W - 1]
-    for j in range(W - 1):
-        y = y + ext[pos_tok - (W - 1) + j] * wf[:, j]
-    if bias is not None:
-        y = y + bias.float()
-    ends = cu[1:].long() + torch.arange(1, n + 1, device=x.device) * (W - 1)  # [N] exclusive ends
-    tail = ends.view(n, 1) - (W - 1) + torch.arange(W - 1, device=x.device)  # [N, W-1]
-    final = ext[tail.reshape(-1)].view(n, W - 1, C).transpose(1, 2)
-    return _act(y, activation).to(x.dtype), final.to(x.dtype).contiguous()
+    return causal_conv1d_torch(x, weight, bias, cu, initial_state, activation)
 
 
 def causal_conv1d_step(
@@ -98,8 +75,4 @@ def causal_conv1d_step(
     W = weight.shape[-1]
     if state.shape != (x.shape[0], x.shape[1], W - 1):
         raise ValueError(f"state must be [N, C, W-1] = {(x.shape[0], x.shape[1], W - 1)}, got {tuple(state.shape)}")
-    window = torch.cat([state.to(x.dtype), x[:, :, None]], dim=-1)  # [N, C, W]
-    y = (window.float() * weight.float()).sum(-1)
-    if bias is not None:
-        y = y + bias.float()
-    return _act(y, activation).to(x.dtype), window[..., 1:].contiguous()
+    return causal_conv1d_step_torch(x, state, weight, bias, activation)
