@@ -38,7 +38,7 @@ def test_rms_norm_fla_matches_torch(dtype, zero_centered, shape):
     x = _rand(*shape, seed=0, scale=3.0).to(dtype)
     w = _rand(shape[-1], seed=1, scale=0.2, shift=0.0 if zero_centered else 1.0).to(dtype)
     with torch.no_grad():
-        from hypic_agent.kernels.norm_fla import rms_norm_fla  # raises on fla drift (no silent fallback)
+        from hypic_agent.kernels.norm.norm_fla import rms_norm_fla  # raises on fla drift (no silent fallback)
 
         rms_norm_fla(x[:4], w.float(), 1e-6)
         out = norm.rms_norm(x, w, 1e-6, zero_centered=zero_centered, backend="fla")
@@ -56,7 +56,7 @@ def test_gated_rms_norm_fla_matches_torch(dtype):
     z = _rand(8192, 32, 128, seed=3, scale=2.0).to(dtype)
     w = _rand(128, seed=4, scale=0.2, shift=1.0).to(dtype)
     with torch.no_grad():
-        from hypic_agent.kernels.norm_fla import gated_rms_norm_fla
+        from hypic_agent.kernels.norm.norm_fla import gated_rms_norm_fla
 
         gated_rms_norm_fla(x[:4], z[:4], w, 1e-6)
         out = norm.gated_rms_norm(x, z, w, 1e-6, backend="fla")

@@ -113,10 +113,10 @@ def fake_fla(monkeypatch):
         y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight.float()
         return (y * F.silu(z.float())).to(x.dtype)
 
-    fake = types.ModuleType("hypic_agent.kernels.norm_fla")
+    fake = types.ModuleType("hypic_agent.kernels.norm.norm_fla")
     fake.rms_norm_fla = rms_norm_fla  # type: ignore[attr-defined]
     fake.gated_rms_norm_fla = gated_rms_norm_fla  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "hypic_agent.kernels.norm_fla", fake)
+    monkeypatch.setitem(sys.modules, "hypic_agent.kernels.norm.norm_fla", fake)
     monkeypatch.setattr(norm, "resolve_backend", lambda name, device: "fla")
     monkeypatch.setattr(norm, "FLA_ERRORS", {})
     return calls
@@ -159,8 +159,8 @@ def test_plus_one_cache_invalidates(fake_fla):
 
 
 def test_fla_failure_warns_once_and_falls_back(monkeypatch, caplog):
-    broken = types.ModuleType("hypic_agent.kernels.norm_fla")  # no functions: ImportError on use
-    monkeypatch.setitem(sys.modules, "hypic_agent.kernels.norm_fla", broken)
+    broken = types.ModuleType("hypic_agent.kernels.norm.norm_fla")  # no functions: ImportError on use
+    monkeypatch.setitem(sys.modules, "hypic_agent.kernels.norm.norm_fla", broken)
     monkeypatch.setattr(norm, "resolve_backend", lambda name, device: "fla")
     monkeypatch.setattr(norm, "FLA_ERRORS", {})
     x, z, w = _rand(4, 8), _rand(4, 8, seed=1), _rand(8, seed=2)
@@ -196,7 +196,7 @@ def test_long_inputs_reach_fla_in_single_blocks_and_equal_one_call(fake_fla, mon
     one block (``ROW_BLOCKS``), with the result of one call."""
     monkeypatch.setattr(norm, "ROW_BLOCKS", {"rms_norm": 16, "gated_rms_norm": 8})
     sizes: list[int] = []
-    real = sys.modules["hypic_agent.kernels.norm_fla"]
+    real = sys.modules["hypic_agent.kernels.norm.norm_fla"]
     rms, gated = real.rms_norm_fla, real.gated_rms_norm_fla
     monkeypatch.setattr(real, "rms_norm_fla", lambda x, w, eps: (sizes.append(x.shape[0]), rms(x, w, eps))[1])
     monkeypatch.setattr(

@@ -6,7 +6,7 @@ Layouts: x, z ``[..., D]`` (any leading dims; the norm runs over the last dim), 
 * ``rms_norm(zero_centered=False)`` (Llama): ``w * norm(x).to(dtype)``.
 * ``gated_rms_norm``: ``(w * norm(x).to(dtype)) * silu(z.float())`` cast to x's dtype (norm before gate).
 
-The torch functions are bit-for-bit the code of ``runtime.models.norms`` (CPU numerics stay
+The torch twins (``norm_torch``) are bit-for-bit the models' former norm code (CPU numerics stay
 identical). The fla path (one Triton kernel per call) computes the whole chain in fp32 and rounds
 once, so it differs from the torch path by bf16 rounding only. It runs only where autograd is not
 needed (``torch.no_grad`` / ``inference_mode``, or nothing requires grad); training keeps torch.
@@ -30,10 +30,12 @@ import weakref
 from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
 
-from .backend import resolve_backend
-from .config import DEFAULT_KERNELS
+from ..backend import resolve_backend
+from ..config import DEFAULT_KERNELS
+from .norm_torch import gated_rms_norm_torch, rms_norm_torch
+
+__all__ = ["FLA_ERRORS", "gated_rms_norm", "gated_rms_norm_torch", "in_blocks", "rms_norm", "rms_norm_torch"]
 
 log = logging.getLogger(__name__)
 
@@ -58,24 +60,6 @@ def in_blocks(fn: Callable[..., torch.Tensor], block: int, *xs: torch.Tensor) ->
 
 # id(weight) -> (weakref to weight, data_ptr, version, fp32 ``1 + w``)
 _PLUS_ONE: dict[int, tuple[weakref.ref, int, int, torch.Tensor]] = {}
-
-
-def rms_norm_torch(x: torch.Tensor, weight: torch.Tensor, eps: float, zero_centered: bool) -> torch.Tensor:
-    """Reference: x ``[..., D]``, weight ``[D]`` -> ``[..., D]``."""
-    xf = x.float()
-    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    if zero_centered:
-        return (y * (1.0 + weight.float())).type_as(x)
-    return weight * y.to(x.dtype)
-
-
-def gated_rms_norm_torch(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """Reference: x, z ``[..., D]``, weight ``[D]`` -> ``[..., D]`` in x's dtype."""
-    dtype = x.dtype
-    xf = x.float()
-    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    y = weight * y.to(dtype)
-    return (y * F.silu(z.float())).to(dtype)
 
 
 def _use_fla(op: str, backend: str, min_rows: int, *ts: torch.Tensor) -> bool:

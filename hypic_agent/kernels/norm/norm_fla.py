@@ -1,4 +1,4 @@
-"""fla-core wrappers for ``norm.rms_norm`` / ``norm.gated_rms_norm`` (CUDA inference; imported lazily).
+"""fla-core twins of ``norm_torch`` (CUDA inference; imported lazily by ``norm``, which falls back on failure).
 
 fla's ``rms_norm`` / ``rms_norm_gated`` (fla-core 0.6: ``fla.modules.norm.layernorm`` and
 ``fla.modules.norm.fused_norm_gate``) flatten x to ``[N, D]``, load x, z and the weight as fp32,
