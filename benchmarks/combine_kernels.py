@@ -3,7 +3,7 @@
 * WY chain (``combine_scan/combine_scan_triton``): 20 seam windows of 8 tokens, each followed by a cached
   body pair, then a 50-token question (24 steps, 32 value heads of 128 x 128, fp32 pairs); state
   dots in tf32x3 (``precise``) or one tf32 pass (the default for bf16 outputs).
-* Split-K attention (``attention_splitk_triton``): the same 210 queries (16 heads of 256, 2 kv
+* Split-K attention (``attention/attention_triton``): the same 210 queries (16 heads of 256, 2 kv
   heads) over the 20,530-token spliced prompt; the per-block visibility check against the
   up-front count of ascending keys (what combine runs).
 
@@ -65,7 +65,7 @@ def wy_rows(reps: int) -> list[dict[str, object]]:
 
 
 def splitk_rows(reps: int) -> list[dict[str, object]]:
-    from hypic_agent.kernels.attention_splitk_triton import splitk_attention_triton
+    from hypic_agent.kernels.attention.attention_triton import splitk_attention_triton
 
     dev, Tk, Hq, Hkv, D = torch.device("cuda"), 20530, 16, 2, 256
     g = torch.Generator(device=dev).manual_seed(0)

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from hypic_agent.kernels import norm
-from hypic_agent.kernels.attention import _sdpa
+from hypic_agent.kernels.attention.attention_torch import sdpa as _sdpa
 from hypic_agent.runtime.models.layers.norms import GatedRMSNorm, RMSNorm
 
 pytestmark = [

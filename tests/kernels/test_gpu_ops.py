@@ -57,7 +57,7 @@ def test_splitk_attention_matches_sdpa(shape):
     """The split-K kernel (what CUDA runs for few queries over many keys) against SDPA with the
     position mask, at the Qwen3.5 combine shape (210 active tokens over 20.5k keys, 16 / 2 heads
     of 256), at decode and at a small odd shape; prints both timings."""
-    from hypic_agent.kernels.attention_splitk_triton import splitk_attention_triton
+    from hypic_agent.kernels.attention.attention_triton import splitk_attention_triton
 
     Tq, Hq, Hkv, D, Tk = shape
     g = torch.Generator(device="cuda").manual_seed(0)

@@ -202,7 +202,7 @@ assert ids.tolist() == [1, 5, 3, 6, 0, 2, 4, 6] + [6] * 6 and be.tolist() == [0,
 SPLITK = """
 import torch
 from hypic_agent.kernels.attention import attention
-from hypic_agent.kernels.attention_splitk_triton import splitk_attention_triton
+from hypic_agent.kernels.attention.attention_triton import splitk_attention_triton
 from tests.kernels.helpers import rel_err
 g = torch.Generator().manual_seed(0)
 Tq, Hq, Hkv, D, Dv, Tk = 9, 4, 2, 32, 24, 300

@@ -7,55 +7,20 @@ GQA: query head h reads kv head ``h // (Hq // Hkv)`` (transformers' ``repeat_kv`
 
 On CUDA, a sequence with at most ``SPLITK_MAX_Q`` queries that are fewer than its keys (combine's
 active tokens over the spliced prompt, prefix continuation, decode) runs the split-K Triton kernel
-(``attention_splitk_triton``); everything else, and every CPU call, runs SDPA (the twin).
+(``attention_triton``); everything else, and every CPU call, runs SDPA (the twin, ``attention_torch``).
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
-from ._varlen import normalize_cu_seqlens
-from .backend import resolve_triton
+from .._varlen import normalize_cu_seqlens
+from ..backend import resolve_triton
+from .attention_torch import sdpa, sdpa_positions
+
+__all__ = ["SPLITK_MAX_Q", "attention", "sdpa", "sdpa_positions"]
 
 SPLITK_MAX_Q = 4096  # queries per sequence up to which CUDA runs the split-K kernel
-_SDPA_GQA = tuple(int(p) for p in torch.__version__.split(".")[:2]) >= (2, 5)  # enable_gqa since torch 2.5
-
-
-def _native_gqa(q: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> bool:
-    """Whether SDPA's ``enable_gqa`` is the faster way: CUDA, and the call can take the flash kernel
-    (no mask, fp16/bf16, equal head dims <= 256). The efficient kernel rejects GQA, so a masked or fp32
-    call would fall back to the math kernel: those keep repeat_interleave."""
-    return (
-        _SDPA_GQA
-        and q.is_cuda
-        and mask is None
-        and q.dtype in (torch.float16, torch.bfloat16)
-        and q.shape[-1] == v.shape[-1] <= 256
-    )
-
-
-def _sdpa(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, causal: bool, scale: float
-) -> torch.Tensor:
-    """q ``[Hq, Lq, D]``, k ``[Hkv, Lk, D]``, v ``[Hkv, Lk, Dv]`` -> ``[Hq, Lq, Dv]``.
-
-    GQA: query head h reads kv head ``h // (Hq // Hkv)``, by SDPA's ``enable_gqa`` where ``_native_gqa``
-    says so, else by repeat_interleave (CPU always: its numerics stay as they were).
-    """
-    # NOTE: 4-D [1, H, L, D] inputs: with 3-D inputs SDPA falls back to the fp32 math kernel on CUDA.
-    m = None if mask is None else mask[None, None]
-    rep = q.shape[0] // k.shape[0]
-    if rep > 1 and _native_gqa(q, v, mask):
-        out = F.scaled_dot_product_attention(
-            q[None], k[None], v[None], attn_mask=m, is_causal=causal, scale=scale, enable_gqa=True
-        )
-        return out[0]
-    if rep > 1:
-        k = k.repeat_interleave(rep, dim=0)
-        v = v.repeat_interleave(rep, dim=0)
-    out = F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=m, is_causal=causal, scale=scale)
-    return out[0]
 
 
 def _splitk_usable(q: torch.Tensor, v: torch.Tensor, backend: str) -> bool:
@@ -124,7 +89,7 @@ def attention(
         qs, ks, vs = q[qa:qb].transpose(0, 1), k[ka:kb].transpose(0, 1), v[ka:kb].transpose(0, 1)
         if q_positions is None:
             if lq == lk:
-                out[qa:qb] = _sdpa(qs, ks, vs, None, True, scale).transpose(0, 1)
+                out[qa:qb] = sdpa(qs, ks, vs, None, True, scale).transpose(0, 1)
                 continue
             qp = torch.arange(lk - lq, lk, device=q.device)
             kp = torch.arange(lk, device=q.device)
@@ -132,15 +97,11 @@ def attention(
             assert k_positions is not None
             qp, kp = q_positions[qa:qb].to(q.device), k_positions[ka:kb].to(q.device)
         if splitk and lq <= SPLITK_MAX_Q and lq < lk:
-            from .attention_splitk_triton import splitk_attention_triton
+            from .attention_triton import splitk_attention_triton
 
             out[qa:qb] = splitk_attention_triton(
                 q[qa:qb], k[ka:kb], v[ka:kb], qp, kp, scale, keys_ascending=keys_ascending or q_positions is None
             )
             continue
-        mask = kp[None, :] <= qp[:, None]  # [Lq, Lk]
-        seen = mask.any(-1)
-        mask = mask | ~seen[:, None]  # rows that see nothing would be NaN: unmask them, zeroed below (no host sync)
-        o = _sdpa(qs, ks, vs, mask, False, scale)
-        out[qa:qb] = (o * seen[None, :, None]).transpose(0, 1)
+        out[qa:qb] = sdpa_positions(qs, ks, vs, qp, kp, scale).transpose(0, 1)
     return out

@@ -1,5 +1,5 @@
 """Split-K attention for a few queries over many keys, in Triton (CUDA; imported lazily).
-Twin: ``attention.attention`` on its torch path (SDPA with a position mask).
+Twin: ``attention_torch.sdpa_positions`` (SDPA with a position mask).
 
 Combine runs a few hundred active queries over the whole spliced prompt (20k keys). SDPA needs an
 explicit ``[Tq, Tk]`` mask there (no flash path), repeats K/V for GQA, and launches only about
@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .backend import autotune_cache
+from ..backend import autotune_cache
 
 
 @triton.jit
