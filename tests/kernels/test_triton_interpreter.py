@@ -180,7 +180,7 @@ MOE = """
 import torch
 from hypic_agent.kernels.moe import moe_experts
 from hypic_agent.kernels.moe_route import align_torch as align
-from hypic_agent.kernels.moe_triton import moe_experts_triton
+from hypic_agent.kernels.moe.moe_triton import moe_experts_triton
 from tests.kernels.helpers import rel_err
 g = torch.Generator().manual_seed(0)
 E, D, I = 6, 48, 40  # neither a multiple of the tiles

@@ -1,5 +1,5 @@
 """MoE routing: the router's softmax top-k and the expert-sorted row layout of the routed experts'
-Triton kernels (``kernels.moe_triton``). One Triton launch each on CUDA (``moe_route_triton``),
+Triton kernels (``kernels.moe.moe_triton``). One Triton launch each on CUDA (``moe_route_triton``),
 the torch twins elsewhere (``moe_route_torch``); both give the same ids and layout."""
 
 from __future__ import annotations

@@ -1,19 +1,12 @@
-"""Mixture-of-experts FFN over routed tokens (SwiGLU experts, Qwen3.5-MoE / Qwen3-Next layout).
-
-Weights: ``gate_up [E, 2I, D]`` (rows ``:I`` gate, ``I:`` up) and ``down [E, D, I]``. Token t's
-output is ``sum_j topk_w[t, j] * down_e (silu(gate_e x_t) * up_e x_t)`` with ``e = topk_idx[t, j]``.
-Tokens are sorted by expert; on CUDA few (token, slot) pairs (up to ``max_slots``: decode
-steps, a short question after cached segments) run through ``moe_triton`` (two launches that
-stream the hit experts' weights), more as one ``torch._grouped_mm`` per projection when available.
+"""Routed experts in PyTorch: the tokens sorted by expert, then per expert hit one pair of matmuls
+(``_loop``, the CPU twin of ``moe_triton``) or one ``torch._grouped_mm`` per projection (``_grouped``,
+CUDA bf16), then un-sorted and summed over the k slots. Layouts as in ``moe``.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-
-from .backend import triton_available
-from .config import DEFAULT_KERNELS
 
 
 def _sorted(topk_idx: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -51,47 +44,21 @@ def _grouped(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, counts:
     return torch._grouped_mm(F.silu(gate) * up, down.transpose(1, 2), offs=offs)
 
 
-def moe_experts(
+def moe_experts_torch(
     x: torch.Tensor,
     topk_idx: torch.Tensor,
     topk_w: torch.Tensor,
     gate_up: torch.Tensor,
     down: torch.Tensor,
     *,
-    backend: str = "auto",
-    max_slots: int = DEFAULT_KERNELS.moe_triton_max_slots,
-    block_m: int | None = DEFAULT_KERNELS.moe_triton_block_m,
+    grouped: bool = False,
 ) -> torch.Tensor:
-    """Routed expert FFN.
-
-    Args:
-        x: ``[T, D]``; topk_idx: ``[T, k]`` int; topk_w: ``[T, k]`` routing weights.
-        gate_up: ``[E, 2I, D]``; down: ``[E, D, I]``.
-        max_slots: (token, slot) pairs up to which CUDA runs the Triton kernels, above it the
-            grouped GEMM (``KernelConfig.moe_triton_max_slots``, where the measurements are).
-        block_m: rows per block of the Triton kernels; None: their default
-            (``KernelConfig.moe_triton_block_m``).
-    Returns:
-        ``[T, D]`` in x's dtype.
-    """
+    """x ``[T, D]`` (T > 0), topk_idx / topk_w ``[T, k]``, gate_up ``[E, 2I, D]``, down ``[E, D, I]`` ->
+    ``[T, D]`` in x's dtype; ``grouped``: ``torch._grouped_mm`` (CUDA, bf16 weights) instead of the loop."""
     T, D = x.shape
-    E = gate_up.shape[0]
-    if gate_up.shape[2] != D or down.shape[:2] != (E, D) or down.shape[2] * 2 != gate_up.shape[1]:
-        raise ValueError(
-            f"need gate_up [E, 2I, D] and down [E, D, I] with D={D}; got {tuple(gate_up.shape)}, {tuple(down.shape)}"
-        )
-    if T == 0:
-        return x.new_zeros(0, D)
-    few = topk_idx.numel() <= max_slots and gate_up.dtype in (torch.bfloat16, torch.float16)
-    if backend != "torch" and x.is_cuda and few and triton_available():
-        from .moe_triton import moe_experts_triton
-
-        extra = {} if block_m is None else {"block_m": block_m}
-        return moe_experts_triton(x.to(gate_up.dtype), topk_idx, topk_w, gate_up, down, **extra).to(x.dtype)
-    order, token, counts = _sorted(topk_idx, E)
+    order, token, counts = _sorted(topk_idx, gate_up.shape[0])
     xs = x[token].to(gate_up.dtype)
-    use_grouped = backend != "torch" and x.is_cuda and hasattr(torch, "_grouped_mm") and gate_up.dtype == torch.bfloat16
-    if use_grouped:
+    if grouped:
         ys = _grouped(xs, gate_up, down, counts)
     else:
         ys = _loop(xs, gate_up, down, counts.tolist())

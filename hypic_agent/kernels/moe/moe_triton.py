@@ -1,4 +1,4 @@
-"""Routed experts for few tokens in Triton (CUDA; imported lazily). Twin: ``moe._loop``.
+"""Routed experts for few tokens in Triton (CUDA; imported lazily). Twin: ``moe_torch.moe_experts_torch``.
 
 A decode step or a short question routes a few hundred (token, slot) pairs over hundreds of
 experts: a handful of rows per expert, so the experts' weights are read once and the FLOPs do not matter; the
@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .moe_route import align
+from ..moe_route import align
 
 
 @triton.jit
