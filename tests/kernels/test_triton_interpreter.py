@@ -244,7 +244,7 @@ GATHER = """
 # span gather by pointer (conv tails, attention bodies): zero spans, offsets, partial blocks, bf16
 import torch
 from hypic_agent.kernels.gather_spans import gather_spans_torch, span_table
-from hypic_agent.kernels.gather_spans_triton import gather_spans_triton
+from hypic_agent.kernels.gather_spans.gather_spans_triton import gather_spans_triton
 g = torch.Generator().manual_seed(0)
 for dt in (torch.float32, torch.bfloat16):
     srcs = [torch.randn(n, generator=g).to(dt) for n in (5000, 3, 4096)] + [None]

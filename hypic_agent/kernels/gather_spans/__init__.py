@@ -11,8 +11,8 @@ A table row is ``(src, dst_offset, numel)`` int64: ``numel`` elements from the a
 the destination's dtype) to ``dst.view(-1)[dst_offset:]``; ``src == 0`` writes zeros (a piece with
 no cached body before it starts its conv from zeros).
 
-``gather_spans_torch`` is the twin (from the source tensors); ``gather_spans`` dispatches (Triton
-on CUDA, ``gather_spans_triton``).
+``gather_spans_torch`` (``gather_spans_torch.py``) is the twin (from the source tensors);
+``gather_spans`` dispatches (Triton on CUDA, ``gather_spans_triton``).
 """
 
 from __future__ import annotations
@@ -21,23 +21,15 @@ from collections.abc import Sequence
 
 import torch
 
-from .backend import resolve_triton
+from ..backend import resolve_triton
+from .gather_spans_torch import gather_spans_torch
+
+__all__ = ["gather_spans", "gather_spans_torch", "span_table"]
 
 
 def span_table(rows: Sequence[tuple[int, int, int]]) -> torch.Tensor:
     """``[(src pointer or 0, dst offset, numel), ...]`` -> ``[N, 3]`` int64 host table."""
     return torch.tensor(list(rows), dtype=torch.int64).reshape(-1, 3)
-
-
-def gather_spans_torch(
-    srcs: Sequence[torch.Tensor | None], offsets: Sequence[int], numels: Sequence[int], dst: torch.Tensor
-) -> torch.Tensor:
-    """Twin of ``gather_spans`` from the source tensors: per span ``dst.view(-1)[off : off + numel]``
-    gets the first ``numel`` elements of ``src`` (zeros where ``src`` is None); returns ``dst``."""
-    flat = dst.view(-1)
-    for src, off, n in zip(srcs, offsets, numels, strict=True):
-        flat[off : off + n] = 0 if src is None else src.reshape(-1)[:n].to(dst.dtype)
-    return dst
 
 
 def gather_spans(table: torch.Tensor, dst: torch.Tensor, max_numel: int, *, backend: str = "auto") -> torch.Tensor:

@@ -1,5 +1,5 @@
 """Span gather in Triton (CUDA, or the CPU interpreter in tests; imported lazily). Twin:
-``gather_spans.gather_spans_torch``; layout of the table in ``gather_spans``."""
+``gather_spans_torch``; layout of the table in ``gather_spans``."""
 
 from __future__ import annotations
 
