@@ -1,8 +1,9 @@
-"""Segments: kinds, framing + tokenization, content keys, prompt plan, registry, tiered store.
+"""Segments: building prompts from them (``prompt/``) and storing what is computed for them (``store/``).
 
-Pipeline: ``SegmentIn`` (wire) -> ``Segment`` -> ``CanonicalSegment`` (framed, tokenized,
-keyed) -> ``PromptPlan``; entries computed for segments live in the ``SegmentStore``
-(GPU -> CPU -> disk, rows in the SQLAlchemy ``Registry``).
+``prompt/``: ``SegmentIn`` (wire) -> ``Segment`` -> ``CanonicalSegment`` (framed, tokenized,
+keyed) -> ``PromptPlan``; pure, no torch. ``store/``: entries computed for segments live in the
+``SegmentStore`` (GPU -> CPU -> disk, rows in the SQLAlchemy ``Registry``); it builds on
+``prompt/``, never the other way round.
 
 Names resolve lazily, so importing e.g. ``hypic_agent.segments.prompt.kinds`` does not pull in torch.
 """

@@ -1,4 +1,4 @@
-"""Tenants' shares of the tier budgets: a pin quota and an eviction reserve (a mixin of ``SegmentStore``).
+"""Tenants' shares of the tier budgets: a pin quota and an eviction reserve (``SegmentStore.quota``).
 
 Each tenant has a *share* of every tier's budget (``TenantShares``; ``Settings.tenant_share``,
 default one over the number of tenants, and ``Settings.tenant_shares`` per tenant):
@@ -18,15 +18,14 @@ default one over the number of tenants, and ``Settings.tenant_shares`` per tenan
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 from hypic_agent.config import Settings
 from hypic_agent.errors import ConflictError, PayloadTooLargeError
 from hypic_agent.segments.store.disk_tier import DiskTier
 from hypic_agent.segments.store.entries import IndexEntry
-from hypic_agent.segments.store.eviction import EvictionPolicy
 from hypic_agent.segments.store.memory_tier import MemoryTier
 
 
@@ -66,67 +65,42 @@ class TenantShares:
         return int(self.share(tenant) / max(1.0, total) * budget)
 
 
-C = TypeVar("C", bound=IndexEntry)
-
-
-def fair_victims(
-    policy: EvictionPolicy,
-    candidates: Iterable[C],
-    need: int,
-    now: float,
-    *,
-    actors: set[str],
-    usage: Counter[str],
-    reserve: Callable[[str], int],
-    size_of: Callable[[C], int],
-) -> list[C]:
-    """Like ``EvictionPolicy.victims``, but an entry of a tenant not in ``actors`` is skipped while
-    that tenant holds no more than its reserve (``usage``: bytes per tenant in the tier)."""
-    out: list[C] = []
-    freed = 0
-    for c in policy.order(candidates, now):
-        if freed >= need:
-            break
-        size = size_of(c)
-        if actors and c.tenant not in actors and usage[c.tenant] <= reserve(c.tenant):
-            continue
-        out.append(c)
-        usage[c.tenant] -= size
-        freed += size
-    return out
-
-
 def _mb(n: int) -> str:
     return f"{n / 1e6:.3g} MB" if n >= 10_000 else f"{n} bytes"
 
 
 class TenantQuota:
-    gpu: MemoryTier
-    cpu: MemoryTier
-    disk: DiskTier
-    shares: TenantShares
-    _index: dict[str, IndexEntry]
-    _lock: Any
+    """Pinned bytes per tenant and tier, the pin quota they must stay within, and the bytes each
+    tenant holds in a tier (what its eviction reserve is checked against). Reads the store's live
+    index (``index``, shared, never changed here); the caller holds the store lock."""
+
+    def __init__(
+        self, shares: TenantShares, gpu: MemoryTier, cpu: MemoryTier, disk: DiskTier, index: Mapping[str, IndexEntry]
+    ) -> None:
+        self.shares = shares
+        self.gpu = gpu
+        self.cpu = cpu
+        self.disk = disk
+        self._index = index
 
     def check_pin_room(self, tenant: str) -> None:
         """Raise ``PinQuotaError`` when ``tenant`` has no pin quota left at all (checked before
         computing entries that are to be pinned)."""
-        with self._lock:
-            tiers: list[Any] = [self.disk] if self.disk.enabled else [t for t in (self.gpu, self.cpu) if t.enabled]
-            for tier in tiers:
-                quota = self.shares.quota(tenant, tier.budget)
-                used = self._pinned_bytes(tier.name, tenant=tenant)
-                if used < quota and self._pinned_bytes(tier.name) < tier.budget:
-                    return
-            if tiers:
-                raise PinQuotaError(
-                    f"tenant {tenant!r} has {_mb(used)} pinned: its whole quota of {_mb(quota)} "
-                    f"({self.shares.share(tenant):.0%} of the {tier.name} tier's {_mb(tier.budget)}; "
-                    "HYPIC_TENANT_SHARE): unpin or delete some of its segments, or store these unpinned",
-                    param="cache.pin",
-                )
+        tiers: list[Any] = [self.disk] if self.disk.enabled else [t for t in (self.gpu, self.cpu) if t.enabled]
+        for tier in tiers:
+            quota = self.shares.quota(tenant, tier.budget)
+            used = self.pinned_bytes(tier.name, tenant=tenant)
+            if used < quota and self.pinned_bytes(tier.name) < tier.budget:
+                return
+        if tiers:
+            raise PinQuotaError(
+                f"tenant {tenant!r} has {_mb(used)} pinned: its whole quota of {_mb(quota)} "
+                f"({self.shares.share(tenant):.0%} of the {tier.name} tier's {_mb(tier.budget)}; "
+                "HYPIC_TENANT_SHARE): unpin or delete some of its segments, or store these unpinned",
+                param="cache.pin",
+            )
 
-    def _pinned_bytes(self, tier: str, *, tenant: str | None = None, skip: str | None = None) -> int:
+    def pinned_bytes(self, tier: str, *, tenant: str | None = None, skip: str | None = None) -> int:
         """Bytes of pinned entries (of ``tenant``, or everyone's) held in ``tier``."""
         total = 0
         for e in self._index.values():
@@ -138,12 +112,12 @@ class TenantQuota:
                 total += e.nbytes
         return total
 
-    def _pin_fits(self, tier: MemoryTier, e: IndexEntry) -> bool:
+    def pin_fits(self, tier: MemoryTier, e: IndexEntry) -> bool:
         """Whether pinned ``e`` may be held in memory ``tier`` within its tenant's quota."""
-        mine = self._pinned_bytes(tier.name, tenant=e.tenant, skip=e.key)
+        mine = self.pinned_bytes(tier.name, tenant=e.tenant, skip=e.key)
         return mine + e.nbytes <= self.shares.quota(e.tenant, tier.budget)
 
-    def _pin_error(self, e: IndexEntry, nbytes: int) -> Exception | None:
+    def pin_error(self, e: IndexEntry, nbytes: int) -> Exception | None:
         """Why ``e`` (``nbytes`` of payload; on disk its file's bytes once written) may not be
         pinned, or ``None``: the disk tier holds every pinned entry (write-through), so its quota
         decides; without a disk tier, the memory tiers' quotas do."""
@@ -152,8 +126,8 @@ class TenantQuota:
         for tier in tiers:
             nbytes = e.file_bytes if tier is self.disk and e.file_bytes else nbytes
             quota = self.shares.quota(e.tenant, tier.budget)
-            mine = self._pinned_bytes(tier.name, tenant=e.tenant, skip=e.key)
-            everyone = self._pinned_bytes(tier.name, skip=e.key)
+            mine = self.pinned_bytes(tier.name, tenant=e.tenant, skip=e.key)
+            everyone = self.pinned_bytes(tier.name, skip=e.key)
             share = f"{self.shares.share(e.tenant):.0%} of the {tier.name} tier's {_mb(tier.budget)}"
             if nbytes > quota:
                 errors.append(
@@ -177,7 +151,8 @@ class TenantQuota:
                 return None  # one tier that can hold it is enough
         return errors[0] if errors else None
 
-    def _usage(self, tier: str, size_of: Callable[[IndexEntry], int]) -> Counter[str]:
+    def usage(self, tier: str, size_of: Callable[[IndexEntry], int]) -> Counter[str]:
+        """Bytes (``size_of`` each entry) every tenant holds in ``tier``."""
         out: Counter[str] = Counter()
         for e in self._index.values():
             if (tier == "disk" and e.location) or (tier != "disk" and e.mem_tier == tier):

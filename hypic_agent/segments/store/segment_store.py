@@ -27,6 +27,19 @@ on disk, and ``open()`` makes the two consistent after a crash (``recovery.py``)
 ``put`` takes ownership of the tensors it is given (a memory tier on their device keeps them
 as they are, without a copy) and returned tensors are shared with the store: treat both as
 read-only. One store object per store dir and process (no cross-process locking).
+
+Composition: the store holds one lock, the live index (``IndexEntry`` per key, shared by
+reference with the collaborators) and keeps three things in step: the tiers' contents, the index
+and the registry rows. Its collaborators each do one part, under its lock:
+
+* ``registry`` (``registry.py``): the rows, the source of truth for what is on disk;
+* ``tiers`` (``tiers.py``): GPU -> CPU -> disk, placement / promotion / demotion;
+* ``quota`` (``quota.py``): tenants' pin quotas and reserves;
+* ``eviction`` (``eviction.py``): sheds entries until every tier is within budget;
+* ``usage`` (``usage.py``): hit / miss counters, buffered touches, ``stats()``;
+* ``flights`` (``flights.py``): ``get_or_compute``, one computation per key at a time;
+* ``recover`` / ``repair_row`` (``recovery.py``): ``open()`` and repairs of damaged rows met
+  later; ``recovery`` keeps the last ``RecoveryReport``.
 """
 
 from __future__ import annotations
@@ -44,22 +57,22 @@ from hypic_agent.config import Settings
 from hypic_agent.errors import InvalidRequestError
 from hypic_agent.segments.prompt.keys import token_digest
 from hypic_agent.segments.store.disk_tier import CorruptEntryError, DiskTier
-from hypic_agent.segments.store.entries import EntryMeta, Fetch, IndexEntry, Tensors
-from hypic_agent.segments.store.eviction import EvictionPolicy
-from hypic_agent.segments.store.headers import record_from_header
+from hypic_agent.segments.store.entries import EntryMeta, Fetch, IndexEntry, StoreStats, Tensors
+from hypic_agent.segments.store.eviction import Eviction, EvictionPolicy
+from hypic_agent.segments.store.flights import AsyncCompute, Compute, StoreFlights
+from hypic_agent.segments.store.headers import record_from_header, row_header
 from hypic_agent.segments.store.memory_tier import MemoryTier, payload_nbytes
-from hypic_agent.segments.store.quota import TenantShares
+from hypic_agent.segments.store.quota import TenantQuota, TenantShares
 from hypic_agent.segments.store.record import UNSET, EntryRecord, Page
 from hypic_agent.segments.store.recovery import RecoveryReport, recover, repair_row
 from hypic_agent.segments.store.registry import Registry
-from hypic_agent.segments.store.singleflight import SingleFlight, StoreFlights
-from hypic_agent.segments.store.tier_policy import TierPolicy
+from hypic_agent.segments.store.tiers import Tiers
 from hypic_agent.segments.store.usage import UsageLog
 
 log = logging.getLogger(__name__)
 
 
-class SegmentStore(TierPolicy, UsageLog, StoreFlights):
+class SegmentStore:
     def __init__(
         self,
         registry: Registry,
@@ -80,25 +93,48 @@ class SegmentStore(TierPolicy, UsageLog, StoreFlights):
         cuda = torch.cuda.is_available()
         if gpu_device == "auto":
             gpu_device = "cuda" if cuda else None
+        gpu = MemoryTier("gpu", gpu_device or "cpu", gpu_budget_bytes if gpu_device else 0)
+        cpu = MemoryTier("cpu", "cpu", cpu_budget_bytes, pin=cuda if pin_cpu is None else pin_cpu)
+        disk = DiskTier(root, disk_budget_bytes)
         self.registry = registry
-        self.gpu = MemoryTier("gpu", gpu_device or "cpu", gpu_budget_bytes if gpu_device else 0)
-        self.cpu = MemoryTier("cpu", "cpu", cpu_budget_bytes, pin=cuda if pin_cpu is None else pin_cpu)
-        self.disk = DiskTier(root, disk_budget_bytes)
-        self.policy = policy or EvictionPolicy()
-        self.shares = shares or TenantShares()
         self.default_ttl_s = default_ttl_s
-        self.flush_interval_s = flush_interval_s
         self.clock = clock
         self._owns_registry = owns_registry
         self._lock = threading.RLock()
         self._index: dict[str, IndexEntry] = {}
-        self._flight: SingleFlight[Fetch] = SingleFlight()
-        self._pending: dict[str, tuple[float, int]] = {}
-        self._last_flush = 0.0
-        self._opened = False
+        self.quota = TenantQuota(shares or TenantShares(), gpu, cpu, disk, self._index)
+        self.tiers = Tiers(gpu, cpu, disk, self.quota, self._index)
+        self.usage = UsageLog(registry, clock, flush_interval_s)
+        self.eviction = Eviction(policy or EvictionPolicy(), self.tiers, self.quota, self.usage, self._index)
+        self.flights = StoreFlights(self.get, self.put)
         self.recovery = RecoveryReport()
-        self._counts = dict.fromkeys(("hits", "misses", "evicted", "expired", "corrupt", "rejected"), 0)
-        self._tier_evictions = {"gpu": 0, "cpu": 0, "disk": 0}
+        self._opened = False
+        self._last_expire = 0.0
+
+    # the collaborators' parts that callers read (``store.disk.path(...)``, ``store.shares``)
+    @property
+    def gpu(self) -> MemoryTier:
+        return self.tiers.gpu
+
+    @property
+    def cpu(self) -> MemoryTier:
+        return self.tiers.cpu
+
+    @property
+    def disk(self) -> DiskTier:
+        return self.tiers.disk
+
+    @property
+    def shares(self) -> TenantShares:
+        return self.quota.shares
+
+    @property
+    def policy(self) -> EvictionPolicy:
+        return self.eviction.policy
+
+    @property
+    def flush_interval_s(self) -> float:
+        return self.usage.flush_interval_s
 
     @classmethod
     def from_settings(cls, settings: Settings, registry: Registry | None = None, **kwargs: Any) -> SegmentStore:
@@ -128,7 +164,8 @@ class SegmentStore(TierPolicy, UsageLog, StoreFlights):
         with self._lock:
             if not self._opened:
                 self.recovery = recover(self.registry, self.disk, self.clock())
-                self._index = {e.key: e for e in self.recovery.entries}
+                self._index.clear()  # shared with the collaborators: filled in place
+                self._index.update((e.key, e) for e in self.recovery.entries)
                 self.disk.used = sum(e.file_bytes for e in self._index.values() if e.location)
                 self._enforce_locked(set(), self.clock())
                 self._opened = True
@@ -136,7 +173,7 @@ class SegmentStore(TierPolicy, UsageLog, StoreFlights):
 
     def close(self) -> None:
         with self._lock:
-            self._flush_locked()
+            self.usage.flush()
             if self._owns_registry:
                 self.registry.close()
 
@@ -172,12 +209,12 @@ class SegmentStore(TierPolicy, UsageLog, StoreFlights):
                 token_digest=meta.token_digest,
             )  # fmt: skip
             if old is not None:
-                self._discard_payload_locked(old)
-            refused = self._pin_error(entry, nbytes) if entry.pinned else None
+                self.tiers.discard(old)
+            refused = self.quota.pin_error(entry, nbytes) if entry.pinned else None
             if refused is not None:
                 log.warning("entry %s stored unpinned: %s", key, refused)
                 entry.pinned = False
-            placed = self._place_locked(entry, tensors)
+            placed = self.tiers.place(entry, tensors)
             to_disk = self.disk.fits(nbytes)
             if placed is None and not to_disk:
                 if old is not None:
@@ -237,11 +274,11 @@ class SegmentStore(TierPolicy, UsageLog, StoreFlights):
             if (model_fingerprint is not None and e.model_fingerprint != model_fingerprint) or (
                 token_digest is not None and e.token_digest != token_digest
             ):
-                self._counts["rejected"] += 1
+                self.usage.count("rejected")
                 self._forget_locked(key)
                 return self._miss(count)
             if e.expired(now):
-                self._counts["expired"] += 1
+                self.usage.count("expired")
                 self._forget_locked(key)
                 return self._miss(count)
             if e.mem_tier is not None:
@@ -256,7 +293,7 @@ class SegmentStore(TierPolicy, UsageLog, StoreFlights):
         except CorruptEntryError as exc:
             with self._lock:
                 if self._index.get(key) is e and e.location == location:
-                    self._counts["corrupt"] += 1
+                    self.usage.count("corrupt")
                     moved = self.disk.quarantine(location)
                     log.warning(
                         "dropping the payload of entry %s (its row stays, rebuilt on next use): %s; file quarantined "
@@ -267,7 +304,7 @@ class SegmentStore(TierPolicy, UsageLog, StoreFlights):
         with self._lock:
             if self._index.get(key) is not e or e.location != location:
                 return self._miss(count)  # deleted or replaced while we read
-            held = self._place_locked(e, tensors) if e.mem_tier is None else self._tier(e.mem_tier).get(key)
+            held = self.tiers.place(e, tensors) if e.mem_tier is None else self.tiers.memory(e.mem_tier).get(key)
             self._settle_locked(e)
             self._enforce_locked({key}, now)
             return self._hit_locked(e, now, held if held is not None else tensors, "disk", count)
@@ -330,10 +367,10 @@ class SegmentStore(TierPolicy, UsageLog, StoreFlights):
             if e is None or (tenant is not None and e.tenant != tenant):
                 return None
             if pinned and not e.pinned and e.nbytes:  # an entry without payload: the bytes its rebuild takes
-                refused = self._pin_error(e, e.nbytes)
+                refused = self.quota.pin_error(e, e.nbytes)
                 if refused is not None:
                     raise refused
-            self._flush_locked()
+            self.usage.flush()
             rec = self.registry.set_policy(key, pinned=pinned, ttl_s=ttl_s)
             if rec is not None and rec.damaged:
                 rec = self._repaired_locked(rec)
@@ -348,7 +385,7 @@ class SegmentStore(TierPolicy, UsageLog, StoreFlights):
     def info(self, key: str, tenant: str | None = None) -> EntryRecord | None:
         """The registry row (with token ids and text) of ``key``."""
         with self._lock:
-            self._flush_locked()
+            self.usage.flush()
             rec = self.registry.get(key, tenant)
             return self._repaired_locked(rec) if rec is not None else None
 
@@ -356,7 +393,7 @@ class SegmentStore(TierPolicy, UsageLog, StoreFlights):
         """A tenant's rows, newest first; a row with values that do not decode is repaired (or shown
         with safe defaults), never fails the page."""
         with self._lock:
-            self._flush_locked()
+            self.usage.flush()
         page = self.registry.list_entries(tenant, limit=limit, cursor=cursor, kind=kind)
         if not any(r.damaged for r in page.items):
             return page
@@ -371,8 +408,119 @@ class SegmentStore(TierPolicy, UsageLog, StoreFlights):
             dead = [k for k, e in self._index.items() if e.expired(now)]
             for k in dead:
                 self._forget_locked(k)
-            self._counts["expired"] += len(dead)
+            self.usage.count("expired", len(dead))
             return len(dead)
+
+    def flush(self) -> None:
+        """Write buffered hit counts / last-used times to the registry."""
+        with self._lock:
+            self.usage.flush()
+
+    def stats(self) -> StoreStats:
+        with self._lock:
+            return self.usage.stats(self.tiers, self._index, self.flights.in_flight())
+
+    def check_pin_room(self, tenant: str) -> None:
+        """Raise ``quota.PinQuotaError`` when ``tenant`` has no pin quota left at all (checked before
+        computing entries that are to be pinned)."""
+        with self._lock:
+            self.quota.check_pin_room(tenant)
+
+    def get_or_compute(self, key: str, compute: Compute, **check: Any) -> Fetch:
+        """``get``, or run ``compute() -> (tensors, meta)`` once however many threads ask at once."""
+        return self.flights.get_or_compute(key, compute, **check)
+
+    async def aget_or_compute(self, key: str, compute: AsyncCompute, **check: Any) -> Fetch:
+        """Async twin: waiting never blocks the event loop; ``compute`` may be sync (run in a
+        thread) or async. Shares flights with ``get_or_compute``."""
+        return await self.flights.aget_or_compute(key, compute, **check)
+
+    # ------------------------------------------------------------------ keeping tiers, index and rows in step
+    def _miss(self, count: bool = True) -> tuple[Tensors, str] | None:
+        self.usage.miss(count)
+        return None
+
+    def _hit_locked(
+        self, e: IndexEntry, now: float, tensors: Tensors, found: str, count: bool = True
+    ) -> tuple[Tensors, str]:
+        self.usage.hit(e, now, count)
+        return tensors, found
+
+    def _promote_locked(self, e: IndexEntry, now: float) -> Tensors:
+        """Move a CPU-resident payload up to the GPU pool (if it has room); return the held tensors."""
+        held, moved = self.tiers.promote(e)
+        if moved:
+            self._settle_locked(e)
+            self._enforce_locked({e.key}, now)
+        return held
+
+    def _enforce_locked(self, protect: set[str], now: float, actors: set[str] | None = None) -> None:
+        """Bring every tier within budget (``Eviction.enforce``), then record where each entry it
+        moved lives now."""
+        for e in self.eviction.enforce(protect, now, actors):
+            self._settle_locked(e)
+
+    def _settle_locked(self, e: IndexEntry) -> None:
+        """Record where ``e`` now lives; an entry left in no tier keeps its row (``tier = none``)."""
+        if e.has_payload and e.mem_tier is None and e.location is None and e.state != "writing":
+            self.usage.count("evicted")
+            self._drop_payload_locked(e)
+        else:
+            self.registry.set_location(e.key, tier=e.tier, location=e.location, checksum=e.checksum)
+
+    def _write_through(self, entry: IndexEntry, tensors: Tensors, meta: EntryMeta) -> str | None:
+        """Write the disk copy outside the lock, then publish it if the entry is still current."""
+        md = row_header(entry, meta)  # the file describes its row: a lost registry is rebuilt from it
+        try:
+            written = self.disk.write(entry.key, tensors, md)
+        except OSError as exc:
+            log.warning("disk write of entry %s failed: %s", entry.key, exc)
+            with self._lock:
+                if self._index.get(entry.key) is entry:
+                    entry.state = "ready"
+                    self._settle_locked(entry)
+            return None
+        with self._lock:
+            if self._index.get(entry.key) is not entry:  # deleted or replaced meanwhile
+                self.disk.remove(written.location)
+                return None
+            entry.location, entry.checksum, entry.file_bytes = written.location, written.checksum, written.file_bytes
+            entry.state = "ready"
+            self.disk.used += written.file_bytes
+            if entry.pinned and (refused := self.quota.pin_error(entry, entry.nbytes)) is not None:
+                log.warning("entry %s unpinned: its file came out larger than estimated: %s", entry.key, refused)
+                entry.pinned = False
+                self.registry.set_policy(entry.key, pinned=False)
+            self.registry.set_location(
+                entry.key, tier=entry.tier, location=written.location, checksum=written.checksum, state="ready"
+            )
+            self._enforce_locked({entry.key}, self.clock())
+            return entry.tier if self._index.get(entry.key) is entry and entry.has_payload else None
+
+    def _drop_payload_locked(self, e: IndexEntry) -> None:
+        """Free ``e``'s payload but keep its row (tokens, text, policy, hits, and ``nbytes``: what
+        rebuilding it will take): ``tier = none``, resolvable by id and rebuilt by the next
+        request that uses it."""
+        self.tiers.discard(e)
+        e.has_payload, e.state = False, "ready"
+        self.registry.set_location(e.key, tier="none", location=None, checksum=None, state="ready")
+
+    def _forget_locked(self, key: str) -> None:
+        """Remove ``key`` entirely: payload, index record, buffered touches, registry row."""
+        e = self._index.pop(key, None)
+        if e is not None:
+            self.tiers.discard(e)
+        self.usage.forget(key)
+        self.registry.delete(key)
+
+    def _maybe_expire_locked(self, now: float) -> None:
+        if now - self._last_expire < self.flush_interval_s:
+            return
+        self._last_expire = now
+        dead = [k for k, e in self._index.items() if e.expired(now)]
+        for k in dead:
+            self._forget_locked(k)
+        self.usage.count("expired", len(dead))
 
     # ------------------------------------------------------------------ helpers
     def _repaired_locked(self, rec: EntryRecord) -> EntryRecord:
