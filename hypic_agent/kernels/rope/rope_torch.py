@@ -1,9 +1,6 @@
-"""Rotary position embedding, rotate-half (NeoX) style on the first ``rotary_dim`` dims.
-
-Matches transformers' ``apply_rotary_pos_emb`` for llama and (text positions) Qwen3.5/Qwen3-Next,
-whose interleaved M-RoPE reduces to this when its three position streams are equal. Rotation is
-additive in position: ``apply_rope(apply_rope(x, p), d) == apply_rope(x, p + d)``, which is how
-cached (un-rotated) keys are placed at any global offset.
+"""Rotary position embedding in PyTorch (rotate-half / NeoX style; the only implementation of ``rope``):
+cos / sin tables, cached for recent position tensors, and the rotation of the first ``rotary_dim``
+dims of ``x [T, H, D]``.
 """
 
 from __future__ import annotations
@@ -44,25 +41,9 @@ def _cached_cos_sin(
     return tables
 
 
-def apply_rope(
-    x: torch.Tensor,
-    positions: torch.Tensor,
-    *,
-    rotary_dim: int,
-    theta: float,
-    backend: str = "auto",
-) -> torch.Tensor:
-    """Rotate ``x [T, H, D]`` at ``positions [T]`` (int64); dims ``>= rotary_dim`` pass through.
-
-    Computed in fp32, returned in x's dtype. ``backend`` is accepted for interface symmetry; the
-    op is a few fused elementwise kernels on any device.
-    """
-    del backend
-    T, _, D = x.shape
-    if positions.shape != (T,):
-        raise ValueError(f"positions must be [T] = [{T}], got {tuple(positions.shape)}")
-    if not 0 < rotary_dim <= D:
-        raise ValueError(f"rotary_dim must be in (0, D={D}], got {rotary_dim}")
+def apply_rope_torch(x: torch.Tensor, positions: torch.Tensor, rotary_dim: int, theta: float) -> torch.Tensor:
+    """Rotate ``x [T, H, D]`` at ``positions [T]``; dims ``>= rotary_dim`` pass through. fp32 math, x's dtype."""
+    D = x.shape[-1]
     cos, sin = _cached_cos_sin(positions, rotary_dim, theta, x.device)
     cos, sin = cos[:, None, :], sin[:, None, :]
     xr = x[..., :rotary_dim].float()
