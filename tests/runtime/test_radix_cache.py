@@ -6,12 +6,14 @@ writing after a shared boundary never change the cached rows."""
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
 from hypic_agent.config import Settings
 from hypic_agent.runtime.engine import Engine
-from hypic_agent.runtime.models.tokenizer import tiny_tokenizer
+from hypic_agent.runtime.models.loading.tokenizer import tiny_tokenizer
 from hypic_agent.runtime.results import FinishEvent, TokenEvent
 from hypic_agent.runtime.runner.pool import StatePool
 from hypic_agent.runtime.runner.radix_cache import RadixCache
@@ -230,6 +232,18 @@ def _first_token(it) -> None:
     assert isinstance(next(it), TokenEvent)
 
 
+@contextlib.contextmanager
+def _paused(sched):
+    """No scheduler step runs inside (the engine thread is stopped, then started again): a check of
+    live requests cannot race with their decoding (waiting for the engine's lock instead could let
+    the thread run many steps first on a loaded machine)."""
+    sched.shutdown()
+    try:
+        yield
+    finally:
+        sched.start()
+
+
 def test_requests_sharing_a_boundary_page_neither_corrupt_it_nor_each_other(model):
     ref = _serve(model)
     serving = _serve(model)
@@ -243,6 +257,7 @@ def test_requests_sharing_a_boundary_page_neither_corrupt_it_nor_each_other(mode
     it_a = ha.events(timeout=120)
     events_a = [next(it_a)]  # a decodes: its boundary (34 tokens, inside page 4) is in the cache
     assert isinstance(events_a[0], TokenEvent)
+    sched.shutdown()  # no step runs now; the first submit below starts the thread, which waits for the lock
     with serving.engine.lock:  # nothing steps: both are admitted together, both hit
         keys = prefix_keys(serving.engine, sched.engine.pieces(a_plan, mode="prefix_cache"), "default")
         hit = sched.radix.match(keys)
@@ -255,7 +270,7 @@ def test_requests_sharing_a_boundary_page_neither_corrupt_it_nor_each_other(mode
         hs = [sched.submit(GenerationRequest(p, _sampling(12), "prefix_cache")) for p in others]
     its = [h.events(timeout=120) for h in hs]
     firsts = [next(it) for it in its]
-    with serving.engine.lock:  # three live requests over the same cached pages
+    with _paused(sched):  # three live requests over the same cached pages
         live = {id(r.handle): r for r in sched.live}
         seqs = [live[id(h)].seq for h in (ha, *hs)]
         assert all(s is not None for s in seqs)
@@ -307,7 +322,7 @@ def test_pool_pressure_evicts_lru_prefixes_never_one_in_use(model):
     for p, w in zip(plans, want, strict=True):
         got = _final(sched.submit(GenerationRequest(p, _sampling(6), "prefix_cache")).events(timeout=120))
         _same(got, w)
-        with serving.engine.lock:
+        with _paused(sched):
             a_present.append((any(r.handle is ha for r in sched.live), _in_tree(sched.radix, a_keys)))
     assert all(present for live, present in a_present if live)  # a's prefix (the oldest) stayed while a ran
     assert a_present[-1][0]  # a was still running at the end: the test saw evictions under its lock
