@@ -3,7 +3,7 @@
 Keys come from ``Settings.api_keys`` (``{"<key>": "<tenant>"}``), sent as
 ``Authorization: Bearer <key>`` or ``X-API-Key: <key>``. With no keys configured the server is
 open and every request belongs to the single tenant ``default``. The tenant namespace is salted
-into every segment key (``segments/keys.py``), so tenants never share, list or time each
+into every segment key (``segments/prompt/keys.py``), so tenants never share, list or time each
 other's entries. Wrong keys are limited per key prefix and client address
 (``Settings.auth_failures_per_minute``) and per address (``auth_address_failures_per_minute``):
 past either, that address's wrong keys get 429 until the window has passed; a valid key always
