@@ -40,7 +40,7 @@ import torch
 from _common import ROOT, print_table, write_json  # noqa: F401 (ROOT puts the repo on sys.path)
 
 from hypic_agent.config import Settings
-from hypic_agent.runtime.models.tokenizer import _bytes_to_unicode, load_tokenizer, tiny_tokenizer
+from hypic_agent.runtime.models.loading.tokenizer import _bytes_to_unicode, load_tokenizer, tiny_tokenizer
 
 SCHEMA = {
     "type": "object",
@@ -290,7 +290,7 @@ def main() -> None:
         if tok_name == "tiny":
             tok, vocab = tiny_tokenizer(), 259
         else:
-            from hypic_agent.runtime.models.catalog import resolve_model
+            from hypic_agent.runtime.models.loading.catalog import resolve_model
 
             tok = load_tokenizer(resolve_model(tok_name, Settings()))
             vocab = len(tok)

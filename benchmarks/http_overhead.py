@@ -42,7 +42,7 @@ from hypic_agent.api import create_app, service
 from hypic_agent.api.schemas import GenerateRequest
 from hypic_agent.config import Settings
 from hypic_agent.runtime.engine import Engine
-from hypic_agent.runtime.models.tokenizer import tiny_tokenizer
+from hypic_agent.runtime.models.loading.tokenizer import tiny_tokenizer
 
 
 def pct(xs: list[float], q: float) -> float:

@@ -121,7 +121,7 @@ def check_request(
 def check_model(settings: Settings) -> None:
     """An unknown model name or a missing path fails here, before the load (a catalog model that
     is not downloaded yet is fine: the load fetches it; tiny:<arch> is checked by the load)."""
-    from hypic_agent.runtime.models.catalog import BUNDLED, CATALOG, resolve_model
+    from hypic_agent.runtime.models.loading.catalog import BUNDLED, CATALOG, resolve_model
 
     name = settings.model.strip()
     if name in CATALOG or name in BUNDLED or name == "tiny" or name.startswith("tiny:"):

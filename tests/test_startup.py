@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from hypic_agent.config import Settings
-from hypic_agent.runtime.models import catalog
+from hypic_agent.runtime.models.loading import catalog
 from hypic_agent.startup import StartupLog, human_bytes, largest_file_bytes, path_bytes, watch_bytes
 
 MiB = 1 << 20

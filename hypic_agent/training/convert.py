@@ -31,10 +31,10 @@ import torch
 import torch.nn.functional as F
 
 from hypic_agent.errors import ModelConfigError
+from hypic_agent.runtime.models.loading.delta import derived_tensors
 from hypic_agent.training.calibrate import LayerStats
 
 STUDENT_MODEL_TYPE = "qwen3_5_text"
-MAPPING_NAME = "llama_to_qwen3_5_hybrid/v1"
 
 
 @dataclass(frozen=True)
@@ -120,16 +120,6 @@ def student_hf_config(teacher: dict[str, Any], opts: ConvertOptions) -> dict[str
         "eos_token_id": teacher.get("eos_token_id"),
         "pad_token_id": teacher.get("pad_token_id"),
     }
-
-
-def derived_tensors(teacher: dict[str, torch.Tensor], tie: bool) -> dict[str, torch.Tensor]:
-    """Student tensors that are a fixed function of the teacher's: embeddings, MLPs, norms (w - 1)."""
-    out: dict[str, torch.Tensor] = {}
-    for name, t in teacher.items():
-        if ".self_attn." in name or (tie and name == "lm_head.weight"):
-            continue
-        out[name] = t - 1.0 if name.endswith("layernorm.weight") or name == "model.norm.weight" else t.clone()
-    return out
 
 
 def _expected_silu(mu: float, sigma: float) -> float:

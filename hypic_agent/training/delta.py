@@ -1,18 +1,10 @@
-"""The distilled model on disk: a Hugging Face folder holding only what the base model lacks.
+"""Writing the distilled model: a Hugging Face folder holding only what the base model lacks.
 
-::
-
-    config.json              qwen3_5_text config + "hypic_delta": {base, mapping, files}
-    model*.safetensors       the new / changed tensors (mixers), shards of at most ``shard_mb``
-    tokenizer.json, ...      the teacher's tokenizer (+ chat template)
-    distill.json             training summary and held-out metrics
-
-``base`` names the teacher weights (catalog name + sha256 of the GGUF, or a path, or the tiny
-seed); everything not stored (embeddings, MLPs, norms) is rebuilt from it by the fixed mapping
-``convert.derived_tensors``. ``load_delta`` is the loader hook: ``runtime/models/loading.py``'s
-``load_checkpoint`` calls it for folders whose config.json has ``hypic_delta``.
-``materialize`` writes a self-contained folder (all tensors) that transformers'
-``Qwen3_5ForCausalLM.from_pretrained`` loads too.
+The folder's format (``DELTA_KEY`` section, int8 group scales, the mapping that rebuilds the rest from
+the base) is ``runtime/models/loading/delta.py``; the runtime reads it (``loading.weights.load_delta``,
+which ``load_checkpoint`` calls for folders whose config.json has ``hypic_delta``). Here: ``pack`` and
+``export_delta`` write one; ``materialize`` writes a self-contained folder (all tensors) that
+transformers' ``Qwen3_5ForCausalLM.from_pretrained`` loads too.
 """
 
 from __future__ import annotations
@@ -24,20 +16,17 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from hypic_agent.config import Settings
-from hypic_agent.errors import ModelConfigError
-from hypic_agent.runtime.models.config import HybridConfig
-from hypic_agent.training.convert import MAPPING_NAME, derived_tensors
+from hypic_agent.runtime.models.loading.delta import DELTA_KEY, MAPPING_NAME, QSCALE
+from hypic_agent.runtime.models.loading.weights import load_delta
 
-DELTA_KEY = "hypic_delta"
-QSCALE = ".qscale"  # int8 export: scales of tensor ``name`` stored as ``name + QSCALE``
 QGROUP = 64  # int8 export: one scale per QGROUP consecutive weights of a row
 
 
 def pack(tensors: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[str, torch.Tensor]:
     """Tensors as stored: cast to ``dtype``; for ``torch.int8`` symmetric group-wise quantization of
     every matrix (groups of ``QGROUP`` along each row, scale = group absmax / 127 in fp32, so
-    about 8.5 bits per weight); vectors and short rows (the GDN conv taps) stay bf16."""
+    about 8.5 bits per weight); vectors and short rows (the GDN conv taps) stay bf16. The runtime's
+    ``loading.delta.unpack`` inverts it."""
     out: dict[str, torch.Tensor] = {}
     for name, t in tensors.items():
         t = t.detach().to("cpu", torch.float32)
@@ -52,20 +41,6 @@ def pack(tensors: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[str, torc
             scale = g.abs().amax(dim=-1).clamp_min(1e-12) / 127.0  # [rows, groups]
             out[name] = torch.round(g / scale[..., None]).to(torch.int8).reshape(t.shape).contiguous()
             out[name + QSCALE] = scale.contiguous()
-    return out
-
-
-def unpack(stored: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Inverse of ``pack`` (int8 matrices dequantized to fp32; other tensors as stored)."""
-    out: dict[str, torch.Tensor] = {}
-    for name, t in stored.items():
-        if name.endswith(QSCALE):
-            continue
-        scale = stored.get(name + QSCALE)
-        if scale is not None:
-            g = t.reshape(t.shape[0], scale.shape[1], -1).float()
-            t = (g * scale[..., None].float()).reshape(t.shape)
-        out[name] = t
     return out
 
 
@@ -132,50 +107,6 @@ def export_delta(
 def is_delta_folder(folder: str | Path) -> bool:
     path = Path(folder) / "config.json"
     return path.is_file() and DELTA_KEY in json.loads(path.read_text())
-
-
-def load_delta(
-    folder: str | Path,
-    raw_cfg: dict[str, Any] | None = None,
-    *,
-    dtype: torch.dtype | None = None,
-    device: str | torch.device = "cpu",
-    settings: Settings | None = None,
-) -> tuple[HybridConfig, dict[str, Any], dict[str, torch.Tensor]]:
-    """Like ``loading.load_checkpoint`` for a delta folder: base weights + stored tensors.
-
-    Returns ``(HybridConfig, config.json dict, tensors by contract name)`` on ``device`` in ``dtype``
-    (stored dtype when None).
-    """
-    from safetensors.torch import load_file
-
-    from hypic_agent.runtime.models.loading import read_hf_config, validate_state_dict, weight_files
-    from hypic_agent.training.teacher import load_base
-
-    folder = Path(folder).expanduser()
-    raw_cfg = raw_cfg if raw_cfg is not None else read_hf_config(folder)
-    meta = raw_cfg.get(DELTA_KEY)
-    if not isinstance(meta, dict) or "base" not in meta:
-        raise ModelConfigError(f"{folder}/config.json has no '{DELTA_KEY}' section with a base reference")
-    if meta.get("mapping") != MAPPING_NAME:
-        raise ModelConfigError(
-            f"{folder} was written with mapping {meta.get('mapping')!r}; this version reads {MAPPING_NAME!r}"
-        )
-    cfg = HybridConfig.from_hf(raw_cfg)
-    _, base_tensors = load_base(meta["base"], settings)
-    stored: dict[str, torch.Tensor] = {}
-    for f in weight_files(folder):
-        stored.update(load_file(str(f)))
-    stored = unpack(stored)
-    tensors = derived_tensors(base_tensors, cfg.tie_word_embeddings)
-    saved_as = raw_cfg.get("dtype")
-    dt = dtype or (getattr(torch, saved_as) if saved_as in ("bfloat16", "float16", "float32") else torch.float32)
-    tensors.update(stored)
-    extra = validate_state_dict(cfg, tensors, where=str(folder))
-    for n in extra:
-        del tensors[n]
-    out = {k: v.to(device=device, dtype=dt if v.is_floating_point() else v.dtype) for k, v in tensors.items()}
-    return cfg, raw_cfg, out
 
 
 def materialize(folder: str | Path, out: str | Path, *, dtype: torch.dtype = torch.bfloat16) -> Path:

@@ -33,10 +33,11 @@ import torch
 from hypic_agent.config import Settings
 from hypic_agent.errors import InvalidRequestError
 from hypic_agent.runtime.models.hybrid import HybridForCausalLM
+from hypic_agent.runtime.models.loading.delta import derived_tensors
 from hypic_agent.runtime.models.registry import build_model
 from hypic_agent.training import checkpoint as ckpt
 from hypic_agent.training.calibrate import collect_stats
-from hypic_agent.training.convert import ConvertOptions, convert, derived_tensors
+from hypic_agent.training.convert import ConvertOptions, convert
 from hypic_agent.training.data import CorpusSpec, TokenData, build_corpus, builtin_texts
 from hypic_agent.training.delta import export_delta
 from hypic_agent.training.forward import run_model
@@ -166,7 +167,7 @@ def build_student(
         tensors.update(saved)
         config, resumed = state.student_config, True
     elif cfg.init_from is not None:
-        from hypic_agent.training.delta import load_delta
+        from hypic_agent.runtime.models.loading.weights import load_delta
 
         _, raw, tensors = load_delta(cfg.init_from, dtype=torch.float32)
         if raw["hypic_delta"]["base"] != teacher.base:

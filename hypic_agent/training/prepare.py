@@ -19,8 +19,8 @@ import sys
 from pathlib import Path
 
 from hypic_agent.config import Settings
-from hypic_agent.runtime.models.catalog import CATALOG, catalog_path, resolve_model
-from hypic_agent.runtime.models.tokenizer import load_tokenizer
+from hypic_agent.runtime.models.loading.catalog import CATALOG, catalog_path, resolve_model
+from hypic_agent.runtime.models.loading.tokenizer import load_tokenizer
 from hypic_agent.training.data import CorpusSpec, build_corpus, default_shared_data
 from hypic_agent.training.transfer import split_file
 

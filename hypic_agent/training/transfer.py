@@ -61,8 +61,9 @@ def repack(src: Path, dst: Path, *, dtype: str = "int8", shard_mb: float = 15.0,
     import torch
     from safetensors.torch import load_file
 
-    from hypic_agent.runtime.models.loading import weight_files
-    from hypic_agent.training.delta import DELTA_KEY, export_delta, unpack
+    from hypic_agent.runtime.models.loading.delta import DELTA_KEY, unpack
+    from hypic_agent.runtime.models.loading.safetensors import weight_files
+    from hypic_agent.training.delta import export_delta
 
     raw = json.loads((src / "config.json").read_text())
     meta = raw.pop(DELTA_KEY)
@@ -86,9 +87,9 @@ def attach_tokenizer(folder: Path) -> None:
     import json
 
     from hypic_agent.config import Settings
-    from hypic_agent.runtime.models.catalog import resolve_model
-    from hypic_agent.runtime.models.tokenizer import load_tokenizer, tiny_tokenizer
-    from hypic_agent.training.delta import DELTA_KEY
+    from hypic_agent.runtime.models.loading.catalog import resolve_model
+    from hypic_agent.runtime.models.loading.delta import DELTA_KEY
+    from hypic_agent.runtime.models.loading.tokenizer import load_tokenizer, tiny_tokenizer
 
     base = json.loads((folder / "config.json").read_text())[DELTA_KEY]["base"]
     if "tiny" in base:

@@ -10,7 +10,7 @@ from hypic_agent.errors import InvalidRequestError
 from hypic_agent.runtime.engine import Engine
 from hypic_agent.runtime.hypic.auto_seams import SeamProfile, allocate, ladder_steps, measure_profile
 from hypic_agent.runtime.hypic.modes import validate_seam
-from hypic_agent.runtime.models.tokenizer import tiny_tokenizer
+from hypic_agent.runtime.models.loading.tokenizer import tiny_tokenizer
 
 from .conftest import Plan, Seg, make_model, rand_tokens
 

@@ -26,7 +26,7 @@ from hypic_agent.runtime.hypic.combine import combine
 from hypic_agent.runtime.hypic.entry import LinearEntry
 from hypic_agent.runtime.hypic.layout import plan_layout
 from hypic_agent.runtime.hypic.modes import mode_spec
-from hypic_agent.runtime.models.tokenizer import tiny_tokenizer
+from hypic_agent.runtime.models.loading.tokenizer import tiny_tokenizer
 from hypic_agent.runtime.runner.standalone import prefill
 from hypic_agent.segments.prompt.framing import header_block
 

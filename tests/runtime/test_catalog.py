@@ -14,8 +14,8 @@ from typer.testing import CliRunner
 
 from hypic_agent.config import Settings
 from hypic_agent.errors import ModelConfigError, ModelNotAvailableError
-from hypic_agent.runtime.models import catalog
-from hypic_agent.runtime.models.catalog import (
+from hypic_agent.runtime.models.loading import catalog
+from hypic_agent.runtime.models.loading.catalog import (
     BUNDLED,
     CATALOG,
     BundledEntry,
@@ -25,8 +25,8 @@ from hypic_agent.runtime.models.catalog import (
     list_models,
     resolve_model,
 )
+from hypic_agent.runtime.models.loading.wheel_fetch import download_wheel, extract_member
 from hypic_agent.runtime.models.testing.tiny import OWN_INIT, TINY_ARCHS, tiny_config
-from hypic_agent.runtime.models.wheel_fetch import download_wheel, extract_member
 
 PAYLOAD = b"GGUF" + bytes(range(256)) * 64
 
@@ -119,7 +119,7 @@ def test_resolve_bundled(tmp_path: Path) -> None:
     """The shipped hybrid resolves to the package folder once its base GGUF is in the home."""
     s = _settings(tmp_path)
     entry = BUNDLED["smollm2-135m-hybrid"]
-    assert entry.folder == Path(catalog.__file__).parents[2] / "weights" / "smollm2-135m-hybrid"
+    assert entry.folder == Path(catalog.__file__).parents[3] / "weights" / "smollm2-135m-hybrid"
     with pytest.raises(ModelNotAvailableError, match="hypic-agent models fetch smollm2-135m-hybrid") as ei:
         resolve_model("smollm2-135m-hybrid", s, fetch=False)
     assert "smollm2-135m-instruct" in ei.value.message

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from hypic_agent.errors import WeightsError
-from hypic_agent.runtime.models.catalog import BUNDLED
-from hypic_agent.runtime.models.checksums import CHECKSUMS, read_checksums, verify_checksums, write_checksums
-from hypic_agent.runtime.models.loading import load_checkpoint
+from hypic_agent.runtime.models.loading.catalog import BUNDLED
+from hypic_agent.runtime.models.loading.checksums import CHECKSUMS, read_checksums, verify_checksums, write_checksums
+from hypic_agent.runtime.models.loading.weights import load_checkpoint
 
 SHIPPED = BUNDLED["smollm2-135m-hybrid"].folder
 

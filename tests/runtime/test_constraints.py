@@ -9,8 +9,8 @@ import pytest
 
 from hypic_agent.errors import InvalidRequestError
 from hypic_agent.runtime.constraints import Grammars, GrammarSpec, JsonBounds, bound_schema
+from hypic_agent.runtime.models.loading.tokenizer import tiny_tokenizer
 from hypic_agent.runtime.models.testing.tiny import TINY_BOS_ID, TINY_EOS_ID, TINY_VOCAB_SIZE
-from hypic_agent.runtime.models.tokenizer import tiny_tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ import torch
 
 from hypic_agent.config import Settings
 from hypic_agent.runtime.engine import Engine
-from hypic_agent.runtime.models.tokenizer import tiny_tokenizer
+from hypic_agent.runtime.models.loading.tokenizer import tiny_tokenizer
 from hypic_agent.runtime.results import FinishEvent, TokenEvent
 from hypic_agent.runtime.runner.destination import StateDestination
 from hypic_agent.runtime.runner.pool import StatePool

@@ -8,7 +8,7 @@ import torch
 from hypic_agent.config import MODES, Settings
 from hypic_agent.errors import ContextLengthError, InvalidRequestError, UnknownModeError
 from hypic_agent.runtime.engine import Engine
-from hypic_agent.runtime.models.tokenizer import tiny_tokenizer
+from hypic_agent.runtime.models.loading.tokenizer import tiny_tokenizer
 from hypic_agent.runtime.results import FinishEvent, TokenEvent
 from hypic_agent.runtime.sampling import SamplingParams
 from hypic_agent.runtime.serving import Serving

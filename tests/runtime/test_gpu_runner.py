@@ -10,7 +10,7 @@ import torch
 
 from hypic_agent.config import Settings
 from hypic_agent.runtime.engine import Engine
-from hypic_agent.runtime.models.tokenizer import tiny_tokenizer
+from hypic_agent.runtime.models.loading.tokenizer import tiny_tokenizer
 from hypic_agent.runtime.results import FinishEvent
 from hypic_agent.runtime.runner.decode_graphs import graph_kernels
 from hypic_agent.runtime.runner.plan import plan_forward

@@ -20,7 +20,7 @@ from hypic_agent.runtime.hypic.layout import plan_layout
 from hypic_agent.runtime.hypic.modes import mode_spec
 from hypic_agent.runtime.models.layers.mlp import Experts
 from hypic_agent.runtime.models.layers.norms import GatedRMSNorm, RMSNorm
-from hypic_agent.runtime.models.tokenizer import tiny_tokenizer
+from hypic_agent.runtime.models.loading.tokenizer import tiny_tokenizer
 from hypic_agent.runtime.runner.combine_graphs import CombineGraphs
 from hypic_agent.runtime.runner.graph_set import GraphSet
 from hypic_agent.runtime.runner.stage_graphs import bucket_sizes

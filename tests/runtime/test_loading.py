@@ -10,15 +10,12 @@ import torch
 from safetensors.torch import save_file
 
 from hypic_agent.errors import ModelConfigError, WeightsError
-from hypic_agent.runtime.models.catalog import ModelSource
 from hypic_agent.runtime.models.config import HybridConfig
 from hypic_agent.runtime.models.keymap import to_contract
-from hypic_agent.runtime.models.loading import (
-    load_checkpoint,
-    load_weights,
-    validate_state_dict,
-    weight_files,
-)
+from hypic_agent.runtime.models.loading.catalog import ModelSource
+from hypic_agent.runtime.models.loading.safetensors import weight_files
+from hypic_agent.runtime.models.loading.shapes import validate_state_dict
+from hypic_agent.runtime.models.loading.weights import load_checkpoint, load_weights
 from hypic_agent.runtime.models.testing.tiny import TINY_ARCHS, build_hf_model, random_state_dict, tiny_config
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hypic_agent.runtime.models.fingerprint import file_digest, model_fingerprint
+from hypic_agent.runtime.models.loading.fingerprint import file_digest, model_fingerprint
 from hypic_agent.runtime.models.testing.tiny import random_state_dict, tiny_config
 
 CFG = tiny_config("llama")

@@ -10,11 +10,11 @@ import torch
 
 from hypic_agent.config import Settings
 from hypic_agent.errors import ModelConfigError, WeightsError
-from hypic_agent.runtime.models.catalog import CATALOG, ModelSource, catalog_path
-from hypic_agent.runtime.models.gguf_loader import load_gguf
-from hypic_agent.runtime.models.loading import load_weights
+from hypic_agent.runtime.models.loading.catalog import CATALOG, ModelSource, catalog_path
+from hypic_agent.runtime.models.loading.gguf import load_gguf
+from hypic_agent.runtime.models.loading.tokenizer import _bytes_to_unicode, load_tokenizer
+from hypic_agent.runtime.models.loading.weights import load_weights
 from hypic_agent.runtime.models.testing.tiny import random_state_dict, tiny_config
-from hypic_agent.runtime.models.tokenizer import _bytes_to_unicode, load_tokenizer
 
 from .conftest import write_stub_gguf
 

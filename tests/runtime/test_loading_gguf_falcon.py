@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from hypic_agent.runtime.models.gguf_loader import load_gguf, supported_archs
+from hypic_agent.runtime.models.loading.gguf import load_gguf, supported_archs
 from hypic_agent.runtime.models.registry import build_model
 
 from .conftest import finish_gguf, make_model, rand_tokens
@@ -150,9 +150,9 @@ def test_new_family_ggufs_serve_as_model_sources(tmp_path: Path) -> None:
     """What ``serve --model x.gguf`` does, for the families added with Falcon-H1, Qwen3.5 and Kimi
     Linear: resolve, load weights (the family's fingerprint), read the embedded tokenizer."""
     from hypic_agent.config import Settings
-    from hypic_agent.runtime.models.catalog import resolve_model
-    from hypic_agent.runtime.models.loading import load_weights
-    from hypic_agent.runtime.models.tokenizer import load_tokenizer
+    from hypic_agent.runtime.models.loading.catalog import resolve_model
+    from hypic_agent.runtime.models.loading.tokenizer import load_tokenizer
+    from hypic_agent.runtime.models.loading.weights import load_weights
 
     from .test_loading_gguf_kimi import write_kimi_gguf
     from .test_loading_gguf_qwen import write_qwen_gguf

@@ -15,13 +15,13 @@ import torch
 
 from hypic_agent.config import Settings
 from hypic_agent.errors import ModelConfigError
-from hypic_agent.runtime.models.catalog import resolve_model
 from hypic_agent.runtime.models.config import HybridConfig
-from hypic_agent.runtime.models.gguf_loader import load_gguf, supported_archs
 from hypic_agent.runtime.models.keymap import to_contract
-from hypic_agent.runtime.models.loading import load_weights
+from hypic_agent.runtime.models.loading.catalog import resolve_model
+from hypic_agent.runtime.models.loading.gguf import load_gguf, supported_archs
+from hypic_agent.runtime.models.loading.tokenizer import _bytes_to_unicode, load_tokenizer
+from hypic_agent.runtime.models.loading.weights import load_weights
 from hypic_agent.runtime.models.registry import build_model
-from hypic_agent.runtime.models.tokenizer import _bytes_to_unicode, load_tokenizer
 from hypic_agent.runtime.runner.standalone import prefill
 
 from .conftest import finish_gguf, make_model, rand_tokens, write_stub_gguf

@@ -15,7 +15,7 @@ import torch
 
 from hypic_agent.errors import ModelConfigError
 from hypic_agent.runtime.models.config import HybridConfig
-from hypic_agent.runtime.models.gguf_loader import load_gguf
+from hypic_agent.runtime.models.loading.gguf import load_gguf
 from hypic_agent.runtime.models.registry import build_model
 
 from .conftest import finish_gguf, make_model, rand_tokens

@@ -191,7 +191,7 @@ def test_kimi_48b_pool_and_entry_bytes_per_token_are_the_latent_form():
 
 
 def test_fingerprint_names_the_latent_entry_layout(monkeypatch):
-    from hypic_agent.runtime.models import fingerprint as fp
+    from hypic_agent.runtime.models.loading import fingerprint as fp
     from hypic_agent.runtime.models.testing.tiny import tiny_config
 
     kimi, qwen = (HybridConfig.from_hf(tiny_config(a)) for a in ("kimi_linear", "qwen3_5_text"))

@@ -176,7 +176,7 @@ def test_hf_folder_with_hub_names_loads_to_the_same_model(ring, tmp_path):
 
     from safetensors.torch import save_file
 
-    from hypic_agent.runtime.models.loading import load_checkpoint
+    from hypic_agent.runtime.models.loading.weights import load_checkpoint
     from hypic_agent.runtime.models.registry import build_model
     from hypic_agent.runtime.models.testing.tiny import tiny_config
 

@@ -12,7 +12,7 @@ import pytest
 from hypic_agent.config import MODES, Settings
 from hypic_agent.errors import ContextLengthError, QueueFullError
 from hypic_agent.runtime.engine import Engine
-from hypic_agent.runtime.models.tokenizer import tiny_tokenizer
+from hypic_agent.runtime.models.loading.tokenizer import tiny_tokenizer
 from hypic_agent.runtime.results import FinishEvent, TokenEvent
 from hypic_agent.runtime.sampling import SamplingParams
 from hypic_agent.runtime.scheduler.request import GenerationRequest

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from hypic_agent.config import Settings
-from hypic_agent.runtime.models.catalog import BUNDLED, CATALOG, catalog_path
+from hypic_agent.runtime.models.loading.catalog import BUNDLED, CATALOG, catalog_path
 from hypic_agent.segments.prompt.keys import KeyContext
 from hypic_agent.segments.prompt.kinds import Segment
 from hypic_agent.segments.prompt.plan import build_plan

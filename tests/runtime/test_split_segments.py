@@ -8,7 +8,7 @@ import torch
 
 from hypic_agent.config import Settings
 from hypic_agent.runtime.engine import Engine
-from hypic_agent.runtime.models.tokenizer import tiny_tokenizer
+from hypic_agent.runtime.models.loading.tokenizer import tiny_tokenizer
 from hypic_agent.runtime.results import SegmentUsage, fold_pieces
 from hypic_agent.segments.prompt.split import split_ids, split_segments
 

@@ -9,7 +9,7 @@ import pytest
 
 from hypic_agent.config import Settings
 from hypic_agent.runtime.engine import Engine
-from hypic_agent.runtime.models.tokenizer import tiny_tokenizer
+from hypic_agent.runtime.models.loading.tokenizer import tiny_tokenizer
 from hypic_agent.runtime.results import FinishEvent
 from hypic_agent.runtime.sampling import SamplingParams
 from hypic_agent.runtime.scheduler.request import GenerationRequest

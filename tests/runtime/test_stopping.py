@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from hypic_agent.runtime.models.tokenizer import tiny_tokenizer
+from hypic_agent.runtime.models.loading.tokenizer import tiny_tokenizer
 from hypic_agent.runtime.stopping import StopChecker
 
 TEXTS = ["plain ascii words, with spaces", "caf\u00e9 na\u00efve \u65e5\u672c\u8a9e \U0001f600 end", "a" * 300]

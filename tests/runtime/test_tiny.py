@@ -8,7 +8,8 @@ import torch
 from hypic_agent.errors import ModelConfigError
 from hypic_agent.runtime.models.config import HybridConfig
 from hypic_agent.runtime.models.keymap import to_contract
-from hypic_agent.runtime.models.loading import expected_shapes, validate_state_dict
+from hypic_agent.runtime.models.loading.shapes import expected_shapes, validate_state_dict
+from hypic_agent.runtime.models.loading.tokenizer import tiny_tokenizer
 from hypic_agent.runtime.models.registry import build_model
 from hypic_agent.runtime.models.testing.tiny import (
     TINY_ARCHS,
@@ -20,7 +21,6 @@ from hypic_agent.runtime.models.testing.tiny import (
     random_state_dict,
     tiny_config,
 )
-from hypic_agent.runtime.models.tokenizer import tiny_tokenizer
 from hypic_agent.runtime.runner.standalone import prefill
 
 HF_CLASS = {

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from hypic_agent.errors import ModelConfigError, ModelNotAvailableError
-from hypic_agent.runtime.models.catalog import ModelSource
+from hypic_agent.runtime.models.loading.catalog import ModelSource
+from hypic_agent.runtime.models.loading.tokenizer import load_tokenizer, tiny_tokenizer
 from hypic_agent.runtime.models.testing.tiny import TINY_BOS_ID, TINY_EOS_ID, TINY_PAD_ID, TINY_VOCAB_SIZE
-from hypic_agent.runtime.models.tokenizer import load_tokenizer, tiny_tokenizer
 
 TEXT = "Héllo wörld! 😀\n\t  <not special> end"
 

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from hypic_agent.api.chat import ChatRequest, chat_to_segments
-from hypic_agent.runtime.models.tokenizer import tiny_tokenizer
+from hypic_agent.runtime.models.loading.tokenizer import tiny_tokenizer
 from hypic_agent.segments.prompt.framing import Framer
 from hypic_agent.segments.prompt.kinds import Segment
 from hypic_agent.tools.catalogue import with_tools

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from hypic_agent.runtime.constraints import Grammars, GrammarSpec, JsonBounds
+from hypic_agent.runtime.models.loading.tokenizer import tiny_tokenizer
 from hypic_agent.runtime.models.testing.tiny import TINY_EOS_ID, TINY_VOCAB_SIZE
-from hypic_agent.runtime.models.tokenizer import tiny_tokenizer
 from hypic_agent.tools.format import call_text
 from hypic_agent.tools.grammar import ForcedCalls, call_grammar
 from hypic_agent.tools.spec import Function, ToolChoice, ToolSetup

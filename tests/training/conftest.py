@@ -32,7 +32,7 @@ def tiny_run_config(out: Path, **overrides: Any) -> DistillConfig:
 @pytest.fixture(scope="package")
 def tiny_corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A token corpus built once (byte tokenizer, stdlib text)."""
-    from hypic_agent.runtime.models.tokenizer import tiny_tokenizer
+    from hypic_agent.runtime.models.loading.tokenizer import tiny_tokenizer
     from hypic_agent.training.data import CorpusSpec, build_corpus, builtin_texts
 
     folder = tmp_path_factory.mktemp("corpus")

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from hypic_agent.runtime.models.tokenizer import tiny_tokenizer
+from hypic_agent.runtime.models.loading.tokenizer import tiny_tokenizer
 from hypic_agent.training.data import CorpusSpec, TokenData, build_corpus, collect_docs, iter_doc_files, iter_passages
 
 

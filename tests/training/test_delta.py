@@ -10,28 +10,10 @@ import torch
 from safetensors.torch import load_file
 
 from hypic_agent.errors import WeightsError
-from hypic_agent.runtime.models import loading
+from hypic_agent.runtime.models.loading.weights import load_base, load_checkpoint
 from hypic_agent.runtime.models.registry import build_model
 from hypic_agent.runtime.runner.standalone import prefill
 from hypic_agent.training import delta
-from hypic_agent.training.teacher import load_base
-
-
-def _hook(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The two-line hook of ``loading.load_checkpoint`` (emulated unless the runtime has it)."""
-    import inspect
-
-    if delta.DELTA_KEY in inspect.getsource(loading.load_checkpoint):
-        return
-    original = loading.load_checkpoint
-
-    def hooked(folder, *, dtype=None, device="cpu"):  # type: ignore[no-untyped-def]
-        raw_cfg = loading.read_hf_config(folder)
-        if delta.DELTA_KEY in raw_cfg:
-            return delta.load_delta(folder, raw_cfg, dtype=dtype, device=device)
-        return original(folder, dtype=dtype, device=device)
-
-    monkeypatch.setattr(loading, "load_checkpoint", hooked)
 
 
 def test_folder_holds_only_new_tensors(tiny_run) -> None:
@@ -64,7 +46,6 @@ def test_generate_cli_runs_the_folder(tiny_run, monkeypatch: pytest.MonkeyPatch,
     from hypic_agent.cli import app
 
     cfg, _ = tiny_run
-    _hook(monkeypatch)
     monkeypatch.setenv("HYPIC_HOME", str(tmp_path))
     res = CliRunner().invoke(app, ["generate", "-p", "def f(x):", "--model", str(cfg.out / "model"),
                                    "--device", "cpu", "--max-tokens", "6", "--raw"])  # fmt: skip
@@ -78,7 +59,7 @@ def test_materialized_folder_loads_in_transformers(tiny_run, tmp_path: Path) -> 
     cfg, _ = tiny_run
     full = delta.materialize(cfg.out / "model", tmp_path / "full", dtype=torch.float32)
     assert not delta.is_delta_folder(full)
-    hcfg, _, tensors = loading.load_checkpoint(full)  # plain folder: the unmodified loader reads it
+    hcfg, _, tensors = load_checkpoint(full)  # plain folder: the unmodified loader reads it
     model = build_model(hcfg)
     model.load_weights(tensors)
     hf = AutoModelForCausalLM.from_pretrained(str(full), dtype=torch.float32).eval()

@@ -96,7 +96,7 @@ def _fixed_text(seed: int, n_words: int) -> str:
 
 
 def fixed_corpus(folder: Path) -> Path:
-    from hypic_agent.runtime.models.tokenizer import tiny_tokenizer
+    from hypic_agent.runtime.models.loading.tokenizer import tiny_tokenizer
     from hypic_agent.training.data import CorpusSpec, build_corpus
 
     docs = [("synthetic", (f"doc{i}", _fixed_text(i, 180))) for i in range(60)]

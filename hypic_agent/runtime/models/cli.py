@@ -8,7 +8,7 @@ from rich.table import Table
 
 from hypic_agent.config import get_settings
 from hypic_agent.errors import HypicError
-from hypic_agent.runtime.models.catalog import fetch_model, list_models
+from hypic_agent.runtime.models.loading.catalog import fetch_model, list_models
 
 models_app = typer.Typer(help="List and fetch models.", no_args_is_help=True, add_completion=False)
 

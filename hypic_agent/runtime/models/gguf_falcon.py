@@ -36,7 +36,7 @@ from typing import Any
 from hypic_agent.errors import ModelConfigError
 from hypic_agent.runtime.models.config import HybridConfig
 from hypic_agent.runtime.models.gguf_families import mamba_leaf
-from hypic_agent.runtime.models.gguf_meta import GGUFFamily, GGUFMeta, common_config, mamba2_dims
+from hypic_agent.runtime.models.loading.gguf_meta import GGUFFamily, GGUFMeta, common_config, mamba2_dims
 
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.([a-z_]+)\.(.+)$")
 _ATTENTION_HALF = {"self_attn": "self_attn", "post_attention_layernorm": "pre_ff_layernorm", "mlp": "feed_forward"}

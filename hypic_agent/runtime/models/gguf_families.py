@@ -26,7 +26,7 @@ from typing import Any
 
 from hypic_agent.errors import ModelConfigError
 from hypic_agent.runtime.models.config import HybridConfig
-from hypic_agent.runtime.models.gguf_meta import GGUFMeta, common_config, mamba2_dims, per_layer, rms_eps
+from hypic_agent.runtime.models.loading.gguf_meta import GGUFMeta, common_config, mamba2_dims, per_layer, rms_eps
 
 
 # ---------------------------------------------------------------------------- metadata -> HF config

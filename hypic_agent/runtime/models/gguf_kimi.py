@@ -29,7 +29,7 @@ import numpy as np
 
 from hypic_agent.errors import ModelConfigError
 from hypic_agent.runtime.models.config import HybridConfig
-from hypic_agent.runtime.models.gguf_meta import GGUFFamily, GGUFMeta, common_config, per_layer
+from hypic_agent.runtime.models.loading.gguf_meta import GGUFFamily, GGUFMeta, common_config, per_layer
 
 _SIGMOID = 2  # llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.([a-z_]+)\.(.+)$")

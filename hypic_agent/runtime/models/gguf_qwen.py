@@ -36,7 +36,7 @@ import numpy as np
 
 from hypic_agent.errors import ModelConfigError
 from hypic_agent.runtime.models.config import HybridConfig
-from hypic_agent.runtime.models.gguf_meta import GGUFFamily, GGUFMeta, common_config
+from hypic_agent.runtime.models.loading.gguf_meta import GGUFFamily, GGUFMeta, common_config
 
 # zero-centred norms the converter stores as 1 + w (GGUF names)
 _PLUS_ONE = ("attn_norm.weight", "post_attention_norm.weight", "output_norm.weight", "q_norm.weight", "k_norm.weight")

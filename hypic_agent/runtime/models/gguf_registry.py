@@ -18,8 +18,8 @@ from hypic_agent.runtime.models.gguf_families import (
     nemotron_hub,
 )
 from hypic_agent.runtime.models.gguf_kimi import KIMI_LINEAR
-from hypic_agent.runtime.models.gguf_meta import GGUFFamily
 from hypic_agent.runtime.models.gguf_qwen import QWEN_FAMILIES
+from hypic_agent.runtime.models.loading.gguf_meta import GGUFFamily
 
 GGUF_FAMILIES: dict[str, GGUFFamily] = {
     f.arch: f

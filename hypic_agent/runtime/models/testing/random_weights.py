@@ -22,8 +22,8 @@ from typing import Any
 import torch
 
 from hypic_agent.errors import ModelNotAvailableError
-from hypic_agent.runtime.models.fingerprint import model_fingerprint
 from hypic_agent.runtime.models.hybrid import HybridForCausalLM
+from hypic_agent.runtime.models.loading.fingerprint import model_fingerprint
 from hypic_agent.runtime.models.registry import build_model
 
 INIT_TAG = "hypic-random-init-v1"  # bump when the draws below change

@@ -13,7 +13,7 @@ from hypic_agent.errors import ModelConfigError, ModelNotAvailableError
 from hypic_agent.runtime.models.testing.tiny import TINY_VOCAB_SIZE
 
 if TYPE_CHECKING:
-    from hypic_agent.runtime.models.catalog import ModelSource
+    from hypic_agent.runtime.models.loading.catalog import ModelSource
 
 SPECIAL_TOKENS: tuple[str, ...] = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 

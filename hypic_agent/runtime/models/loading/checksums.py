@@ -66,3 +66,16 @@ def write_checksums(folder: str | Path) -> Path:
     path = folder / CHECKSUMS
     path.write_text("".join(f"{file_sha256(folder / n)}  {n}\n" for n in names))
     return path
+
+
+_SHA_MEMO: dict[tuple[str, int, int], str] = {}
+
+
+def cached_file_sha256(path: Path) -> str:
+    """``file_sha256``, remembered per path, size and mtime within the process (base weights are
+    checked on every load of a delta folder)."""
+    st = path.stat()
+    key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
+    if key not in _SHA_MEMO:
+        _SHA_MEMO[key] = file_sha256(path)
+    return _SHA_MEMO[key]

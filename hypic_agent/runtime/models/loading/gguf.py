@@ -30,9 +30,9 @@ import torch
 
 from hypic_agent.errors import ModelConfigError, WeightsError
 from hypic_agent.runtime.models.config import HybridConfig
-from hypic_agent.runtime.models.gguf_meta import GGUFFamily, GGUFMeta
 from hypic_agent.runtime.models.gguf_registry import GGUF_FAMILIES
-from hypic_agent.runtime.models.loading import expected_shapes, validate_state_dict
+from hypic_agent.runtime.models.loading.gguf_meta import GGUFFamily, GGUFMeta
+from hypic_agent.runtime.models.loading.shapes import expected_shapes, validate_state_dict
 
 # config sections read from the GGUF metadata ("<section>.<key>"); tokenizer ids included
 _SECTIONS = ("general", "tokenizer")
