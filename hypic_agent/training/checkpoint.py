@@ -6,7 +6,7 @@ Folder layout (``<out>/ckpt``)::
     optimizer.pt          AdamW state keyed by parameter name (optional on resume)
     state.json            step, elapsed seconds, student HF config, base reference, run config, history
 
-Everything else of the student is derived from the teacher (``convert.derived_tensors``), so
+Everything else of the student is derived from the teacher (``runtime/models/loading/delta.derived_tensors``), so
 a checkpoint is about 4 bytes x 47M parameters for SmolLM2 (plus 2x that for AdamW moments).
 Files are written to temporary names and renamed, so an interrupted save leaves the previous one.
 """
