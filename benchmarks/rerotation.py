@@ -29,8 +29,7 @@ from hypic_agent.runtime.hypic.build import build_entries
 from hypic_agent.runtime.hypic.combine import combine
 from hypic_agent.runtime.hypic.layout import plan_layout
 from hypic_agent.runtime.hypic.modes import mode_spec, seam_tokens
-from hypic_agent.runtime.models.hybrid import HybridForCausalLM
-from hypic_agent.runtime.models.registry import build_model
+from hypic_agent.runtime.models.hybrid import HybridForCausalLM, build_model
 from hypic_agent.runtime.models.testing.tiny import random_state_dict, tiny_config
 from hypic_agent.runtime.runner.standalone import prefill
 

@@ -16,11 +16,10 @@ from hypic_agent.config import Settings
 from hypic_agent.errors import ModelNotAvailableError
 from hypic_agent.runtime.engine import Engine
 from hypic_agent.runtime.hypic.cache import EntryCache
-from hypic_agent.runtime.models.hybrid import HybridForCausalLM
+from hypic_agent.runtime.models.hybrid import HybridForCausalLM, build_model
 from hypic_agent.runtime.models.loading.catalog import ModelSource, resolve_model
 from hypic_agent.runtime.models.loading.tokenizer import load_tokenizer, tiny_tokenizer
 from hypic_agent.runtime.models.loading.weights import load_weights
-from hypic_agent.runtime.models.registry import build_model
 from hypic_agent.runtime.models.testing.random_weights import random_model, read_random_config
 from hypic_agent.startup import human_bytes, path_bytes
 

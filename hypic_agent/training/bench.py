@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from hypic_agent.runtime.models.registry import build_model
+from hypic_agent.runtime.models.hybrid import build_model
 from hypic_agent.training.convert import ConvertOptions, student_hf_config
 from hypic_agent.training.gdn_train import gdn_function, resolve_gdn_backend
 from hypic_agent.training.hypic_forward import plan_for

@@ -32,9 +32,8 @@ import torch
 
 from hypic_agent.config import Settings
 from hypic_agent.errors import InvalidRequestError
-from hypic_agent.runtime.models.hybrid import HybridForCausalLM
+from hypic_agent.runtime.models.hybrid import HybridForCausalLM, build_model
 from hypic_agent.runtime.models.loading.delta import derived_tensors
-from hypic_agent.runtime.models.registry import build_model
 from hypic_agent.training import checkpoint as ckpt
 from hypic_agent.training.calibrate import collect_stats
 from hypic_agent.training.convert import ConvertOptions, convert

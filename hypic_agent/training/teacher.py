@@ -13,10 +13,9 @@ import torch
 
 from hypic_agent.config import Settings
 from hypic_agent.errors import ModelConfigError
-from hypic_agent.runtime.models.hybrid import HybridForCausalLM
+from hypic_agent.runtime.models.hybrid import HybridForCausalLM, build_model
 from hypic_agent.runtime.models.loading.checksums import cached_file_sha256
 from hypic_agent.runtime.models.loading.weights import load_base
-from hypic_agent.runtime.models.registry import build_model
 
 
 @dataclass

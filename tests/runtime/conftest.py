@@ -9,8 +9,7 @@ from typing import Any
 import pytest
 import torch
 
-from hypic_agent.runtime.models.hybrid import HybridForCausalLM
-from hypic_agent.runtime.models.registry import build_model
+from hypic_agent.runtime.models.hybrid import HybridForCausalLM, build_model
 from hypic_agent.runtime.models.testing.tiny import TINY_ARCHS, build_hf_model, random_state_dict, tiny_config
 
 

@@ -12,10 +12,9 @@ from hypic_agent.runtime.hypic.combine import combine
 from hypic_agent.runtime.hypic.entry import AttentionEntry, LinearEntry
 from hypic_agent.runtime.hypic.layout import plan_layout
 from hypic_agent.runtime.hypic.modes import mode_spec, seam_tokens
-from hypic_agent.runtime.models.config import HybridConfig
-from hypic_agent.runtime.models.keymap import to_contract
+from hypic_agent.runtime.models.families import normalize_config, to_contract
+from hypic_agent.runtime.models.hybrid import build_model
 from hypic_agent.runtime.models.layers.parallel_layer import ParallelAttentionHalf, ParallelSsmHalf
-from hypic_agent.runtime.models.registry import build_model
 from hypic_agent.runtime.models.testing.tiny import build_hf_model, random_state_dict, tiny_config
 from hypic_agent.runtime.runner.standalone import decode_step, prefill
 
@@ -54,7 +53,7 @@ def test_config_splits_each_layer_and_reads_the_multipliers():
         **tiny_config("falcon_h1"), "num_hidden_layers": 3, "mamba_d_ssm": None, "mamba_expand": 2,
         "mamba_d_head": "auto", "time_step_limit": [0.0, {"__float__": "Infinity"}], "head_dim": 16,
     }  # fmt: skip
-    cfg = HybridConfig.from_hf(raw)
+    cfg = normalize_config(raw)
     assert cfg.family == "falcon_h1" and cfg.num_layers == 6
     assert cfg.linear_layers == [0, 2, 4] and cfg.attention_layers == [1, 3, 5]
     assert cfg.linear_value_dim == 2 * 64 and cfg.linear_value_head_dim == 32  # d_ssm = expand x hidden, 4 heads
@@ -65,7 +64,7 @@ def test_config_splits_each_layer_and_reads_the_multipliers():
     assert (p.attention_in, p.attention_out, p.ssm_in, p.ssm_out) == (1.1, 0.9, 1.2, 0.7)
     assert (p.mlp_gate, p.mlp_down) == (1.3, 0.75)
     for (rms, before), mode in GATES.items():
-        c = HybridConfig.from_hf({**raw, "mamba_rms_norm": rms, "mamba_norm_before_gate": before})
+        c = normalize_config({**raw, "mamba_rms_norm": rms, "mamba_norm_before_gate": before})
         assert c.parallel is not None and c.parallel.ssm_norm == mode
 
 
@@ -75,7 +74,7 @@ def test_config_splits_each_layer_and_reads_the_multipliers():
 )
 def test_config_refuses_what_is_not_built(override, match):
     with pytest.raises(ModelConfigError, match=match):
-        HybridConfig.from_hf({**tiny_config("falcon_h1"), **override})
+        normalize_config({**tiny_config("falcon_h1"), **override})
 
 
 def test_layers_are_the_two_halves_with_one_mixer_each():
@@ -89,7 +88,7 @@ def test_layers_are_the_two_halves_with_one_mixer_each():
 # ---------------------------------------------------------------------------- weights
 def test_checkpoint_names_map_onto_the_halves_and_mapping_twice_is_a_no_op():
     cfg_raw = tiny_config("falcon_h1")
-    cfg = HybridConfig.from_hf(cfg_raw)
+    cfg = normalize_config(cfg_raw)
     sd = random_state_dict(cfg_raw, seed=1)
     sd["model.layers.1.mamba.mup_vector"] = torch.ones(3)  # older checkpoints stored it
     ours = to_contract(cfg, sd)

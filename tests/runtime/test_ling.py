@@ -63,8 +63,8 @@ def test_hf_folder_loads_and_matches_transformers(tmp_path):
 
     from safetensors.torch import save_file
 
+    from hypic_agent.runtime.models.hybrid import build_model
     from hypic_agent.runtime.models.loading.weights import load_checkpoint
-    from hypic_agent.runtime.models.registry import build_model
     from hypic_agent.runtime.models.testing.tiny import build_hf_model, tiny_config
     from hypic_agent.runtime.runner.standalone import prefill
 

@@ -10,8 +10,7 @@ import torch
 from safetensors.torch import save_file
 
 from hypic_agent.errors import ModelConfigError, WeightsError
-from hypic_agent.runtime.models.config import HybridConfig
-from hypic_agent.runtime.models.keymap import to_contract
+from hypic_agent.runtime.models.families import normalize_config, to_contract
 from hypic_agent.runtime.models.loading.catalog import ModelSource
 from hypic_agent.runtime.models.loading.safetensors import weight_files
 from hypic_agent.runtime.models.loading.shapes import validate_state_dict
@@ -40,7 +39,7 @@ def test_load_save_pretrained(arch: str, shard: str | None, tmp_path: Path) -> N
     if shard:
         assert (tmp_path / "model.safetensors.index.json").is_file() and len(weight_files(tmp_path)) > 2
     cfg, raw, tensors = load_checkpoint(tmp_path)
-    assert raw["model_type"] == arch and cfg == HybridConfig.from_hf(tiny_config(arch))
+    assert raw["model_type"] == arch and cfg == normalize_config(tiny_config(arch))
     _same(tensors, to_contract(cfg, sd))  # transformers' names of lfm2 / granitemoehybrid renamed
 
 
@@ -210,5 +209,5 @@ def test_error_corrupt_file(tmp_path: Path) -> None:
 def test_validate_state_dict_reports_extra() -> None:
     d = tiny_config("llama")
     sd = random_state_dict(d, seed=0)
-    cfg = HybridConfig.from_hf(d)
+    cfg = normalize_config(d)
     assert validate_state_dict(cfg, {**sd, "foo": torch.zeros(1)}) == ["foo"]

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 
+from hypic_agent.runtime.models.hybrid import build_model
 from hypic_agent.runtime.models.loading.gguf import load_gguf, supported_archs
-from hypic_agent.runtime.models.registry import build_model
 
 from .conftest import finish_gguf, make_model, rand_tokens
 from .test_loading_gguf_families import _logits, _tokenizer

@@ -15,13 +15,12 @@ import torch
 
 from hypic_agent.config import Settings
 from hypic_agent.errors import ModelConfigError
-from hypic_agent.runtime.models.config import HybridConfig
-from hypic_agent.runtime.models.keymap import to_contract
+from hypic_agent.runtime.models.families import normalize_config, to_contract
+from hypic_agent.runtime.models.hybrid import build_model
 from hypic_agent.runtime.models.loading.catalog import resolve_model
 from hypic_agent.runtime.models.loading.gguf import load_gguf, supported_archs
 from hypic_agent.runtime.models.loading.tokenizer import _bytes_to_unicode, load_tokenizer
 from hypic_agent.runtime.models.loading.weights import load_weights
-from hypic_agent.runtime.models.registry import build_model
 from hypic_agent.runtime.runner.standalone import prefill
 
 from .conftest import finish_gguf, make_model, rand_tokens, write_stub_gguf
@@ -70,7 +69,7 @@ def _metadata(w: Any, arch: str, d: dict[str, Any], n_blocks: int, rope: bool = 
     w.add_head_count(d["num_attention_heads"])
     w.add_vocab_size(d["vocab_size"])
     if arch == "lfm2":
-        from hypic_agent.runtime.models.config_families import _lfm2_ff
+        from hypic_agent.runtime.models.families.lfm2 import _lfm2_ff
 
         w.add_context_length(d["max_position_embeddings"])
         w.add_feed_forward_length(_lfm2_ff(d))
@@ -200,7 +199,7 @@ def test_family_gguf_roundtrip_matches_hf_weights(tmp_path: Path, arch: str, ove
     path = tmp_path / f"{arch}.gguf"
     ref, d = write_family_gguf(path, arch, **overrides)
     cfg, raw, tensors = load_gguf(path)
-    want = HybridConfig.from_hf(d)
+    want = normalize_config(d)
     # the config equals the one from config.json, up to the context length llama.cpp does not keep
     assert replace(cfg, max_position_embeddings=want.max_position_embeddings) == want
     assert raw["model_type"] == arch

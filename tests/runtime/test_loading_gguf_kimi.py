@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from hypic_agent.errors import ModelConfigError
-from hypic_agent.runtime.models.config import HybridConfig
+from hypic_agent.runtime.models.families import normalize_config
+from hypic_agent.runtime.models.hybrid import build_model
 from hypic_agent.runtime.models.loading.gguf import load_gguf
-from hypic_agent.runtime.models.registry import build_model
 
 from .conftest import finish_gguf, make_model, rand_tokens
 from .test_loading_gguf_families import _logits, _tokenizer, assert_same_model
@@ -102,7 +102,7 @@ def test_kimi_linear_gguf_roundtrip_matches_hf_weights(tmp_path: Path) -> None:
     path = tmp_path / "kimi.gguf"
     ref, d = write_kimi_gguf(path)
     cfg, raw, tensors = load_gguf(path)
-    want = HybridConfig.from_hf(d)
+    want = normalize_config(d)
     assert raw["model_type"] == "kimi_linear"
     assert replace(cfg, max_position_embeddings=want.max_position_embeddings) == want
     assert cfg.layer_types == ("linear", "linear", "attention", "linear")

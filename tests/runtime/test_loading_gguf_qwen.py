@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 import torch
 
-from hypic_agent.runtime.models.config import HybridConfig
+from hypic_agent.runtime.models.families import normalize_config
+from hypic_agent.runtime.models.hybrid import build_model
 from hypic_agent.runtime.models.loading.gguf import load_gguf, supported_archs
-from hypic_agent.runtime.models.registry import build_model
 
 from .conftest import finish_gguf, make_model, rand_tokens
 from .test_loading_gguf_families import _logits, _tokenizer, assert_same_model
@@ -152,7 +152,7 @@ def test_qwen_gguf_roundtrip_matches_hf_weights(tmp_path: Path, arch: str, mtp: 
     path = tmp_path / f"{arch}.gguf"
     ref, d = write_qwen_gguf(path, arch, mtp=mtp)
     cfg, raw, tensors = load_gguf(path)
-    want = HybridConfig.from_hf(d)
+    want = normalize_config(d)
     assert raw["model_type"] == arch
     assert replace(cfg, max_position_embeddings=want.max_position_embeddings) == want
     expected = {k: v.float() for k, v in ref.state_dict().items()}

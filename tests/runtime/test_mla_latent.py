@@ -14,7 +14,7 @@ import torch
 
 from hypic_agent.runtime.hypic.build import build_entries
 from hypic_agent.runtime.hypic.entry import AttentionEntry, SegmentEntry
-from hypic_agent.runtime.models.config import HybridConfig
+from hypic_agent.runtime.models.families import normalize_config
 from hypic_agent.runtime.models.layers.mla import MLAttention
 from hypic_agent.runtime.models.testing.tiny import build_hf_model
 from hypic_agent.runtime.runner.plan import plan_forward
@@ -180,7 +180,7 @@ def test_absorbed_paged_decode_equals_expanded_attention_and_zeroes_empty_rows()
 
 
 def test_kimi_48b_pool_and_entry_bytes_per_token_are_the_latent_form():
-    cfg = HybridConfig.from_hf(json.loads(KIMI_48B.read_text()))
+    cfg = normalize_config(json.loads(KIMI_48B.read_text()))
     mla = cfg.mla
     assert mla is not None and (mla.kv_lora_rank, mla.qk_rope_head_dim) == (512, 64)
     n_att = len(cfg.attention_layers)
@@ -194,7 +194,7 @@ def test_fingerprint_names_the_latent_entry_layout(monkeypatch):
     from hypic_agent.runtime.models.loading import fingerprint as fp
     from hypic_agent.runtime.models.testing.tiny import tiny_config
 
-    kimi, qwen = (HybridConfig.from_hf(tiny_config(a)) for a in ("kimi_linear", "qwen3_5_text"))
+    kimi, qwen = (normalize_config(tiny_config(a)) for a in ("kimi_linear", "qwen3_5_text"))
     assert fp.entry_layout(kimi) == "mla-latent-v1" and fp.entry_layout(qwen) == ""
     latent, base = fp.model_fingerprint(kimi, seed=0), fp.model_fingerprint(qwen, seed=0)
     monkeypatch.setattr(fp, "entry_layout", lambda cfg: "")  # the expanded layout's key: no tag

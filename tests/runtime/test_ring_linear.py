@@ -176,8 +176,8 @@ def test_hf_folder_with_hub_names_loads_to_the_same_model(ring, tmp_path):
 
     from safetensors.torch import save_file
 
+    from hypic_agent.runtime.models.hybrid import build_model
     from hypic_agent.runtime.models.loading.weights import load_checkpoint
-    from hypic_agent.runtime.models.registry import build_model
     from hypic_agent.runtime.models.testing.tiny import tiny_config
 
     model, sd, raw = make_model(ARCH)
@@ -200,10 +200,10 @@ def test_hf_folder_with_hub_names_loads_to_the_same_model(ring, tmp_path):
 
 def test_ring_config_refusals():
     from hypic_agent.errors import ModelConfigError
-    from hypic_agent.runtime.models.config import HybridConfig
+    from hypic_agent.runtime.models.families import normalize_config
     from hypic_agent.runtime.models.testing.tiny import tiny_config
 
     with pytest.raises(ModelConfigError, match="MLA"):
-        HybridConfig.from_hf({**tiny_config(ARCH), "kv_lora_rank": 512})
+        normalize_config({**tiny_config(ARCH), "kv_lora_rank": 512})
     with pytest.raises(ModelConfigError, match="softmax router"):
-        HybridConfig.from_hf({**tiny_config(ARCH), "score_function": "softmax", "moe_router_enable_expert_bias": False})
+        normalize_config({**tiny_config(ARCH), "score_function": "softmax", "moe_router_enable_expert_bias": False})

@@ -6,11 +6,10 @@ import pytest
 import torch
 
 from hypic_agent.errors import ModelConfigError
-from hypic_agent.runtime.models.config import HybridConfig
-from hypic_agent.runtime.models.keymap import to_contract
+from hypic_agent.runtime.models.families import normalize_config, to_contract
+from hypic_agent.runtime.models.hybrid import build_model
 from hypic_agent.runtime.models.loading.shapes import expected_shapes, validate_state_dict
 from hypic_agent.runtime.models.loading.tokenizer import tiny_tokenizer
-from hypic_agent.runtime.models.registry import build_model
 from hypic_agent.runtime.models.testing.tiny import (
     TINY_ARCHS,
     TINY_EOS_ID,
@@ -43,7 +42,7 @@ def test_tiny_config_is_valid_transformers_config(arch: str) -> None:
     d = tiny_config(arch)
     hf = hf_config_object(d)
     assert hf.model_type == arch
-    cfg = HybridConfig.from_hf(d)
+    cfg = normalize_config(d)
     assert cfg.vocab_size == TINY_VOCAB_SIZE == len(tiny_tokenizer())
     assert cfg.eos_token_ids == (TINY_EOS_ID,)
     assert cfg.num_layers == 4 and 64 <= cfg.hidden_size <= 128
@@ -121,7 +120,7 @@ def test_random_state_dict_matches_transformers_names(arch: str) -> None:
     for k, v in model.state_dict().items():
         if k in sd:
             assert tuple(sd[k].shape) == tuple(v.shape), k
-    cfg = HybridConfig.from_hf(d)
+    cfg = normalize_config(d)
     ours = to_contract(cfg, sd)  # renamed for lfm2 / granitemoehybrid, as it is elsewhere
     assert (ours is sd) == (
         cfg.family

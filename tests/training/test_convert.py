@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hypic_agent.runtime.models.config import HybridConfig
-from hypic_agent.runtime.models.registry import build_model
+from hypic_agent.runtime.models.families import normalize_config
+from hypic_agent.runtime.models.hybrid import build_model
 from hypic_agent.runtime.models.testing.tiny import build_hf_model, random_state_dict, tiny_config
 from hypic_agent.runtime.runner.standalone import prefill
 from hypic_agent.training.calibrate import collect_stats
@@ -39,21 +39,21 @@ def tiny_teacher():
 
 
 def test_smollm2_student_layout() -> None:
-    cfg = HybridConfig.from_hf(student_hf_config(SMOLLM2, ConvertOptions()))
+    cfg = normalize_config(student_hf_config(SMOLLM2, ConvertOptions()))
     assert cfg.model_type == "qwen3_5_text" and cfg.num_layers == 30
     assert cfg.attention_layers == [3, 7, 11, 15, 19, 23, 27]
     assert (cfg.linear_num_key_heads, cfg.linear_num_value_heads, cfg.linear_key_head_dim) == (9, 9, 64)
     assert cfg.linear_value_head_dim == 64 and cfg.linear_conv_kernel_dim == 4
     assert (cfg.head_dim, cfg.rotary_dim, cfg.rope_theta) == (128, 64, 100000.0)
     assert cfg.vocab_size == 49152 and cfg.tie_word_embeddings and cfg.attn_output_gate and cfg.qk_norm
-    plain = HybridConfig.from_hf(student_hf_config(SMOLLM2, ConvertOptions(attn_head_dim=None)))
+    plain = normalize_config(student_hf_config(SMOLLM2, ConvertOptions(attn_head_dim=None)))
     assert (plain.head_dim, plain.rotary_dim) == (64, 64)
 
 
 def test_conversion_shapes_and_copies(tiny_teacher) -> None:
     raw, sd, _, stats = tiny_teacher
     conv = convert(raw, sd, stats)
-    cfg = HybridConfig.from_hf(conv.hf_config)
+    cfg = normalize_config(conv.hf_config)
     student = build_model(cfg)
     student.load_weights(conv.tensors)  # strict: every name, every shape
     assert conv.hf_config["layer_types"][3] == "full_attention" and conv.hf_config["layer_types"][7] == "full_attention"

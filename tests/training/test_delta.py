@@ -10,8 +10,8 @@ import torch
 from safetensors.torch import load_file
 
 from hypic_agent.errors import WeightsError
+from hypic_agent.runtime.models.hybrid import build_model
 from hypic_agent.runtime.models.loading.weights import load_base, load_checkpoint
-from hypic_agent.runtime.models.registry import build_model
 from hypic_agent.runtime.runner.standalone import prefill
 from hypic_agent.training import delta
 

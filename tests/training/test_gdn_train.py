@@ -38,7 +38,7 @@ def test_backend_resolution_on_cpu() -> None:
 
 def test_training_forward_matches_runtime_prefill() -> None:
     """forward.run_model (SDPA, conv1d, training GDN) == runtime prefill, every tiny arch."""
-    from hypic_agent.runtime.models.registry import build_model
+    from hypic_agent.runtime.models.hybrid import build_model
     from hypic_agent.runtime.models.testing.tiny import random_state_dict
     from hypic_agent.runtime.runner.standalone import prefill
     from hypic_agent.training.forward import run_model

@@ -1,17 +1,15 @@
 """``HybridConfig``: one normalized description of every architecture we serve.
 
-Built from a Hugging Face ``config.json`` dict (``HybridConfig.from_hf``). The model code reads
-only this dataclass, never the raw HF dict, so a new ``model_type`` needs one normalizer here
-plus (if its layers differ) one module file.
+Built from a Hugging Face ``config.json`` dict by the family's normalizer
+(``families.normalize_config``). The model code reads only this dataclass, never the raw HF dict, so
+a new ``model_type`` needs one family module (``families/<family>.py``) plus, if its layers differ,
+one module in ``layers/``.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
-
-from hypic_agent.errors import ModelConfigError
-from hypic_agent.runtime.models.parallel_scales import ParallelScales
 
 LayerKind = Literal["linear", "attention"]
 # the token mixer of a model's linear (fixed-state) layers: Gated DeltaNet, LFM2's gated short
@@ -21,37 +19,10 @@ LayerKind = Literal["linear", "attention"]
 # with RoPE inside (decay-only; the cached state is re-rotated to its segment's offset)
 LinearKind = Literal["gdn", "short_conv", "mamba2", "lightning", "kda", "lightning_rope"]
 
-# model_type strings accepted, mapped to the family whose module code runs them
-FAMILIES: dict[str, str] = {
-    "qwen3_5": "qwen3_5",
-    "qwen3_5_text": "qwen3_5",
-    "qwen3_5_moe": "qwen3_5",
-    "qwen3_5_moe_text": "qwen3_5",
-    "qwen3_next": "qwen3_next",
-    "llama": "llama",
-    "lfm2": "lfm2",
-    "granitemoehybrid": "granitemoehybrid",
-    "nemotron_h": "nemotron_h",
-    "minimax": "minimax",
-    "kimi_linear": "kimi_linear",
-    "bailing_moe_linear": "bailing_moe_linear",
-    "bailing_hybrid": "bailing_hybrid",
-    "falcon_h1": "falcon_h1",
-}
-
-MIXER_KIND_FAMILIES: frozenset[str] = frozenset(
-    (
-        "lfm2", "granitemoehybrid", "nemotron_h", "minimax", "kimi_linear", "bailing_moe_linear", "bailing_hybrid",
-        "falcon_h1",
-    )
-)  # fmt: skip
-"""Families normalized in ``config_families`` whose tensor names come from ``keymap`` (shapes read off
-the model built on the meta device)."""
-
 
 @dataclass(frozen=True)
 class MLAShape:
-    """Multi-head latent attention's widths (Kimi Linear; ``models/mla.py``)."""
+    """Multi-head latent attention's widths (Kimi Linear, Ling 3; ``layers/mla.py``)."""
 
     q_lora_rank: int  # 0: a plain q_proj
     kv_lora_rank: int
@@ -59,6 +30,29 @@ class MLAShape:
     qk_rope_head_dim: int
     v_head_dim: int
     head_gate: bool = False  # Ling 3 (``bailing_hybrid``): ``o * sigmoid(g_proj(x))`` per head before ``o_proj``
+
+
+@dataclass(frozen=True)
+class ParallelScales:
+    """A layer whose SSM and attention mixers run side by side on one normed input (Falcon-H1), with the
+    µP multipliers of each branch.
+
+    Falcon-H1's layer: ``x = norm(h)``; ``y = ssm_out * mamba(ssm_in * x) + attn_out * attn(attn_in * x)``
+    (the Mamba2 input projection's output times ``mup`` per section z / x / B / C / dt); ``h + y``; then
+    the MLP ``down(up(x) * silu(gate(x) * mlp_gate)) * mlp_down``. The runtime serves it as two
+    consecutive layers (``layers/parallel_layer.py``); these numbers are all they need besides the usual shapes.
+    """
+
+    attention_in: float = 1.0
+    attention_out: float = 1.0
+    ssm_in: float = 1.0
+    ssm_out: float = 1.0
+    ssm_sections: tuple[float, float, float, float, float] = (1.0, 1.0, 1.0, 1.0, 1.0)  # z, x, B, C, dt
+    mlp_gate: float = 1.0
+    mlp_down: float = 1.0
+    # the SSM output's gate: "none" (``y * silu(z)``), "norm_then_gate" (``w * rms_G(y) * silu(z)``) or
+    # "gate_then_norm" (``w * rms_G(y * silu(z))``, the Mamba2 default)
+    ssm_norm: str = "none"
 
 
 @dataclass(frozen=True)
@@ -139,7 +133,7 @@ class HybridConfig:
     mlp_residual: tuple[float, float] = (1.0, 1.0)
     moe_layers: tuple[bool, ...] = ()  # per layer: MoE block (True) or dense MLP (False)
     # Falcon-H1: each checkpoint layer runs a Mamba2 and an attention mixer in parallel; served as two
-    # layers (``layer_types`` alternates linear / attention; ``parallel_layer``) with these multipliers
+    # layers (``layer_types`` alternates linear / attention; ``layers/parallel_layer``) with these multipliers
     parallel: ParallelScales | None = None
     # tokens
     bos_token_id: int | None = None
@@ -194,7 +188,7 @@ class HybridConfig:
     @property
     def attention_cache_rows(self) -> tuple[tuple[int, int], tuple[int, int]]:
         """One token's cached attention key row and value row, ``(heads, width)`` each: per-head K and
-        V ``(Hkv, D)``; MLA (``models/mla.py``) its decoupled RoPE key ``(1, rope)`` and its latent
+        V ``(Hkv, D)``; MLA (``layers/mla.py``) its decoupled RoPE key ``(1, rope)`` and its latent
         ``(1, kv_lora_rank)``, expanded to per-head K / V only when attention runs."""
         if self.mla is not None:
             return (1, self.mla.qk_rope_head_dim), (1, self.mla.kv_lora_rank)
@@ -205,157 +199,3 @@ class HybridConfig:
         d = asdict(self)
         d.pop("extra", None)
         return d
-
-    # ------------------------------------------------------------------ parsing
-    @staticmethod
-    def from_hf(raw: dict[str, Any]) -> HybridConfig:
-        """Normalize a Hugging Face config dict (wrapper configs with ``text_config`` included)."""
-        model_type = raw.get("model_type")
-        if model_type in ("qwen3_5", "qwen3_5_moe") and isinstance(raw.get("text_config"), dict):
-            text = dict(raw["text_config"])
-            text.setdefault("model_type", f"{model_type}_text")
-            for k in ("tie_word_embeddings",):
-                if k in raw and k not in text:
-                    text[k] = raw[k]
-            raw = text
-            model_type = raw["model_type"]
-        if model_type not in FAMILIES:
-            raise ModelConfigError(
-                f"unknown model_type {model_type!r}; supported: {sorted(FAMILIES)}. "
-                "Add a normalizer in hypic_agent/runtime/models/config.py and a module in the registry."
-            )
-        family = FAMILIES[model_type]
-        try:
-            if family in MIXER_KIND_FAMILIES:
-                from hypic_agent.runtime.models.config_families import NORMALIZERS
-
-                return NORMALIZERS[family](raw, model_type)
-            if family == "llama":
-                return _llama(raw, model_type)
-            return _qwen_hybrid(raw, model_type, family)
-        except KeyError as e:
-            raise ModelConfigError(f"config.json for {model_type!r} lacks required field {e.args[0]!r}") from e
-
-
-def _eos(raw: dict[str, Any]) -> tuple[int, ...]:
-    eos = raw.get("eos_token_id")
-    if eos is None:
-        return ()
-    return tuple(eos) if isinstance(eos, list) else (int(eos),)
-
-
-def rope_of(raw: dict[str, Any], head_dim: int) -> tuple[float, int]:
-    """(theta, rotary dims) of a config dict: ``rope_parameters`` / ``rope_scaling`` or top level."""
-    return _rope(raw, head_dim)
-
-
-def eos_of(raw: dict[str, Any]) -> tuple[int, ...]:
-    return _eos(raw)
-
-
-def _rope(raw: dict[str, Any], head_dim: int) -> tuple[float, int]:
-    rp = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
-    theta = float(rp.get("rope_theta", raw.get("rope_theta", 10000.0)))
-    factor = float(rp.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0)))
-    rope_type = rp.get("rope_type", rp.get("type", "default"))
-    if rope_type not in ("default", None):
-        raise ModelConfigError(f"rope_type {rope_type!r} is not supported yet (only 'default')")
-    return theta, int(head_dim * factor)
-
-
-def _qwen_hybrid(raw: dict[str, Any], model_type: str, family: str) -> HybridConfig:
-    n = int(raw["num_hidden_layers"])
-    types = raw.get("layer_types")
-    if types is None:
-        interval = int(raw.get("full_attention_interval", 4))
-        types = ["full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(n)]
-    if len(types) != n:
-        raise ModelConfigError(f"layer_types has {len(types)} entries for {n} layers")
-    kinds: list[LayerKind] = []
-    for t in types:
-        if t == "linear_attention":
-            kinds.append("linear")
-        elif t == "full_attention":
-            kinds.append("attention")
-        else:
-            raise ModelConfigError(f"unknown layer type {t!r} in layer_types")
-    hidden = int(raw["hidden_size"])
-    heads = int(raw["num_attention_heads"])
-    head_dim = int(raw.get("head_dim") or hidden // heads)
-    theta, rotary_dim = _rope(raw, head_dim)
-    num_experts = int(raw.get("num_experts", 0) or 0)
-    if model_type in ("qwen3_5", "qwen3_5_text"):
-        num_experts = 0
-    if num_experts:
-        step = int(raw.get("decoder_sparse_step", 1) or 1)
-        only = set(raw.get("mlp_only_layers", []) or [])
-        moe = tuple((i not in only) and ((i + 1) % step == 0) for i in range(n))
-    else:
-        moe = tuple(False for _ in range(n))
-    return HybridConfig(
-        model_type=model_type,
-        family=family,
-        vocab_size=int(raw["vocab_size"]),
-        hidden_size=hidden,
-        layer_types=tuple(kinds),
-        rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
-        norm_zero_centered=True,
-        tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
-        hidden_act=str(raw.get("hidden_act", "silu")),
-        max_position_embeddings=int(raw.get("max_position_embeddings", 32768)),
-        num_attention_heads=heads,
-        num_key_value_heads=int(raw.get("num_key_value_heads", heads)),
-        head_dim=head_dim,
-        rotary_dim=rotary_dim,
-        rope_theta=theta,
-        attn_output_gate=bool(raw.get("attn_output_gate", True)),
-        qk_norm=True,
-        attention_bias=bool(raw.get("attention_bias", False)),
-        linear_num_key_heads=int(raw["linear_num_key_heads"]),
-        linear_num_value_heads=int(raw["linear_num_value_heads"]),
-        linear_key_head_dim=int(raw["linear_key_head_dim"]),
-        linear_value_head_dim=int(raw["linear_value_head_dim"]),
-        linear_conv_kernel_dim=int(raw.get("linear_conv_kernel_dim", 4)),
-        linear_fused_qkvz=(family == "qwen3_next"),
-        intermediate_size=int(raw.get("intermediate_size", 0) or 0),
-        num_experts=num_experts,
-        num_experts_per_tok=int(raw.get("num_experts_per_tok", 0) or 0),
-        moe_intermediate_size=int(raw.get("moe_intermediate_size", 0) or 0),
-        shared_expert_intermediate_size=int(raw.get("shared_expert_intermediate_size", 0) or 0),
-        norm_topk_prob=bool(raw.get("norm_topk_prob", True)),
-        moe_layers=moe,
-        bos_token_id=raw.get("bos_token_id"),
-        eos_token_ids=_eos(raw),
-    )
-
-
-def _llama(raw: dict[str, Any], model_type: str) -> HybridConfig:
-    n = int(raw["num_hidden_layers"])
-    hidden = int(raw["hidden_size"])
-    heads = int(raw["num_attention_heads"])
-    head_dim = int(raw.get("head_dim") or hidden // heads)
-    theta, rotary_dim = _rope(raw, head_dim)
-    return HybridConfig(
-        model_type=model_type,
-        family="llama",
-        vocab_size=int(raw["vocab_size"]),
-        hidden_size=hidden,
-        layer_types=tuple("attention" for _ in range(n)),
-        rms_norm_eps=float(raw.get("rms_norm_eps", 1e-5)),
-        norm_zero_centered=False,
-        tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
-        hidden_act=str(raw.get("hidden_act", "silu")),
-        max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
-        num_attention_heads=heads,
-        num_key_value_heads=int(raw.get("num_key_value_heads", heads)),
-        head_dim=head_dim,
-        rotary_dim=rotary_dim,
-        rope_theta=theta,
-        attn_output_gate=False,
-        qk_norm=False,
-        attention_bias=bool(raw.get("attention_bias", False)),
-        intermediate_size=int(raw["intermediate_size"]),
-        moe_layers=tuple(False for _ in range(n)),
-        bos_token_id=raw.get("bos_token_id"),
-        eos_token_ids=_eos(raw),
-    )

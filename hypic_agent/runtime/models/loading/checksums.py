@@ -1,7 +1,7 @@
 """``SHA256SUMS`` of a model folder: the sha256 of every file, in ``sha256sum`` format.
 
 The weights shipped inside the package (``hypic_agent/weights/<name>/``) carry one; the loader
-(``loading.load_checkpoint``) checks it before reading such a folder, so a truncated or edited
+(``weights.load_checkpoint``) checks it before reading such a folder, so a truncated or edited
 file fails with its name instead of loading wrong weights. ``sha256sum -c SHA256SUMS`` checks
 the same by hand; ``write_checksums`` (re)writes it after the files change.
 """

@@ -29,6 +29,7 @@ import torch
 import xxhash
 
 from hypic_agent.runtime.models.config import HybridConfig
+from hypic_agent.runtime.models.families import normalize_config
 
 FORMAT = "hypic-fp-v1"
 _BLOCK = 8 << 20
@@ -43,12 +44,12 @@ def dtype_name(dtype: torch.dtype | str | None) -> str:
 
 def entry_layout(cfg: HybridConfig) -> str:
     """The name of the entry / pool layout this model's cached attention state has: ``""`` for per-head
-    K/V (digests as before), ``"mla-latent-v1"`` for MLA's rope key + latent (``models/mla.py``)."""
+    K/V (digests as before), ``"mla-latent-v1"`` for MLA's rope key + latent (``layers/mla.py``)."""
     return "mla-latent-v1" if cfg.mla is not None else ""
 
 
 def _config_json(hf_config: HybridConfig | dict[str, Any]) -> tuple[str, str, str]:
-    cfg = hf_config if isinstance(hf_config, HybridConfig) else HybridConfig.from_hf(hf_config)
+    cfg = hf_config if isinstance(hf_config, HybridConfig) else normalize_config(hf_config)
     return cfg.model_type, json.dumps(cfg.to_dict(), sort_keys=True, default=str), entry_layout(cfg)
 
 

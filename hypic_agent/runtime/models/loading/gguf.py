@@ -1,15 +1,16 @@
 """Load a GGUF file (quantized llama.cpp checkpoint) into the naming contract, dequantized.
 
-Supported ``general.architecture`` values (``gguf_registry.GGUF_FAMILIES``):
+Supported ``general.architecture`` values (``families.GGUF_FAMILIES``, each family module's ``gguf``):
 
 * ``llama`` and ``lfm2``: metadata through transformers' GGUF table (``GGUF_CONFIG_MAPPING``) and
   its per-architecture tensor processors (llama's Q/K row permutation undone, LFM2's squeezed conv);
 * ``granitehybrid`` (Granite 4, served as ``granitemoehybrid``) and ``nemotron_h``: metadata and
-  SSM tensor conventions mapped by us (``gguf_families``), since transformers cannot read them;
-* ``falcon-h1`` (``gguf_falcon``: µP multipliers folded into the weights by the converter);
-* ``qwen3next``, ``qwen35``, ``qwen35moe`` (``gguf_qwen``: ``1 + w`` norms, split ``in_proj_qkvz``,
-  Qwen3.5's tiled value-head order);
-* ``kimi-linear`` (``gguf_kimi``: split q/k/v convs, MLA's ``kv_b_proj`` split for the absorbed form).
+  SSM tensor conventions mapped by us (``families/granitemoehybrid.py``, ``families/nemotron_h.py``),
+  since transformers cannot read them;
+* ``falcon-h1`` (``families/falcon_h1.py``: µP multipliers folded into the weights by the converter);
+* ``qwen3next``, ``qwen35``, ``qwen35moe`` (``families/qwen3_5.py``, ``qwen3_next.py``: ``1 + w`` norms,
+  split ``in_proj_qkvz``, Qwen3.5's tiled value-head order);
+* ``kimi-linear`` (``families/kimi_linear.py``: split q/k/v convs, MLA's ``kv_b_proj`` split for the absorbed form).
 
 Tensor names go through gguf-py's name map for the architecture, values through gguf-py's
 dequantizer. We read the file once and map names for our own expected tensor set, instead of
@@ -30,7 +31,7 @@ import torch
 
 from hypic_agent.errors import ModelConfigError, WeightsError
 from hypic_agent.runtime.models.config import HybridConfig
-from hypic_agent.runtime.models.gguf_registry import GGUF_FAMILIES
+from hypic_agent.runtime.models.families import GGUF_FAMILIES, normalize_config
 from hypic_agent.runtime.models.loading.gguf_meta import GGUFFamily, GGUFMeta
 from hypic_agent.runtime.models.loading.shapes import expected_shapes, validate_state_dict
 
@@ -165,7 +166,7 @@ def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
 
 
 def _convert(fam: GGUFFamily, name: str, w: np.ndarray, raw: dict[str, Any]) -> np.ndarray:
-    """Undo the converter's value transforms of the families mapped by us (see ``gguf_families``)."""
+    """Undo the converter's value transforms of the families mapped by us (their ``GGUFFamily`` in ``families/``)."""
     if fam.permute_qk and name.endswith((".attn_q.weight", ".attn_q.bias")):
         w = _unpermute(w, int(raw["num_attention_heads"]))
     elif fam.permute_qk and name.endswith((".attn_k.weight", ".attn_k.bias")):
@@ -190,7 +191,7 @@ def load_gguf(
     reader = _open(path)
     fam = _family(reader)
     raw_cfg = gguf_hf_config(reader)
-    cfg = HybridConfig.from_hf(raw_cfg)
+    cfg = normalize_config(raw_cfg)
     shapes = expected_shapes(cfg)
     mapping = _name_map(fam, cfg, shapes, {rt.name for rt in reader.tensors})
     contract = {g: n for g, (n, _) in mapping.items()}

@@ -9,7 +9,8 @@ The naming contract is transformers' ``*ForCausalLM`` text state dict (``model.e
 * MoE checkpoints with one tensor per expert ``mlp.experts.{e}.{gate,up,down}_proj.weight``
   (fused here into ``gate_up_proj [E, 2I, D]`` = cat(gate, up) and ``down_proj [E, D, I]``);
 * tied checkpoints that still store ``lm_head.weight`` (dropped);
-* the families whose transformers modules are named otherwise (renamed by ``keymap``).
+* the families whose transformers modules are named otherwise (renamed by their family module,
+  ``families.to_contract``).
 
 ``weights.load_checkpoint`` loads a folder (checksums first; a distilled delta folder on its base).
 """
@@ -26,7 +27,7 @@ import torch
 
 from hypic_agent.errors import ModelConfigError, WeightsError
 from hypic_agent.runtime.models.config import HybridConfig
-from hypic_agent.runtime.models.keymap import expert_name, to_contract
+from hypic_agent.runtime.models.families import expert_name, normalize_config, to_contract
 from hypic_agent.runtime.models.loading.shapes import validate_state_dict
 
 log = logging.getLogger(__name__)
@@ -135,7 +136,7 @@ def load_folder(
     are materialized. ``weights.load_checkpoint`` is the entry point (checksums, delta folders)."""
     from safetensors import SafetensorError, safe_open
 
-    cfg = HybridConfig.from_hf(raw_cfg)
+    cfg = normalize_config(raw_cfg)
     raw: dict[str, torch.Tensor] = {}
     for f in weight_files(folder):
         try:

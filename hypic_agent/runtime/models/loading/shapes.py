@@ -7,16 +7,17 @@ from __future__ import annotations
 import torch
 
 from hypic_agent.errors import WeightsError
-from hypic_agent.runtime.models.config import MIXER_KIND_FAMILIES, HybridConfig
-from hypic_agent.runtime.models.registry import build_model
+from hypic_agent.runtime.models.config import HybridConfig
+from hypic_agent.runtime.models.families import SHAPES_FROM_MODEL
+from hypic_agent.runtime.models.hybrid import build_model
 
 Shape = tuple[int, ...]
 
 
 def expected_shapes(cfg: HybridConfig) -> dict[str, Shape]:
-    """Every tensor name of the naming contract for ``cfg`` with its shape (the families named in
-    ``keymap``: read off the model built on the meta device)."""
-    if cfg.family in MIXER_KIND_FAMILIES:
+    """Every tensor name of the naming contract for ``cfg`` with its shape (``SHAPES_FROM_MODEL``, all but
+    Qwen and Llama: read off the model built on the meta device)."""
+    if cfg.family in SHAPES_FROM_MODEL:
         shapes = {k: tuple(t.shape) for k, t in build_model(cfg, device="meta").state_dict().items()}
         if cfg.tie_word_embeddings:
             shapes.pop("lm_head.weight", None)

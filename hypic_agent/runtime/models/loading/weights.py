@@ -18,7 +18,7 @@ import torch
 from hypic_agent.config import Settings
 from hypic_agent.errors import ModelConfigError, WeightsError
 from hypic_agent.runtime.models.config import HybridConfig
-from hypic_agent.runtime.models.keymap import to_contract
+from hypic_agent.runtime.models.families import normalize_config, to_contract
 from hypic_agent.runtime.models.loading.catalog import ModelSource, resolve_model
 from hypic_agent.runtime.models.loading.checksums import CHECKSUMS, cached_file_sha256, verify_checksums
 from hypic_agent.runtime.models.loading.delta import DELTA_KEY, MAPPING_NAME, derived_tensors, unpack
@@ -76,7 +76,7 @@ def load_delta(
         raise ModelConfigError(
             f"{folder} was written with mapping {meta.get('mapping')!r}; this version reads {MAPPING_NAME!r}"
         )
-    cfg = HybridConfig.from_hf(raw_cfg)
+    cfg = normalize_config(raw_cfg)
     _, base_tensors = load_base(meta["base"], settings)
     stored: dict[str, torch.Tensor] = {}
     for f in weight_files(folder):
@@ -143,7 +143,7 @@ def load_weights(
     if source.kind == "tiny":
         raw = tiny_config(source.arch or "qwen3_5_text")
         dt = dtype or torch.float32
-        cfg = HybridConfig.from_hf(raw)
+        cfg = normalize_config(raw)
         tensors = to_contract(cfg, {k: v.to(device) for k, v in random_state_dict(raw, seed, dt).items()})
         fp = model_fingerprint(cfg, dtype=dt, seed=seed)
         return LoadedWeights(source, cfg, raw, tensors, fp)

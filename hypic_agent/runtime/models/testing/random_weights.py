@@ -1,6 +1,6 @@
 """A real model's shape with seeded random weights, drawn on the device it runs on.
 
-``random:<config.json>`` (``catalog.resolve_model``) serves a checkpoint's architecture at its full
+``random:<config.json>`` (``loading/catalog.resolve_model``) serves a checkpoint's architecture at its full
 size without its weights: for load, memory and speed measurements where no weights can be fetched
 (the GPU machines reach no hub) and for scatter workers, which each draw the same weights from the
 same seed on their own device instead of receiving them. The answers are noise.
@@ -22,9 +22,8 @@ from typing import Any
 import torch
 
 from hypic_agent.errors import ModelNotAvailableError
-from hypic_agent.runtime.models.hybrid import HybridForCausalLM
+from hypic_agent.runtime.models.hybrid import HybridForCausalLM, build_model
 from hypic_agent.runtime.models.loading.fingerprint import model_fingerprint
-from hypic_agent.runtime.models.registry import build_model
 
 INIT_TAG = "hypic-random-init-v1"  # bump when the draws below change
 

@@ -24,7 +24,7 @@ from hypic_agent.errors import ModelConfigError
 from hypic_agent.runtime.models.testing.tiny_bailing import LING_TINY, RING_TINY, own_state_dict
 from hypic_agent.runtime.models.testing.tiny_falcon import FALCON_TINY
 
-# vocab of ``tokenizer.tiny_tokenizer()``: 256 byte tokens + <|endoftext|>, <|im_start|>, <|im_end|>
+# vocab of ``loading/tokenizer.tiny_tokenizer()``: 256 byte tokens + <|endoftext|>, <|im_start|>, <|im_end|>
 TINY_VOCAB_SIZE = 259
 TINY_PAD_ID, TINY_BOS_ID, TINY_EOS_ID = 256, 257, 258
 

@@ -3,7 +3,7 @@ weights drawn on our own module) and Ling 3 (``tiny:bailing_hybrid``: a transfor
 
 Ring-linear: transformers has no such model (its ``bailing_hybrid`` is Ling 3: KDA + MLA, a different
 architecture), so there is no ``build_hf_model`` oracle for this family: the weights are drawn on our
-module tree (``registry.build_model``) in our naming, the way ``tiny.random_state_dict`` re-draws
+module tree (``hybrid.build_model``) in our naming, the way ``tiny.random_state_dict`` re-draws
 transformers' init: linear weights ``N(0, initializer_range)``, norms ``1 + N(0, 0.1)``, the expert bias
 ``N(0, 0.1)``. The layer math is checked against a token-by-token reference in the tests instead.
 """
@@ -13,6 +13,9 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+
+from hypic_agent.runtime.models.families import normalize_config
+from hypic_agent.runtime.models.hybrid import build_model
 
 # 4 layers: Lightning-with-RoPE, Lightning-with-RoPE, GQA attention, Lightning-with-RoPE
 # (layer_group_size 3); 4 heads x 16 with RoPE on half of each head, 2 output-norm groups, q/k norms,
@@ -85,10 +88,7 @@ LING_TINY: dict[str, Any] = {
 
 def own_state_dict(hf_config: dict[str, Any], seed: int, dtype: torch.dtype) -> dict[str, torch.Tensor]:
     """Seeded weights for a family transformers lacks, drawn on our module (naming contract)."""
-    from hypic_agent.runtime.models.config import HybridConfig
-    from hypic_agent.runtime.models.registry import build_model
-
-    cfg = HybridConfig.from_hf(hf_config)
+    cfg = normalize_config(hf_config)
     names = build_model(cfg, device="meta").state_dict()
     gen = torch.Generator().manual_seed(seed)
     std = float(hf_config.get("initializer_range", 0.02))

@@ -1,7 +1,12 @@
-"""GGUF ``qwen3next`` / ``qwen35`` / ``qwen35moe`` (Gated DeltaNet hybrids) -> config dicts and our names.
+"""Qwen3.5 (``qwen3_5``: dense and MoE, text and multimodal-wrapper configs): Gated DeltaNet layers
+around gated attention (output gate, zero-centred q/k RMSNorm, partial RoPE), zero-centred norms
+``y * (1 + w)``, a softmax-routed MoE with a sigmoid-gated shared expert. Checkpoints use our tensor
+names (transformers' ``Qwen3_5ForCausalLM``); Qwen3-Next (``qwen3_next.py``) shares all of this but
+its fused ``in_proj_qkvz``.
 
-What llama.cpp's converter (``Qwen3NextModel``; ``Qwen3_5TextModel`` / ``Qwen3_5MoeTextModel`` on top
-of it) does, and how we read it back:
+GGUF ``qwen35`` / ``qwen35moe`` (and ``qwen3next``): what llama.cpp's converter (``Qwen3NextModel``;
+``Qwen3_5TextModel`` / ``Qwen3_5MoeTextModel`` on top of it) does, and how we read it back:
+
 
 * metadata: the usual attention keys plus ``ssm.conv_kernel``, ``ssm.state_size`` (key head dim),
   ``ssm.group_count`` (key heads), ``ssm.time_step_rank`` (value heads), ``ssm.inner_size`` (value
@@ -30,14 +35,83 @@ gated attention output: the configs we build say so (``norm_topk_prob``, ``attn_
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
 from hypic_agent.errors import ModelConfigError
 from hypic_agent.runtime.models.config import HybridConfig
+from hypic_agent.runtime.models.families.common import Family, gqa_heads, hybrid_config, layer_kinds, rope_of
 from hypic_agent.runtime.models.loading.gguf_meta import GGUFFamily, GGUFMeta, common_config
 
+
+# ---------------------------------------------------------------------------- config.json
+def text_config(raw: dict[str, Any]) -> dict[str, Any]:
+    """A Qwen3.5 multimodal wrapper config (``text_config`` inside): its text model's config dict
+    (``model_type`` ``qwen3_5_text`` / ``qwen3_5_moe_text``, the wrapper's tying); any other config as
+    it is."""
+    model_type = raw.get("model_type")
+    if model_type in ("qwen3_5", "qwen3_5_moe") and isinstance(raw.get("text_config"), dict):
+        text = dict(raw["text_config"])
+        text.setdefault("model_type", f"{model_type}_text")
+        for k in ("tie_word_embeddings",):
+            if k in raw and k not in text:
+                text[k] = raw[k]
+        return text
+    return raw
+
+
+def qwen_hybrid(raw: dict[str, Any], model_type: str, family: str, *, fused_qkvz: bool = False) -> HybridConfig:
+    """Qwen3.5 / Qwen3-Next: every ``full_attention_interval``-th layer attention, the rest Gated
+    DeltaNet; ``fused_qkvz``: Qwen3-Next's checkpoint layout (``in_proj_qkvz`` / ``in_proj_ba``)."""
+    n = int(raw["num_hidden_layers"])
+    types = raw.get("layer_types")
+    if types is None:
+        interval = int(raw.get("full_attention_interval", 4))
+        types = ["full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(n)]
+    if len(types) != n:
+        raise ModelConfigError(f"layer_types has {len(types)} entries for {n} layers")
+    kinds = layer_kinds(list(types), ("linear_attention",), ("full_attention",))
+    heads = gqa_heads(raw)
+    num_experts = int(raw.get("num_experts", 0) or 0)
+    if model_type in ("qwen3_5", "qwen3_5_text"):
+        num_experts = 0
+    if num_experts:
+        step = int(raw.get("decoder_sparse_step", 1) or 1)
+        only = set(raw.get("mlp_only_layers", []) or [])
+        moe = tuple((i not in only) and ((i + 1) % step == 0) for i in range(n))
+    else:
+        moe = tuple(False for _ in range(n))
+    base = hybrid_config(
+        raw, model_type, family, kinds, heads=heads, rope=rope_of(raw, heads[2]), eps=1e-6, max_positions=32768
+    )
+    return replace(
+        base,
+        norm_zero_centered=True,
+        attn_output_gate=bool(raw.get("attn_output_gate", True)),
+        qk_norm=True,
+        linear_num_key_heads=int(raw["linear_num_key_heads"]),
+        linear_num_value_heads=int(raw["linear_num_value_heads"]),
+        linear_key_head_dim=int(raw["linear_key_head_dim"]),
+        linear_value_head_dim=int(raw["linear_value_head_dim"]),
+        linear_conv_kernel_dim=int(raw.get("linear_conv_kernel_dim", 4)),
+        linear_fused_qkvz=fused_qkvz,
+        intermediate_size=int(raw.get("intermediate_size", 0) or 0),
+        num_experts=num_experts,
+        num_experts_per_tok=int(raw.get("num_experts_per_tok", 0) or 0),
+        moe_intermediate_size=int(raw.get("moe_intermediate_size", 0) or 0),
+        shared_expert_intermediate_size=int(raw.get("shared_expert_intermediate_size", 0) or 0),
+        norm_topk_prob=bool(raw.get("norm_topk_prob", True)),
+        moe_layers=moe,
+    )
+
+
+def qwen3_5(raw: dict[str, Any], model_type: str) -> HybridConfig:
+    return qwen_hybrid(raw, model_type, "qwen3_5")
+
+
+# ---------------------------------------------------------------------------- GGUF
 # zero-centred norms the converter stores as 1 + w (GGUF names)
 _PLUS_ONE = ("attn_norm.weight", "post_attention_norm.weight", "output_norm.weight", "q_norm.weight", "k_norm.weight")
 _FUSED = re.compile(
@@ -45,7 +119,7 @@ _FUSED = re.compile(
 )
 
 
-def _config(meta: GGUFMeta, model_type: str) -> dict[str, Any]:
+def gguf_config(meta: GGUFMeta, model_type: str) -> dict[str, Any]:
     # Qwen3.5's converter appends its multi-token-prediction block(s) to block_count: not ours to run
     n = int(meta.require("block_count")) - int(meta.get("nextn_predict_layers", 0) or 0)
     heads = int(meta.require("attention.head_count"))
@@ -96,18 +170,14 @@ def _config(meta: GGUFMeta, model_type: str) -> dict[str, Any]:
     }
 
 
-def qwen3_next_config(meta: GGUFMeta) -> dict[str, Any]:
-    return _config(meta, "qwen3_next")
-
-
 def qwen35_config(meta: GGUFMeta) -> dict[str, Any]:
     if int(meta.get("expert_count", 0) or 0):
         raise ModelConfigError("GGUF qwen35 with experts: a Qwen3.5 MoE is written as qwen35moe", param="model")
-    return _config(meta, "qwen3_5_text")
+    return gguf_config(meta, "qwen3_5_text")
 
 
 def qwen35moe_config(meta: GGUFMeta) -> dict[str, Any]:
-    return _config(meta, "qwen3_5_moe_text")
+    return gguf_config(meta, "qwen3_5_moe_text")
 
 
 def qwen_hub(cfg: HybridConfig, name: str) -> str:
@@ -144,7 +214,7 @@ def qwen_join(name: str, parts: list[np.ndarray], raw: dict[str, Any]) -> np.nda
     return np.concatenate([q, k, v, z.reshape(k_heads, -1, cols)], axis=1).reshape(-1, cols)
 
 
-def _zero_centred(name: str, w: np.ndarray, raw: dict[str, Any]) -> np.ndarray:
+def zero_centred(name: str, w: np.ndarray, raw: dict[str, Any]) -> np.ndarray:
     return w - np.float32(1.0) if name.endswith(_PLUS_ONE) else w
 
 
@@ -158,7 +228,7 @@ def _grouped(w: np.ndarray, axis: int, k_heads: int, per_k: int, head_dim: int) 
 
 def qwen35_values(name: str, w: np.ndarray, raw: dict[str, Any]) -> np.ndarray:
     """Qwen3.5: the +1 norms, then the value-head reorder undone (when key heads < value heads)."""
-    w = _zero_centred(name, w, raw)
+    w = zero_centred(name, w, raw)
     k_heads, v_heads = int(raw["linear_num_key_heads"]), int(raw["linear_num_value_heads"])
     if k_heads == v_heads or (".ssm_" not in name and ".attn_qkv." not in name and ".attn_gate." not in name):
         return w
@@ -174,13 +244,16 @@ def qwen35_values(name: str, w: np.ndarray, raw: dict[str, Any]) -> np.ndarray:
     return w
 
 
-_QWEN3NEXT = GGUFFamily(
-    "qwen3next", "qwen3_next", "QWEN3NEXT", config=qwen3_next_config, hub=qwen_hub, fused=qwen_fused,
-    values=_zero_centred, join=qwen_join,
-)  # fmt: skip
 _QWEN35 = GGUFFamily("qwen35", "qwen3_5_text", "QWEN35", config=qwen35_config, hub=qwen_hub, values=qwen35_values)
 _QWEN35MOE = GGUFFamily(
     "qwen35moe", "qwen3_5_moe_text", "QWEN35MOE", config=qwen35moe_config, hub=qwen_hub, fused=qwen_fused,
     values=qwen35_values, join=qwen_join,
 )  # fmt: skip
-QWEN_FAMILIES = (_QWEN3NEXT, _QWEN35, _QWEN35MOE)
+
+FAMILY = Family(
+    name="qwen3_5",
+    model_types=("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text"),
+    normalize=qwen3_5,
+    shapes_from_model=False,
+    gguf=(_QWEN35, _QWEN35MOE),
+)
