@@ -1,4 +1,4 @@
-"""xgrammar's ``TokenizerInfo`` for one of our tokenizers (``runtime/models/tokenizer.py``).
+"""xgrammar's ``TokenizerInfo`` for one of our tokenizers (``runtime/models/loading/tokenizer.py``).
 
 The grammar engine needs every token's bytes, the vocabulary type (byte-level BPE, byte fallback,
 raw) and the stop tokens. We take the vocabulary from the tokenizer itself (the tiny byte-level
