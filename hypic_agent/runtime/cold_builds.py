@@ -17,7 +17,6 @@ in-process or worker path (a fused batch has one context for all its segments).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
 
 import torch
 
@@ -31,9 +30,8 @@ from hypic_agent.runtime.models.hybrid import HybridForCausalLM
 from hypic_agent.runtime.router import Route
 from hypic_agent.runtime.runner.graph_set import GraphSet
 from hypic_agent.runtime.scatter import scatter_prefill
-
-if TYPE_CHECKING:
-    from hypic_agent.runtime.workers.pool import WorkerPool
+from hypic_agent.runtime.workers.devices import worker_devices
+from hypic_agent.runtime.workers.pool import WorkerPool
 
 
 class ColdBuilds:
@@ -62,9 +60,6 @@ class ColdBuilds:
             self.pool = self._start_pool(fingerprint, model_spec)
 
     def _start_pool(self, fingerprint: str, model_spec: str | None) -> WorkerPool:
-        from hypic_agent.runtime.workers.devices import worker_devices
-        from hypic_agent.runtime.workers.pool import WorkerPool
-
         s = self.settings
         devices = worker_devices(s.scatter_workers, s.scatter_devices, self.device)
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from hypic_agent.config import Settings
 from hypic_agent.errors import InvalidRequestError
@@ -42,9 +42,7 @@ from hypic_agent.runtime.runner.destination import StateDestination
 from hypic_agent.runtime.runner.graph_set import GraphSet
 from hypic_agent.runtime.runner.runner import ModelRunner
 from hypic_agent.runtime.runner.standalone import prefill
-
-if TYPE_CHECKING:
-    from hypic_agent.runtime.workers.pool import WorkerPool
+from hypic_agent.runtime.workers.pool import WorkerPool
 
 
 def _ms(t0: float) -> float:

@@ -11,7 +11,8 @@ import torch
 
 from hypic_agent.config import Settings
 from hypic_agent.errors import ModelNotAvailableError
-from hypic_agent.runtime.loader import load_engine, load_model
+from hypic_agent.runtime.loader import load_engine
+from hypic_agent.runtime.model_loader import load_model
 from hypic_agent.runtime.models.loading.catalog import resolve_model
 from hypic_agent.runtime.models.testing.tiny import tiny_config
 from hypic_agent.runtime.results import FinishEvent

@@ -20,7 +20,8 @@ import torch.multiprocessing as mp
 from hypic_agent.config import Settings
 from hypic_agent.runtime.hypic.build import build_entries
 from hypic_agent.runtime.hypic.entry import SegmentEntry
-from hypic_agent.runtime.loader import load_engine, load_model
+from hypic_agent.runtime.loader import load_engine
+from hypic_agent.runtime.model_loader import load_model
 from hypic_agent.runtime.workers.devices import DeviceError, worker_devices
 from hypic_agent.runtime.workers.pool import WorkerPool, WorkerStartError
 from hypic_agent.runtime.workers.protocol import (

@@ -20,8 +20,10 @@ from typing import TYPE_CHECKING
 import torch
 
 from hypic_agent.config import Settings
+from hypic_agent.runtime.model_loader import load_model
 from hypic_agent.runtime.workers import protocol as wire
 from hypic_agent.runtime.workers.channel import Channel, pair_group
+from hypic_agent.runtime.workers.stream import Streamer, build_streamed
 
 if TYPE_CHECKING:
     from hypic_agent.runtime.models.hybrid import HybridForCausalLM
@@ -60,8 +62,6 @@ def worker_main(spec: WorkerSpec) -> None:
     store = dist.TCPStore(spec.host, spec.port, is_master=False, timeout=_td(spec.timeout_s))
     failure: Exception | None = None
     try:  # the model loads before the pair group exists: the group's timeout is the job timeout
-        from hypic_agent.runtime.loader import load_model
-
         settings = Settings.model_validate_json(spec.settings_json)
         model, _, fingerprint = load_model(settings, model=spec.model, device=device)
         model.eval()
@@ -84,8 +84,6 @@ def worker_main(spec: WorkerSpec) -> None:
 
 def serve(chan: Channel, model: HybridForCausalLM, delay_s: float = 0.0, group_delay_s: float = 0.0) -> None:
     """Answer build jobs until ``STOP`` (or until rank 0 is gone)."""
-    from hypic_agent.runtime.workers.stream import Streamer, build_streamed
-
     n_layers = len(model.layers)
     while True:
         try:
