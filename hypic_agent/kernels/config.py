@@ -20,16 +20,15 @@ class KernelConfig:
     """Every kernel choice, with the defaults the project runs with.
 
     * ``precise_for_half``: whether the WY chain keeps its state's dots at about fp32 (tf32x3) for
-      bf16 / fp16 outputs with fp32 pairs rather than one tf32 pass. One pass: 0.235 -> 0.132 ms per
-      layer at the Qwen3.5 combine shape (24 steps, H200, 2026-12-01), state error ~1e-3 relative;
+      bf16 / fp16 outputs with fp32 pairs rather than one tf32 pass. One pass is about twice as fast
+      at the Qwen3.5 combine shape (``benchmarks/combine_kernels.py``), state error ~1e-3 relative;
       the model's own forward (fla's chunk kernels) rounds the state to bf16 for its dots, so a tf32
       chain stays below the reference's own rounding.
     * ``moe_triton_max_slots``: (token, slot) pairs up to which CUDA runs the MoE's Triton kernels,
       above it the grouped GEMM. The Triton kernels read an expert's weights once per 16 of its rows;
       with the routing tables from one sort (``moe_triton.align``) a warm 210-token combine (1,680
-      pairs) on the H200 took 41.8 ms of GPU time against 47.6 ms with the grouped GEMM (2026-12-01;
-      with the earlier one-hot tables, whose scan cost more than the GEMM, 60.5 against 52.8 ms,
-      which is why the limit was 512).
+      pairs) takes less GPU time than with the grouped GEMM (measured on the H200, see
+      ``docs/benchmarks.md``; the earlier one-hot tables cost more than the GEMM, hence the old 512).
     * ``moe_triton_block_m``: rows per block of those Triton kernels (an expert's weights are read
       once per block of its rows); None: the kernels' default (16).
     * ``norm_fla_min_rows``: below this many rows the norms stay on torch: a few native launches
@@ -57,9 +56,9 @@ class KernelConfig:
       of at most this many tokens in all run fla's fused recurrent kernels on CUDA instead of its
       chunked ones: a combine's active tokens (seams and the question: ~200) are short sequences,
       and the chunked kernels derive their chunk tables from ``cu_seqlens`` with a host read, which
-      a CUDA graph cannot capture. 256 (the default) covers a combine: Kimi-48B warm ``hypic``
-      110 -> 49 ms p50, Granite-4.0-H-Small 138 -> 112 ms (H200, 2026-12-02, before the families'
-      combine graphs); 0: always chunked, and no combine graph for KDA / decay-only models.
+      a CUDA graph cannot capture. 256 (the default) covers a combine, which is then capturable
+      (faster warm TTFT on Kimi-48B and Granite-4.0-H-Small, ``docs/benchmarks.md``, ttft); 0: always
+      chunked, and no combine graph for KDA / decay-only models.
     """
 
     precise_for_half: bool = False

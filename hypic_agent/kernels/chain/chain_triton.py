@@ -97,10 +97,10 @@ def chain_scan_triton(
     already costs ~2e-3); the default keeps 1.4e-6.
 
     ``stages``: software pipelining of the pair loop (the next T / S load overlaps this step's dot);
-    default for the full tile 2 with fp32 pairs (30 layers x 64 pairs x 32 heads of 128 x 128 on the
-    H200: 7.75 -> 5.86 ms, identical results; 3 stages exceed shared memory) and 3 with bf16 pairs
-    (``last_only``: 1.07 -> 0.98 ms with ``state_bf16``, ``do_bench``, 2026-11-29; 4 exceed shared
-    memory at 128 columns), 1 for the chunked variant (its CTA barrier orders re-reads of the output).
+    default for the full tile 2 with fp32 pairs (measured on the H200 at 30 layers x 64 pairs x 32
+    heads of 128 x 128: about a quarter faster, identical results; 3 stages exceed shared memory) and
+    3 with bf16 pairs (``last_only`` with ``state_bf16``; 4 exceed shared memory at 128 columns), 1
+    for the chunked variant (its CTA barrier orders re-reads of the output).
 
     T and S are read in their stored dtype (fp32 or bf16 pairs) and converted in registers: no
     upcast copy of the pairs (for 30 layers x 64 bf16 pairs that copy alone wrote 8 GB).

@@ -96,7 +96,7 @@ def chain_tables(chains: list[list[ChainLink]], device: torch.device) -> ChainTa
 
 
 # Chunk sizes the planner picks from: the time of one chain step of that size and the latency of
-# the factor kernel for it (us, H200, Qwen3.5 shape, 2026-12-01: a 64-token step runs bigger dots than
+# the factor kernel for it (us, measured on the H200 at the Qwen3.5 shape: a 64-token step runs bigger dots than
 # a 16-token one and its factors solve a 64 x 64 triangular system row by row; an 8-token seam window
 # pads to either).
 STEP_US = {16: 10.0, 64: 20.0}

@@ -215,7 +215,7 @@ def wy_factors_triton(
 
 _CHAIN_CONFIGS = [
     triton.Config({"BV": bv, "STAGES": st}, num_warps=nw)
-    for bv, nw in ((16, 4), (32, 4), (32, 8), (64, 8))  # 16 warps: 3-4x slower (H200, 2026-12-01)
+    for bv, nw in ((16, 4), (32, 4), (32, 8), (64, 8))  # 16 warps: 3-4x slower (on the H200)
     for st in (1, 2)
 ]
 _tuned_chain = triton.autotune(configs=_CHAIN_CONFIGS, key=["HV", "K", "V", "BT", "PAIR_BF16", "TRANSITION", "FAST"],
@@ -259,7 +259,7 @@ def wy_chain_triton(
         precise = out_dtype not in (torch.bfloat16, torch.float16)
     # NOTE: bf16 pairs keep the precise dots: with one-pass chunk dots next to the split bf16 pair
     # dots, one of the autotuned launch shapes (64-token chunks) hit an illegal address on the H200
-    # (Triton 3.6, 2026-12-01); their pair product is two bf16 passes either way.
+    # (Triton 3.6); their pair product is two bf16 passes either way.
     precise = precise or bf16
     consts = dict(HV=HV, K=K, V=V, BK=max(16, triton.next_power_of_2(K)), BT=BT, TRANSITION=transition, PAIR_BF16=bf16,
                   SPLIT=bf16 and not interpreting(), FAST=not precise)  # fmt: skip
