@@ -197,3 +197,13 @@ def write_json(path: str | Path, payload: dict[str, Any]) -> None:
     p.parent.mkdir(parents=True, exist_ok=True)
     p.write_text(json.dumps(payload, indent=2, default=str))
     print(f"wrote {p}")
+
+
+class NoText:
+    """A tokenizer stand-in for engines fed token ids (``qps.py``, ``ttft.py``): no stop strings, so
+    nothing is decoded to text."""
+
+    eos_token_id = None
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return ""

@@ -22,7 +22,7 @@ import time
 from typing import Any
 
 import torch
-from _common import load_shape, model_args, print_table, random_model, write_json
+from _common import NoText, load_shape, model_args, print_table, random_model, write_json
 from ttft import Plan, Seg  # the RAG request shapes ttft.py measures
 
 from hypic_agent.config import Settings
@@ -260,7 +260,7 @@ def main() -> None:
             max_context=args.segments * args.seg_len + args.query_len + args.max_tokens + 64,
         )
         engine = Engine(model, None, "qps-bench", settings)
-        engine.tokenizer = _NoText()
+        engine.tokenizer = NoText()
         serving = Serving.of(engine)
         prof = StepProfile(serving) if args.profile else None
         trace = Trace(args, model.config.vocab_size)
@@ -305,15 +305,6 @@ def main() -> None:
         print(f"{mode}: highest load with p90 TTFT <= {args.sla} s: {q:.2f} QPS{ratio}")
     dev = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
     write_json(args.out, {"args": vars(args), "rows": rows, "burst": bursts, "qps_at_sla": summary, "device": dev})
-
-
-class _NoText:
-    """A tokenizer stand-in: the trace is token ids; no stop strings, so nothing is decoded."""
-
-    eos_token_id = None
-
-    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
-        return ""
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ from functools import partial
 from typing import Any
 
 import torch
-from _common import gpu_busy_ms, load_shape, model_args, print_table, random_model, sync, write_json
+from _common import NoText, gpu_busy_ms, load_shape, model_args, print_table, random_model, sync, write_json
 
 from hypic_agent.config import MODES, Settings
 from hypic_agent.config_kernels import KernelSettings
@@ -75,15 +75,6 @@ def first_token(serving: Serving, plan: Plan, mode: str, seam: float) -> FinishE
     """One request alone through the scheduler, to its first (and only) token."""
     req = GenerationRequest(plan, SamplingParams(max_tokens=1, ignore_eos=True), mode, seam)
     return next(ev for ev in serving.scheduler.submit(req).events() if isinstance(ev, FinishEvent))
-
-
-class _NoText:
-    """A tokenizer stand-in: the requests are token ids; nothing is decoded to text."""
-
-    eos_token_id = None
-
-    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
-        return ""
 
 
 def _device_allocs(device: str) -> tuple[int, int, int]:
@@ -160,7 +151,7 @@ def main() -> None:
             # fresh caches per mode, and fresh CUDA graphs (``engine.runner.graphs``): recaptured per mode
             # on the knobs' paths
             engine = Engine(model, None, "bench", mode_settings)
-            engine.tokenizer = _NoText()
+            engine.tokenizer = NoText()
             serving = Serving.of(engine)
             if mode not in ("full_recompute", "prefix_cache"):
                 for i in range(0, len(warm_docs), 16):
