@@ -54,6 +54,7 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         from hypic_agent.runtime.loader import load_engine
+        from hypic_agent.runtime.main_thread import off_main_thread
 
         eng = engine
         if eng is None:
@@ -61,9 +62,10 @@ def create_app(
         if eng.name.startswith("tiny"):
             log_event(log, "serving the tiny random model: its answers are noise", logging.WARNING, model=eng.name)
         st_store = store if store is not None else await run_in_threadpool(SegmentStore.from_settings, settings)
-        state = ServerState.build(
-            settings, eng, st_store, metrics, owns_store=store is None if close_store is None else close_store
-        )
+        owns = store is None if close_store is None else close_store
+        # the state pool is allocated on a thread that exits: the main thread keeps no OpenMP pool that
+        # slows the engine thread on the CPU (``runtime.main_thread``)
+        state = off_main_thread(lambda: ServerState.build(settings, eng, st_store, metrics, owns_store=owns))
         holder["state"] = state
         app.state.hypic = state
         stats = st_store.stats()

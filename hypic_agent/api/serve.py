@@ -190,6 +190,7 @@ def run_server(
     from hypic_agent.api.segments_service import put_segments
     from hypic_agent.api.state import ServerState
     from hypic_agent.runtime.loader import load_engine
+    from hypic_agent.runtime.main_thread import off_main_thread
     from hypic_agent.segments.store.segment_store import SegmentStore
 
     configure_logging(settings.log_level)
@@ -197,17 +198,23 @@ def run_server(
     sock = hold_port(settings.host, settings.port) if sock is None else sock
     try:
         with StartupLog() as progress:
-            progress(f"starting: model {settings.model}, home {settings.home}")
-            engine = load_engine(settings, progress=progress)
-            progress(f"opening the segment store under {settings.resolved_store_dir()}")
-            store = SegmentStore.from_settings(settings)
-            if items is not None:
-                state = ServerState.build(settings, engine, store, Metrics(), owns_store=False)
-                state.store_budget = StoreBudget(state.store_budget.size, 0, 0)  # the operator's pre-warm: no caps
-                for i, item in enumerate(items):
-                    progress(f"pre-warming {len(items)} segments", done=i, total=len(items), unit="segments")
-                    put_segments(state, PutSegmentsRequest.model_validate({"segments": [item]}), tenant)
-                progress(f"pre-warming {len(items)} segments", done=len(items), total=len(items), unit="segments")
+
+            def start_up() -> tuple[Any, Any]:
+                progress(f"starting: model {settings.model}, home {settings.home}")
+                engine = load_engine(settings, progress=progress)
+                progress(f"opening the segment store under {settings.resolved_store_dir()}")
+                store = SegmentStore.from_settings(settings)
+                if items is not None:
+                    state = ServerState.build(settings, engine, store, Metrics(), owns_store=False)
+                    state.store_budget = StoreBudget(state.store_budget.size, 0, 0)  # the operator's pre-warm: no caps
+                    for i, item in enumerate(items):
+                        progress(f"pre-warming {len(items)} segments", done=i, total=len(items), unit="segments")
+                        put_segments(state, PutSegmentsRequest.model_validate({"segments": [item]}), tenant)
+                    progress(f"pre-warming {len(items)} segments", done=len(items), total=len(items), unit="segments")
+                return engine, store
+
+            # on a thread that exits: the main thread keeps no OpenMP pool that slows the engine thread
+            engine, store = off_main_thread(start_up)
             progress.done(f"model {engine.name} ready, {store.stats().entries} stored entries")
         app = create_app(settings, engine=engine, store=store, close_store=True)  # closed by the lifespan
         server = make_server(app, settings, sock)
