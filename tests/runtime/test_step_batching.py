@@ -105,3 +105,26 @@ def test_cold_work_over_the_budget_is_built_in_shares_while_another_request_deco
     assert not long_run.cancelled  # it decoded all along
     stream.close()
     serving.close()
+
+
+def test_a_forward_that_fails_fails_each_of_its_requests_with_the_error_and_the_engine_serves_on():
+    serving = _serving()
+    docs = _docs(4, 700)
+    plans = [Plan([docs[(i + j) % 4] for j in range(3)], rand_tokens(5, 800 + i)) for i in range(3)]
+    one = SamplingParams(max_tokens=1, ignore_eos=True)
+    runner = serving.runner
+    forward = runner.forward
+
+    def broken(plan):
+        raise RuntimeError("CUDA out of memory (simulated)")
+
+    runner.forward = broken  # type: ignore[method-assign]
+    handles = _submit_together(serving, plans, one)
+    for h in handles:
+        with pytest.raises(RuntimeError, match="simulated"):
+            list(h.events(timeout=60))
+    assert serving.scheduler.stats.failed == 3 and not serving.scheduler.live
+    assert serving.pool.usage().slots_used == 0  # every slot freed
+    runner.forward = forward  # type: ignore[method-assign]
+    assert _final(serving.scheduler.submit(GenerationRequest(plans[0], one, "hypic"))).completion_tokens == 1
+    serving.close()
