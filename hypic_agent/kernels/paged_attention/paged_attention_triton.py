@@ -43,7 +43,7 @@ def _dot(a, b, IEEE: tl.constexpr):
 
 
 @triton.jit
-def _key_range(context_lens, i_n, i_s, NS: tl.constexpr, BN: tl.constexpr):
+def _key_range(context_lens, i_n, i_s, NS, BN: tl.constexpr):
     """Keys ``[lo, hi)`` of split ``i_s`` of sequence ``i_n``: ``NS`` ranges of whole ``BN``-key tiles."""
     L = tl.load(context_lens + i_n).to(tl.int32)
     per = tl.cdiv(tl.cdiv(L, NS), BN) * BN
@@ -62,12 +62,14 @@ def _softmax_step(s, m_i, l_i):
 
 
 @triton.jit
-def _write_out(o, o_part, lse_part, acc, m_i, l_i, row_out, i_s, m_row, o_e, m_e, DV: tl.constexpr, NS: tl.constexpr):
+def _write_out(
+    o, o_part, lse_part, acc, m_i, l_i, row_out, i_s, m_row, o_e, m_e, DV: tl.constexpr, NS, ONE: tl.constexpr
+):  # fmt: skip
     """A program's result for its rows ``row_out`` (= sequence * heads + head): the output itself with
     one split, else its partial output and log-sum-exp for the merge kernel; zeros for no keys."""
     seen = l_i > 0
     out = acc / tl.where(seen, l_i, 1.0)[:, None]
-    if NS == 1:
+    if ONE:
         tl.store(o + row_out[:, None] * DV + o_e[None, :], out.to(o.dtype.element_ty),
                  mask=m_row[:, None] & m_e[None, :])  # fmt: skip
     else:
@@ -77,13 +79,13 @@ def _write_out(o, o_part, lse_part, acc, m_i, l_i, row_out, i_s, m_row, o_e, m_e
                  mask=m_row[:, None] & m_e[None, :])  # fmt: skip
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["sbt_n", "NS"])  # a new split count or table width: no recompile
 def _paged_decode_kernel(
     q, k, v, block_table, context_lens, o, o_part, lse_part, qk_scale,
     sq_n, sq_h, sk_p, sk_s, sk_h, sv_p, sv_s, sv_h, sbt_n,
     HQ: tl.constexpr, G: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, PAGE: tl.constexpr,
-    NS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr,
-    IEEE: tl.constexpr,
+    NS, BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr,
+    IEEE: tl.constexpr, ONE: tl.constexpr,
 ):  # fmt: skip
     i_n = tl.program_id(0).to(tl.int64)
     i_hk = tl.program_id(1)
@@ -115,11 +117,11 @@ def _paged_decode_kernel(
         b_v = tl.load(v + (page * sv_p + slot * sv_s + i_hk * sv_h)[:, None] + o_e[None, :],
                       mask=m_col[:, None] & m_e[None, :], other=0.0)  # fmt: skip  # [BN, BDV]
         acc = acc * alpha[:, None] + _dot(p.to(b_v.dtype), b_v, IEEE)
-    _write_out(o, o_part, lse_part, acc, m_i, l_i, i_n * HQ + head, i_s, m_row, o_e, m_e, DV, NS)
+    _write_out(o, o_part, lse_part, acc, m_i, l_i, i_n * HQ + head, i_s, m_row, o_e, m_e, DV, NS, ONE)
 
 
-@triton.jit
-def _merge_kernel(o_part, lse_part, o, NS: tl.constexpr, DV: tl.constexpr, BS: tl.constexpr, SB: tl.constexpr,
+@triton.jit(do_not_specialize=["NS"])
+def _merge_kernel(o_part, lse_part, o, NS, DV: tl.constexpr, BS: tl.constexpr, SB: tl.constexpr,
                   BE: tl.constexpr):  # fmt: skip
     """Program ``(r, e)``: columns ``e*BE ..`` of row ``r`` = (sequence, head), the ``NS`` partials
     weighted by ``2^(lse - max lse)``, read ``SB`` splits at a time."""
@@ -209,7 +211,7 @@ def paged_decode_attention_triton(
         q, k_cache, v_cache, block_table, context_lens, o, o_part, lse_part, scale * math.log2(math.e),
         q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3], block_table.stride(0),
         HQ=Hq, G=G, D=D, DV=Dv, PAGE=page_size, NS=ns, BM=max(16, triton.next_power_of_2(G)), BN=bn, BD=BD,
-        BDV=BDV, IEEE=q.dtype == torch.float32, num_warps=nw,
+        BDV=BDV, IEEE=q.dtype == torch.float32, ONE=ns == 1, num_warps=nw,
     )  # fmt: skip
     if ns > 1:
         be = min(BDV, 64)

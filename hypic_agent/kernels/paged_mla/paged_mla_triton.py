@@ -34,12 +34,13 @@ from ..paged_attention.paged_attention_triton import (
 )
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["sbt_n", "NS"])  # a new split count or table width: no recompile
 def _paged_mla_kernel(
     q_lat, q_rope, lat, rope, block_table, context_lens, o, o_part, lse_part, qk_scale,
     sql_n, sql_h, sqr_n, sqr_h, sl_p, sl_s, sr_p, sr_s, sbt_n,
-    H: tl.constexpr, R: tl.constexpr, E: tl.constexpr, PAGE: tl.constexpr, NS: tl.constexpr,
+    H: tl.constexpr, R: tl.constexpr, E: tl.constexpr, PAGE: tl.constexpr, NS,
     BM: tl.constexpr, BN: tl.constexpr, BR: tl.constexpr, BE: tl.constexpr, IEEE: tl.constexpr,
+    ONE: tl.constexpr,
 ):  # fmt: skip
     i_n = tl.program_id(0).to(tl.int64)
     i_hb = tl.program_id(1)
@@ -72,7 +73,7 @@ def _paged_mla_kernel(
         s = tl.where(m_col[None, :], s, float("-inf"))
         p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i)
         acc = acc * alpha[:, None] + _dot(p.to(b_l.dtype), b_l, IEEE)
-    _write_out(o, o_part, lse_part, acc, m_i, l_i, i_n * H + head, i_s, m_row, o_r, m_r, R, NS)
+    _write_out(o, o_part, lse_part, acc, m_i, l_i, i_n * H + head, i_s, m_row, o_r, m_r, R, NS, ONE)
 
 
 def default_block(n_seqs: int) -> tuple[int, int, int]:
@@ -119,7 +120,7 @@ def paged_mla_decode_triton(
         scale * math.log2(math.e), q_lat.stride(0), q_lat.stride(1), q_rope.stride(0), q_rope.stride(1),
         lat_cache.stride(0), lat_cache.stride(1), rope_cache.stride(0), rope_cache.stride(1), block_table.stride(0),
         H=H, R=R, E=E, PAGE=page_size, NS=ns, BM=bm, BN=bn, BR=max(16, triton.next_power_of_2(R)),
-        BE=max(16, triton.next_power_of_2(E)), IEEE=q_lat.dtype == torch.float32, num_warps=nw,
+        BE=max(16, triton.next_power_of_2(E)), IEEE=q_lat.dtype == torch.float32, ONE=ns == 1, num_warps=nw,
     )  # fmt: skip
     if ns > 1:
         be = min(triton.next_power_of_2(R), 64)
