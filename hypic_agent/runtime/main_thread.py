@@ -13,29 +13,15 @@ then exits leaves no pool, so the engine thread's is the only one.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
 T = TypeVar("T")
 
 
 def off_main_thread(fn: Callable[[], T], name: str = "hypic-startup") -> T:
-    """``fn()`` on a fresh thread that exits when it returns (its OpenMP pool with it); returns what it
-    returned or raises what it raised. KeyboardInterrupt still reaches the caller's join."""
-    out: list[T] = []
-    err: list[BaseException] = []
-
-    def body() -> None:
-        try:
-            out.append(fn())
-        except BaseException as exc:  # re-raised on the caller's thread
-            err.append(exc)
-
-    th = threading.Thread(target=body, name=name, daemon=True)
-    th.start()
-    while th.is_alive():
-        th.join(0.2)  # in slices: Ctrl-C during a long load interrupts the caller
-    if err:
-        raise err[0]
-    return out[0]
+    """``fn()`` on a fresh thread that has exited (its OpenMP pool with it) once this returns what it
+    returned or raises what it raised."""
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix=name) as one:  # the exit joins the thread
+        return one.submit(fn).result()

@@ -243,7 +243,7 @@ class Scheduler:
                 self.engine.headroom.top_up()  # the forward is queued: the GPU is busy while the host refills
             done = hypic.finish(logits[len(rows) :], (time.perf_counter() - t0) * 1e3)
         except Exception as exc:
-            for r in {id(r): r for r in involved}.values():  # once each (a LiveRequest is unhashable)
+            for r in dict.fromkeys(involved):  # once each
                 self._retire(r, error=exc)
             return
         self._count(plan, len(decoders), hypic)

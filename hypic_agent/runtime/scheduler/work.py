@@ -43,7 +43,7 @@ def prefix_keys(engine: Engine, pieces: PromptPieces, tenant: str) -> list[str]:
     return [engine.entry_key(s, tenant, 0) for s in pieces.segs]
 
 
-@dataclass
+@dataclass(eq=False)  # one request is itself only: compared and hashed by identity
 class LiveRequest:
     handle: RequestHandle
     pieces: PromptPieces
