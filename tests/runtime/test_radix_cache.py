@@ -336,3 +336,44 @@ def test_pool_pressure_evicts_lru_prefixes_never_one_in_use(model):
     list(it_a)
     ref.close()
     serving.close()
+
+
+def test_the_boundary_costs_no_forward_of_its_own_and_without_a_free_row_it_stops_there(model):
+    # chunks of 64 hold a whole prompt: a cold prefix_cache request runs its prompt in ONE forward (the
+    # boundary snapshotted inside it), as full_recompute does
+    ref = _serve(model, prefill_chunk_tokens=64)
+    serving = _serve(model, prefill_chunk_tokens=64, prefix_snapshots=1)
+    sched = serving.scheduler
+    plan = Plan([S1, S2], rand_tokens(5, 31))
+    want = _final(ref.generate(plan, _sampling(4), mode="full_recompute"))
+    before = sched.stats.forwards
+    got = _final(sched.submit(GenerationRequest(plan, _sampling(4), "prefix_cache")).events(timeout=120))
+    _same(got, want)
+    assert sched.stats.forwards - before == 4  # the prompt's forward, then 3 decode steps
+    assert sched.radix.stats().snapshots == 1
+    hit = _final(
+        sched.submit(GenerationRequest(Plan([S1, S2], rand_tokens(6, 32)), _sampling(4), "prefix_cache")).events(
+            timeout=120
+        )
+    )
+    _same(hit, _final(ref.generate(Plan([S1, S2], rand_tokens(6, 32)), _sampling(4), mode="full_recompute")))
+    assert hit.prepared.exact_prefix_tokens == 34  # the snapshot taken inside the forward resumes exactly
+
+    # the one snapshot row is held by a running request's prefix: another cold request finds no row,
+    # stops its chunk at its boundary (one forward more), keeps nothing, and is still exact
+    ha = sched.submit(
+        GenerationRequest(
+            Plan([S1, S2], rand_tokens(5, 33)), SamplingParams(max_tokens=300, ignore_eos=True), "prefix_cache"
+        )
+    )
+    it_a = ha.events(timeout=120)
+    _first_token(it_a)
+    other = Plan([S3, S4], rand_tokens(5, 34))
+    want_o = _final(ref.generate(other, _sampling(4), mode="full_recompute"))
+    got_o = _final(sched.submit(GenerationRequest(other, _sampling(4), "prefix_cache")).events(timeout=120))
+    _same(got_o, want_o)
+    assert sched.radix.stats().snapshots == 1 and sched.pool.usage().snapshots_used == 1  # no row leaked
+    ha.cancel()
+    list(it_a)
+    ref.close()
+    serving.close()

@@ -10,7 +10,9 @@ Each mixer kind has two paths over a ``ForwardPlan``:
   (``decode_graphs.py``);
 * extend (prefill chunks, or decode rows mixed with them): the varlen conv and the chunked
   recurrence start from the slots' states and write the final states back; attention writes the chunk's K/V
-  into its pages and attends over each sequence's rows gathered from the pool.
+  into its pages and attends over each sequence's rows gathered from the pool. A plan whose rows pass
+  prefix boundaries (``plan.split``) runs the linear mixer in two parts, the state between them
+  written into the pool's snapshot rows (attention needs no split: its K/V are the pages).
 """
 
 from __future__ import annotations
@@ -34,11 +36,45 @@ def linear_mix(
     if plan.decode_only:
         return mixer.decode_slots(inputs, conv_pool, rec_pool, plan.slots, **at(mixer, plan.positions)), extra
     conv = conv_pool.index_select(0, plan.slots)
-    ops, conv_final = mixer.convolve(*inputs, plan.cu_seqlens, conv, **at(mixer, plan.positions))
-    o, final = mixer.mix(ops, plan.cu_seqlens, rec_pool.index_select(0, plan.slots))
+    rec = rec_pool.index_select(0, plan.slots)
+    if plan.split is not None:
+        o, conv_final, final = _split_mix(mixer, pool, j, inputs, plan, conv, rec)
+    else:
+        ops, conv_final = mixer.convolve(*inputs, plan.cu_seqlens, conv, **at(mixer, plan.positions))
+        o, final = mixer.mix(ops, plan.cu_seqlens, rec)
     conv_pool.index_copy_(0, plan.slots, conv_final.to(conv_pool.dtype))
     rec_pool.index_copy_(0, plan.slots, final)
     return o, extra
+
+
+def _split_mix(
+    mixer: LinearMixer,
+    pool: StatePool,
+    j: int,
+    inputs: tuple[torch.Tensor, ...],
+    plan: ForwardPlan,
+    conv: torch.Tensor,
+    rec: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``linear_mix``'s extend path in two parts (``plan.LinearSplit``): every row up to its split,
+    the split rows' states after that into their snapshot rows, then the split rows' rest from there.
+    Returns (o ``[T, ...]`` in row order, conv finals ``[N, C, W-1]``, recurrent finals ``[N, ...]``)."""
+    sp = plan.split
+    assert sp is not None
+    first = tuple(x.index_select(0, sp.first) for x in inputs)
+    ops, conv_mid = mixer.convolve(*first, sp.cu_first, conv, **at(mixer, plan.positions.index_select(0, sp.first)))
+    o_first, mid = mixer.mix(ops, sp.cu_first, rec)
+    conv_at, rec_at = conv_mid.index_select(0, sp.split_rows), mid.index_select(0, sp.split_rows)
+    pool.snap_conv[j].index_copy_(0, sp.snapshots, conv_at.to(pool.snap_conv.dtype))
+    pool.snap_recurrent[j].index_copy_(0, sp.snapshots, rec_at.to(pool.snap_recurrent.dtype))
+    rest = tuple(x.index_select(0, sp.rest) for x in inputs)
+    conv_at = conv_at.to(conv.dtype)  # as a prefill stopped at the boundary would resume: from the pool's dtype
+    ops, conv_end = mixer.convolve(*rest, sp.cu_rest, conv_at, **at(mixer, plan.positions.index_select(0, sp.rest)))
+    o_rest, end = mixer.mix(ops, sp.cu_rest, rec_at)
+    o = o_first.new_empty(plan.n_tokens, *o_first.shape[1:])
+    o.index_copy_(0, sp.first, o_first)
+    o.index_copy_(0, sp.rest, o_rest)
+    return o, conv_mid.index_copy(0, sp.split_rows, conv_end), mid.index_copy(0, sp.split_rows, end)
 
 
 def attention_mix(

@@ -7,6 +7,10 @@ requests' combines (``combines``: ``hypic.combine_work.CombineWork``, their acti
 entries, written into their own slots and pages) and cold segment builds (``colds``:
 ``hypic.build.ColdBatch``, isolated prefills whose pairs and K/V are captured into entries). Built
 once on the host per step (``plan_forward``), read by every layer (``layer_loop``).
+
+A prefill row may also pass a ``prefix_cache`` boundary (``RowSnapshot``): its linear mixers then
+run in two parts (``LinearSplit``), the state between them written into a reserved snapshot row of
+the pool, so the boundary costs no forward of its own (the rest of the layer runs once over all rows).
 """
 
 from __future__ import annotations
@@ -27,6 +31,29 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
+class RowSnapshot:
+    """Pool row ``row``'s linear state after its first ``offset`` new tokens goes into the pool's
+    snapshot row ``snapshot`` (``StatePool.take_snapshot``; ``0 < offset < len(row's tokens)``)."""
+
+    row: int
+    offset: int
+    snapshot: int
+
+
+@dataclass(frozen=True)
+class LinearSplit:
+    """The linear mixers' two parts of a plan with ``RowSnapshot``s (device tensors): part 1 every
+    row up to its split (whole rows unsplit), part 2 the split rows' rest, from part 1's states."""
+
+    first: torch.Tensor  # [T1] int64 pool-row tokens of part 1
+    cu_first: torch.Tensor  # [N+1] int32 its bounds (one sequence per pool row)
+    rest: torch.Tensor  # [T2] int64 tokens of part 2
+    cu_rest: torch.Tensor  # [S+1] int32 its bounds (one sequence per split row)
+    split_rows: torch.Tensor  # [S] int64 pool row of each split
+    snapshots: torch.Tensor  # [S] int64 snapshot row each split's part-1 state goes to
+
+
+@dataclass(frozen=True)
 class ForwardPlan:
     seqs: tuple[PoolSeq, ...]
     new_tokens: tuple[tuple[int, ...], ...]
@@ -44,6 +71,7 @@ class ForwardPlan:
     last_rows: torch.Tensor  # [N] int64 row of each sequence's last new token (its logits)
     combines: tuple[CombineWork, ...] = ()  # composed requests' combines (rows after the pool rows)
     colds: tuple[ColdBatch, ...] = ()  # cold segment builds (rows before the pool rows)
+    split: LinearSplit | None = None  # pool rows passing a prefix boundary (``RowSnapshot``)
 
     @property
     def n_tokens(self) -> int:
@@ -69,10 +97,12 @@ def plan_forward(
     paged: bool = False,
     combines: Sequence[CombineWork] = (),
     colds: Sequence[ColdBatch] = (),
+    snapshots: Sequence[RowSnapshot] = (),
     device: torch.device | None = None,
 ) -> ForwardPlan:
     """The plan extending ``seqs[i]`` by ``new_tokens[i]`` (each non-empty, within its reserved pages),
-    with ``combines`` and ``colds`` in the same forward. ``paged``: decode pool rows attend through
+    with ``combines`` and ``colds`` in the same forward, and the linear states of ``snapshots``
+    written on the way. ``paged``: decode pool rows attend through
     the block table (paged attention), so the per-key gather rows (``key_rows``, the bulk of a long
     context's plan) are not built. Without sequences (HYPIC work only) ``pool`` may be None and
     ``device`` says where the plan's tensors go."""
@@ -87,7 +117,38 @@ def plan_forward(
     plan = _pool_rows(pool, seqs, new_tokens, paged)
     if combines or colds:
         plan = dataclasses.replace(plan, combines=tuple(combines), colds=tuple(colds))
+    if snapshots:
+        plan = dataclasses.replace(plan, split=_linear_split(pool.device, plan.new_tokens, snapshots))
     return plan
+
+
+def _linear_split(
+    device: torch.device, toks: tuple[tuple[int, ...], ...], snapshots: Sequence[RowSnapshot]
+) -> LinearSplit:
+    at = {s.row: s.offset for s in snapshots}
+    if len(at) != len(snapshots):
+        raise ValueError("one snapshot per pool row at most")
+    for s in snapshots:
+        if not 0 <= s.row < len(toks) or not 0 < s.offset < len(toks[s.row]):
+            raise ValueError(f"snapshot offset {s.offset} is not inside pool row {s.row}")
+    first: list[int] = []
+    rest: list[int] = []
+    first_lens: list[int] = []
+    a = 0
+    for i, t in enumerate(toks):
+        cut = at.get(i, len(t))
+        first += range(a, a + cut)
+        rest += range(a + cut, a + len(t))
+        first_lens.append(cut)
+        a += len(t)
+    ordered = sorted(snapshots, key=lambda s: s.row)
+    rest_lens = [len(toks[s.row]) - s.offset for s in ordered]
+    longs = [
+        torch.tensor(x, dtype=torch.int64)
+        for x in (first, rest, [s.row for s in ordered], [s.snapshot for s in ordered])
+    ]
+    (f, r, rows, snaps), (cu_f, cu_r) = _upload(device, longs, [_cu(first_lens), _cu(rest_lens)])
+    return LinearSplit(f, cu_f, r, cu_r, rows, snaps)
 
 
 def _no_pool_rows(dev: torch.device, combines: tuple[CombineWork, ...], colds: tuple[ColdBatch, ...]) -> ForwardPlan:

@@ -20,7 +20,8 @@ prefix cache (``radix_cache.RadixCache``) one more to each page it keeps; a page
 nothing references it. A request that resumes a cached prefix starts its block table with those
 pages (``alloc(tokens, shared=...)``: shared, not copied). Snapshots: ``snap_recurrent
 [L_lin, N, HV, K, V]`` and ``snap_conv [L_lin, N, C, W-1]`` keep a slot's linear state at a cached
-prefix's end (``save_snapshot`` / ``load_snapshot``); the attention KV of that prefix is its pages.
+prefix's end (``save_snapshot`` / ``load_snapshot``, or written by the forward that passes that end:
+``take_snapshot``); the attention KV of that prefix is its pages.
 """
 
 from __future__ import annotations
@@ -227,13 +228,18 @@ class StatePool:
         seq.slot, seq.pages, seq.capacity = 0, [], 0
 
     # ------------------------------------------------------------------ prefix-cache snapshots
+    def take_snapshot(self) -> int | None:
+        """A free snapshot row, reserved and not yet written (a forward fills it: a prefill row split
+        at a prefix boundary, ``plan.RowSnapshot``); None when every row is taken."""
+        with self._lock:
+            return self._free_snaps.pop() if self._free_snaps else None
+
     def save_snapshot(self, slot: int) -> int | None:
         """A free snapshot row holding a copy of ``slot``'s linear state (recurrent + conv of every
         linear layer); None when every row is taken."""
-        with self._lock:
-            if not self._free_snaps:
-                return None
-            snap = self._free_snaps.pop()
+        snap = self.take_snapshot()
+        if snap is None:
+            return None
         self.snap_recurrent[:, snap].copy_(self.recurrent[:, slot])
         self.snap_conv[:, snap].copy_(self.conv[:, slot])
         return snap

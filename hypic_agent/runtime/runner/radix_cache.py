@@ -9,16 +9,19 @@ one reference each, ``StatePool.share``); a page straddling two segments is in b
 child's copy of it wins (its rows before the child's start are the parent's tokens, equal there).
 A node can also hold a snapshot (``StatePool.save_snapshot``): every linear layer's recurrent and
 conv state after its ``end``. As in SGLang's MambaRadixCache, linear states exist only where a
-prefill stopped, so a request resumes only at a node with a snapshot (the deepest on its path).
+prefill stopped or was split (a prefill row's linear mixers run in two parts at a prefix boundary
+and write the state between them into a reserved row: ``reserve_snapshot``, ``plan.RowSnapshot``),
+so a request resumes only at a node with a snapshot (the deepest on its path).
 
 * ``match(keys)``: the deepest node with a snapshot; the hit's pages begin the request's block
   table (``StatePool.alloc(tokens, shared=hit.shared)``), ``restore`` copies the snapshot into its
   slot and the partial last page (a boundary that is not page-aligned) into its own page
   (copy-on-write: the request writes its next positions there, never into a shared page).
-* ``insert(keys, seg_lens, seq)``: at a request's boundary (its state ends right after its
-  segments): new nodes reference ``seq``'s pages (no copy; ``seq`` writes only later positions,
-  which a node never covers: rows past a node's end in its last page are never read from the
-  tree), the end node gets a snapshot of ``seq``'s slot.
+* ``insert(keys, seg_lens, seq, snapshot=None)``: at a request's boundary: new nodes reference
+  ``seq``'s pages (no copy; ``seq`` writes only later positions, which a node never covers: rows
+  past a node's end in its last page are never read from the tree), the end node gets a snapshot
+  of ``seq``'s slot (its state ends right after its segments) or the row ``snapshot`` that the
+  forward passing the boundary filled (``seq`` may be longer then).
 * Locks: a request holds its hit (and, once it inserted, its end node) until it is retired; a
   lock counts on every node up to the root. ``evict(pages)`` removes the least recently used
   unlocked leaves until that many pages went back to the free list; a snapshot row is taken from
@@ -148,15 +151,33 @@ class RadixCache:
         seq.length = hit.tokens
 
     # ------------------------------------------------------------------ insert
-    def insert(self, keys: Sequence[str], seg_lens: Sequence[int], seq: PoolSeq) -> RadixNode | None:
-        """Record the segments ``keys`` (of ``seg_lens`` tokens) that ``seq`` holds (its state ends
-        right after them): new nodes reference ``seq``'s pages, the end node gets a snapshot of its
-        slot. Returns the end node, locked for the request; None when no snapshot row could be had
-        (every one held by a locked node): nothing is kept then."""
+    def reserve_snapshot(self) -> int | None:
+        """A snapshot row for a forward to fill at a boundary it passes (``insert(..., snapshot=)``),
+        taken from the least recently used unlocked node when none is free; None when every row is
+        held by a locked node. Give it back with ``release_snapshot`` if it is not inserted."""
+        snap = self.pool.take_snapshot()
+        if snap is None and self._drop_lru_snapshot():
+            snap = self.pool.take_snapshot()
+        return snap
+
+    def release_snapshot(self, snap: int) -> None:
+        self.pool.drop_snapshot(snap)
+
+    def insert(
+        self, keys: Sequence[str], seg_lens: Sequence[int], seq: PoolSeq, snapshot: int | None = None
+    ) -> RadixNode | None:
+        """Record the segments ``keys`` (of ``seg_lens`` tokens) that ``seq`` holds: new nodes
+        reference ``seq``'s pages, the end node gets the linear state after them: ``snapshot`` (a
+        reserved row the forward filled; ``seq`` may hold more tokens then, and the row is the
+        cache's now, given back if the node has one already) or else a snapshot of ``seq``'s slot
+        (its state must end right after the segments). Returns the end node, locked for the
+        request; None when no snapshot row could be had (every one held by a locked node): nothing
+        is kept then."""
         if len(keys) != len(seg_lens) or not keys:
             raise ValueError("insert needs one length per key, and at least one")
-        if seq.length != sum(seg_lens):
-            raise ValueError(f"the sequence holds {seq.length} tokens, its segments {sum(seg_lens)}")
+        n_tokens = sum(seg_lens)
+        if seq.length != n_tokens and not (snapshot is not None and seq.length > n_tokens):
+            raise ValueError(f"the sequence holds {seq.length} tokens, its segments {n_tokens}")
         ps = self.pool.page_size
         now = next(self._clock)
         self.inserts += 1
@@ -175,16 +196,21 @@ class RadixCache:
             child.last_used = now
             node, start = child, child.end
         self.lock(node)  # before taking a snapshot row: making room never evicts this path
-        if node.snapshot is None:
+        if node.snapshot is not None:
+            if snapshot is not None:
+                self.pool.drop_snapshot(snapshot)
+            return node
+        snap = snapshot
+        if snap is None:
             snap = self.pool.save_snapshot(seq.slot)
             if snap is None and self._drop_lru_snapshot():
                 snap = self.pool.save_snapshot(seq.slot)
-            if snap is None:
-                self.unlock(node)
-                self._prune(node)
-                return None
-            node.snapshot = snap
-            self._snap_nodes[snap] = node
+        if snap is None:
+            self.unlock(node)
+            self._prune(node)
+            return None
+        node.snapshot = snap
+        self._snap_nodes[snap] = node
         return node
 
     # ------------------------------------------------------------------ locks

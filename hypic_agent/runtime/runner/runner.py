@@ -23,7 +23,7 @@ from hypic_agent.runtime.models.hybrid import HybridForCausalLM
 from hypic_agent.runtime.runner.decode_graphs import DecodeGraphs
 from hypic_agent.runtime.runner.graph_set import GraphSet
 from hypic_agent.runtime.runner.layer_loop import run_layers
-from hypic_agent.runtime.runner.plan import ForwardPlan, plan_forward
+from hypic_agent.runtime.runner.plan import ForwardPlan, RowSnapshot, plan_forward
 from hypic_agent.runtime.runner.pool import PoolSeq, StatePool
 
 if TYPE_CHECKING:
@@ -75,9 +75,12 @@ class ModelRunner:
         new_tokens: Sequence[Sequence[int]],
         combines: Sequence[CombineWork] = (),
         colds: Sequence[ColdBatch] = (),
+        snapshots: Sequence[RowSnapshot] = (),
     ) -> ForwardPlan:
         """The ``ForwardPlan`` of one step (``plan.plan_forward`` for this runner's decode path)."""
-        return plan_forward(self.pool, seqs, new_tokens, paged=self.paged_decode, combines=combines, colds=colds)
+        return plan_forward(
+            self.pool, seqs, new_tokens, paged=self.paged_decode, combines=combines, colds=colds, snapshots=snapshots
+        )
 
     @torch.no_grad()
     def forward(self, plan: ForwardPlan) -> torch.Tensor:

@@ -16,6 +16,7 @@ waits. Model work happens on the engine thread only, under the engine's lock.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import itertools
 import logging
@@ -32,7 +33,7 @@ from hypic_agent.runtime.engine import Engine
 from hypic_agent.runtime.hypic.modes import Strategy
 from hypic_agent.runtime.output import OutputStream
 from hypic_agent.runtime.prompt_pieces import PromptPieces
-from hypic_agent.runtime.runner.plan import ForwardPlan
+from hypic_agent.runtime.runner.plan import ForwardPlan, RowSnapshot
 from hypic_agent.runtime.runner.pool import PoolSeq
 from hypic_agent.runtime.runner.radix_cache import RadixCache, RadixHit
 from hypic_agent.runtime.runner.runner import ModelRunner
@@ -215,6 +216,7 @@ class Scheduler:
         budget = self.chunk
         rows: list[tuple[LiveRequest, tuple[int, ...]]] = [(r, (r.last_token,)) for r in decoders]  # type: ignore[misc]
         hypic = StepWork(self.engine, self.pool)
+        snapshots: list[RowSnapshot] = []  # prefill rows passing a prefix-cache boundary
         for r in [r for r in self.live if r.preparing]:
             if budget <= 0:
                 break
@@ -226,7 +228,9 @@ class Scheduler:
                     alone = not rows and hypic.empty
                     budget -= hypic.offer(r, r.composed, r.seq, budget, alone)
                 elif r.chunks and (len(r.chunks[0]) <= budget or len(rows) == len(decoders)):
-                    chunk = r.chunks.popleft()
+                    chunk, snap = r.pop_chunk()
+                    if snap is not None:
+                        snapshots.append(dataclasses.replace(snap, row=len(rows)))
                     rows.append((r, chunk))
                     budget -= len(chunk)
             except Exception as exc:
@@ -237,7 +241,8 @@ class Scheduler:
         involved: list[LiveRequest] = [r for r, _ in rows] + [j.owner for j in hypic.joined] + hypic.builders
         try:
             combines, colds = hypic.build()
-            plan = self.runner.plan([r.seq for r, _ in rows], [t for _, t in rows], combines, colds)  # type: ignore[misc]
+            seqs = [r.seq for r, _ in rows]
+            plan = self.runner.plan(seqs, [t for _, t in rows], combines, colds, snapshots)  # type: ignore[arg-type]
             logits = self.runner.forward(plan)
             if combines or colds:
                 self.engine.headroom.top_up()  # the forward is queued: the GPU is busy while the host refills
@@ -298,9 +303,13 @@ class Scheduler:
         if r.seq is not None:
             self.pool.free(r.seq)
             r.seq = None
-        if r.held is not None and r.radix is not None:
-            r.radix.unlock(r.held)  # its cached prefix may be evicted now
-            r.held = None
+        if r.radix is not None:
+            if r.held is not None:
+                r.radix.unlock(r.held)  # its cached prefix may be evicted now
+                r.held = None
+            if r.snapshot is not None:  # reserved for a forward that failed
+                r.radix.release_snapshot(r.snapshot)
+                r.snapshot = None
         if error is not None:
             self.stats.failed += 1
             r.handle.fail(error)

@@ -5,8 +5,10 @@ Prepare work by mode:
 * ``full_recompute``: the whole prompt as chunks of the runner's extend forward;
 * ``prefix_cache``: the longest cached prefix (``runner.radix_cache``) begins the request's block
   table (its pages shared, the partial last one copied) and its snapshot is the slot's linear
-  state; the rest runs as chunks, the chunk that ends the request's segments stopping exactly
-  there, so the boundary is recorded in the cache (the pages shared, the linear state snapshotted);
+  state; the rest runs as chunks, and where one passes the end of the request's segments its
+  linear mixers write the state there into a reserved snapshot row (``plan.RowSnapshot``: the
+  boundary costs no forward of its own), so the boundary is recorded in the cache (the pages
+  shared, the linear state snapshotted); with no row to be had the chunk stops at the boundary;
 * composed modes (``hypic`` and its ablations): seams, keys and blend plan resolved once at
   admission (``composed.ComposedPrep``); each step its combine joins the step's one forward with
   every other request's work (``composed.StepWork``), its cold segments built in the same forward
@@ -28,6 +30,7 @@ from hypic_agent.runtime.hypic.modes import Strategy
 from hypic_agent.runtime.output import OutputStream
 from hypic_agent.runtime.prompt_pieces import PromptPieces
 from hypic_agent.runtime.results import Prepared, full_prepared, prefix_prepared
+from hypic_agent.runtime.runner.plan import RowSnapshot
 from hypic_agent.runtime.runner.pool import PoolSeq, StatePool
 from hypic_agent.runtime.runner.radix_cache import RadixCache, RadixHit, RadixNode
 from hypic_agent.runtime.scheduler.composed import ComposedPrep
@@ -58,6 +61,7 @@ class LiveRequest:
     prefix_keys: list[str] = field(default_factory=list)
     radix: RadixCache | None = None  # prefix_cache: the scheduler's cache
     held: RadixNode | None = None  # prefix_cache: the node locked for this request (unlocked at retire)
+    snapshot: int | None = None  # prefix_cache: the reserved row the running chunk fills at the boundary
     ttft_ms: float = 0.0
     cost_ms: dict[str, float] = field(default_factory=dict)
     # composed modes: seams, keys and blend plan resolved once, at admission (``composed.ComposedPrep``)
@@ -97,18 +101,39 @@ class LiveRequest:
             missed = [t for s in p.segs[depth:] for t in s]
             if depth < len(p.segs) and self.radix is not None:
                 self.boundary = reused + len(missed)
-            self.chunks.extend(split_chunks(missed, chunk) + split_chunks(p.suffix, chunk))
+            self.chunks.extend(split_chunks(missed + p.suffix, chunk))
             lookup_ms = {"prefix_lookup_ms": (time.perf_counter() - t0) * 1e3}
             self.prepared = prefix_prepared(keys, p.segs, p.kinds, depth, reused, p.total, None, lookup_ms)
 
+    def pop_chunk(self) -> tuple[tuple[int, ...], RowSnapshot | None]:
+        """The next prefill chunk, and where it passes the prefix-cache boundary the split that
+        snapshots the state there (``row`` 0: the scheduler sets the chunk's row in its plan)."""
+        chunk = self.chunks.popleft()
+        if not self.boundary or self.radix is None or self.seq is None:
+            return chunk, None
+        off = self.boundary - self.seq.length
+        if not 0 < off < len(chunk):
+            return chunk, None
+        snap = self.radix.reserve_snapshot()
+        if snap is None:  # no row free: stop at the boundary, the slot's state is snapshotted after it
+            self.chunks.appendleft(chunk[off:])
+            return chunk[:off], None
+        self.snapshot = snap
+        return chunk, RowSnapshot(0, off, snap)
+
     def after_chunk(self, engine: Engine, pool: StatePool) -> None:
-        """After a chunk ran: a prefix-cache request that reached its boundary records it (its pages
-        shared into the radix cache, its linear state snapshotted; the end node stays locked)."""
+        """After a chunk ran: a prefix-cache request that reached or passed its boundary records it
+        (its pages shared into the radix cache, its linear state snapshotted; the end node stays
+        locked)."""
         assert self.seq is not None
-        if self.boundary and self.seq.length == self.boundary and self.radix is not None:
-            node = self.radix.insert(self.prefix_keys, [len(s) for s in self.pieces.segs], self.seq)
-            if node is not None:
-                if self.held is not None:
-                    self.radix.unlock(self.held)
-                self.held = node
-            self.boundary = 0
+        if not self.boundary or self.radix is None:
+            return
+        snap, self.snapshot = self.snapshot, None
+        if snap is None and self.seq.length != self.boundary:
+            return
+        node = self.radix.insert(self.prefix_keys, [len(s) for s in self.pieces.segs], self.seq, snapshot=snap)
+        if node is not None:
+            if self.held is not None:
+                self.radix.unlock(self.held)
+            self.held = node
+        self.boundary = 0
