@@ -9,6 +9,8 @@ TTFT stays <= ``--sla`` s. A warm-up phase first runs ``--warm-requests`` reques
 holds the popular documents (as a long-running server's would).
 
     python benchmarks/qps.py --shape qwen3_5_35b_a3b --modes prefix_cache hypic --loads 1 2 4 8 16
+    python benchmarks/qps.py --shape qwen3_5_35b_a3b --loads 8 16 20 24 \
+        --mode-loads full_recompute=0.5,1,1.5,2 prefix_cache=0.5,1,1.5,2
     python benchmarks/qps.py --shape tiny:qwen3_5_text --device cpu --seg-len 32 --segments 4 --loads 2 4 --per-load 6
 """
 
@@ -229,6 +231,13 @@ def main() -> None:
     ap = model_args(argparse.ArgumentParser(description=__doc__))
     ap.add_argument("--modes", nargs="+", default=["full_recompute", "prefix_cache", "hypic"])
     ap.add_argument("--loads", type=float, nargs="+", default=[1, 2, 4, 8, 16])
+    ap.add_argument(
+        "--mode-loads",
+        nargs="+",
+        default=[],
+        metavar="MODE=L1,L2",
+        help="loads of one mode instead of --loads, e.g. full_recompute=0.5,1,1.5,2",
+    )
     ap.add_argument("--per-load", type=int, default=0, help="requests per load level (0: 12 s worth, >= 12)")
     ap.add_argument("--warm-requests", type=int, default=20)
     ap.add_argument("--pool", type=int, default=200)
@@ -246,6 +255,9 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true", help="per-step times by kind of work, stage-graph captures")
     ap.add_argument("--out", default="bench_out/qps.json")
     args = ap.parse_args()
+    loads_of = {m: [float(x) for x in ls.split(",")] for m, ls in (a.split("=", 1) for a in args.mode_loads)}
+    if unknown := set(loads_of) - set(args.modes):
+        ap.error(f"--mode-loads names modes not in --modes: {sorted(unknown)}")
     dtype = getattr(torch, args.dtype)
     model = random_model(load_shape(args.shape, args.layers), args.device, dtype)
     rows: list[dict[str, Any]] = []
@@ -274,7 +286,7 @@ def main() -> None:
             prof.captures.clear()
             prof.compiles.clear()
         best = 0.0
-        for rate in args.loads:
+        for rate in loads_of.get(mode, args.loads):
             n = args.per_load or max(12, round(rate * 12))
             row = run_load(serving, trace, mode, rate, n, args.max_tokens, args.seed + int(rate * 100))
             if prof is not None:
