@@ -75,6 +75,11 @@ class Settings(BaseSettings):
     # --- serving core (scheduler, state pool, runner) ----------------------------------
     max_running: int = Field(default=64, ge=1, description="requests decoding at once (= linear-state slots)")
     max_waiting: int = Field(default=1024, ge=1, description="queued requests; more are answered 429")
+    overlap_schedule: bool = Field(
+        default=True,
+        description="launch a decode step before the previous step's tokens are read on the host (its input ids "
+        "come from the device-side sample; stop checks and streaming run one step behind, while the device works)",
+    )
     prefill_chunk_tokens: int = Field(
         default=8192, ge=16, description="prepare tokens (prefill chunks, cold builds) per scheduler step"
     )

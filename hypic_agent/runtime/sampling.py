@@ -67,12 +67,10 @@ def make_generator(params: SamplingParams, device: torch.device) -> torch.Genera
     return g
 
 
-def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None) -> tuple[int, float]:
-    """logits ``[vocab]`` (fp32) -> (token id, logprob of that token under the unmodified distribution)."""
-    logprobs = torch.log_softmax(logits.float(), dim=-1)
+def sample_id(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None) -> torch.Tensor:
+    """logits ``[vocab]`` -> the chosen token id, a 0-d int64 tensor on the logits' device (no host sync)."""
     if params.temperature == 0.0:
-        tok = int(torch.argmax(logits))
-        return tok, float(logprobs[tok])
+        return torch.argmax(logits)
     scores = logits.float() / params.temperature
     if params.top_k > 0 and params.top_k < scores.shape[-1]:
         kth = torch.topk(scores, params.top_k).values[-1]
@@ -85,8 +83,13 @@ def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
         sorted_scores = sorted_scores.masked_fill(drop, float("-inf"))
         scores = torch.full_like(scores, float("-inf")).scatter(0, idx, sorted_scores)
     probs = torch.softmax(scores, dim=-1)
-    tok = int(torch.multinomial(probs, 1, generator=generator))
-    return tok, float(logprobs[tok])
+    return torch.multinomial(probs, 1, generator=generator)[0]
+
+
+def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None) -> tuple[int, float]:
+    """logits ``[vocab]`` (fp32) -> (token id, logprob of that token under the unmodified distribution)."""
+    tok = int(sample_id(logits, params, generator))
+    return tok, float(torch.log_softmax(logits.float(), dim=-1)[tok])
 
 
 def top_logprobs_of(logits: torch.Tensor, n: int) -> list[tuple[int, float]]:

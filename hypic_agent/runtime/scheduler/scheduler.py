@@ -8,6 +8,12 @@ runner that holds every decoding request's next token plus prefill chunks of pre
 (HYPIC) request's combine is its own forward within the step; while others decode, its cold
 segments are first built in batches of at most ``prefill_chunk_tokens`` tokens, one per step.
 
+Overlap (``Settings.overlap_schedule``): a step of decode rows only is launched before the previous
+one's tokens are read on the host (``inflight.InflightDecode``): its rows take their input ids from
+the previous step's device-side sample, and the host reads, stop-checks and streams the previous
+step while the device runs this one. A step with prefill, combine or constrained work reads the
+step in flight first (its host work needs the tokens).
+
 A request that could never fit the pool is refused at ``submit`` (4xx); a full waiting queue
 answers ``QueueFullError`` (429 with Retry-After). Pages are reserved at admission for the whole
 request, so a running request can never run out of memory: when the pool is full the next request
@@ -39,8 +45,9 @@ from hypic_agent.runtime.runner.radix_cache import RadixCache, RadixHit
 from hypic_agent.runtime.runner.runner import ModelRunner
 from hypic_agent.runtime.sampling import make_generator
 from hypic_agent.runtime.scheduler.composed import ComposedPrep, StepWork
+from hypic_agent.runtime.scheduler.inflight import InflightDecode
 from hypic_agent.runtime.scheduler.request import EventSink, GenerationRequest, RequestHandle
-from hypic_agent.runtime.scheduler.sampler import sample_rows
+from hypic_agent.runtime.scheduler.sampler import Picked, sample_on_device, sample_rows
 from hypic_agent.runtime.scheduler.stats import SchedulerStats
 from hypic_agent.runtime.scheduler.work import LiveRequest, prefix_keys
 
@@ -57,6 +64,8 @@ class Scheduler:
         self.max_running = min(settings.max_running, self.pool.n_slots)
         self.max_waiting = settings.max_waiting
         self.chunk = settings.prefill_chunk_tokens
+        self.overlap = settings.overlap_schedule
+        self._inflight: InflightDecode | None = None  # the overlapped decode step not read yet
         self.stats = SchedulerStats()
         self._inbox: queue.SimpleQueue[_Waiting] = queue.SimpleQueue()
         self._waiting: list[_Waiting] = []
@@ -133,6 +142,7 @@ class Scheduler:
             self._reap_cancelled()
             self._admit()
             if not self.live:
+                self._inflight = None  # its requests were all retired (cancelled): nothing to read
                 return bool(self._waiting)
             try:
                 self._run_step()
@@ -211,7 +221,16 @@ class Scheduler:
 
     def _run_step(self) -> None:
         """ONE forward: every decoding request's next token, prefill chunks and every composed
-        request's combine (with the step's cold builds) within the token budget (``StepWork``)."""
+        request's combine (with the step's cold builds) within the token budget (``StepWork``).
+        Decode rows only, with overlap on: launched before the step in flight is read."""
+        if self._overlappable():
+            self._overlapped_decode()
+            return
+        if self._inflight is not None:  # this step's host work needs every token read
+            step, self._inflight = self._inflight, None
+            self._read(step)
+            if not self.live:
+                return
         decoders = [r for r in self.live if r.decoding]
         budget = self.chunk
         rows: list[tuple[LiveRequest, tuple[int, ...]]] = [(r, (r.last_token,)) for r in decoders]  # type: ignore[misc]
@@ -251,7 +270,7 @@ class Scheduler:
             for r in dict.fromkeys(involved):  # once each
                 self._retire(r, error=exc)
             return
-        self._count(plan, len(decoders), hypic)
+        self._count(plan, len(decoders), len(hypic.joined) + len(hypic.builders))
         to_sample: list[tuple[LiveRequest, torch.Tensor]] = []
         for i, (r, _) in enumerate(rows):
             if r.decoding:
@@ -274,19 +293,92 @@ class Scheduler:
         elif not hypic.empty:
             self.stats.cold_build_ms += ms
 
-    def _count(self, plan: ForwardPlan, n_decode: int, hypic: StepWork) -> None:
+    def _overlappable(self) -> bool:
+        """The next step may be launched before the one in flight is read: overlap on, decode rows
+        only (no request preparing: its chunk or combine is host work), no decoding constraint (its
+        mask is computed on the host from the last token)."""
+        if not self.overlap:
+            return False
+        decoding = False
+        for r in self.live:
+            if not r.decoding or r.out.constraint is not None:
+                return False
+            decoding = True
+        return decoding
+
+    def _overlapped_decode(self) -> None:
+        """Launch a decode step (ids of pending rows from the step in flight, on the device), then
+        read the step in flight and stream it while the device runs the new one."""
+        prev, self._inflight = self._inflight, None
+        go = [r for r in self.live if r.pending is None or len(r.out.ids) + 1 < r.out.sampling.max_tokens]
+        t0 = time.perf_counter()
+        step: InflightDecode | None = None
+        if go:
+            try:
+                step = self._launch_decode(go, prev)
+            except Exception as exc:
+                if prev is not None:
+                    self._read(prev)
+                for r in go:
+                    if not r.retired:
+                        self._retire(r, error=exc)
+                return
+        if prev is not None:
+            self._read(prev)
+        if step is not None:
+            for i, r in enumerate(step.lives):
+                r.pending = i
+            self._inflight = step
+            self.stats.overlapped_steps += 1
+            self.stats.forward_ms += (time.perf_counter() - t0) * 1e3
+
+    def _launch_decode(self, go: list[LiveRequest], prev: InflightDecode | None) -> InflightDecode:
+        """Queue one decode forward of ``go`` and its sampling on the device; reads nothing back."""
+        seqs = [r.seq for r in go]
+        plan = self.runner.plan(seqs, [(0 if r.pending is not None else r.last_token,) for r in go])  # type: ignore[arg-type, misc]
+        fed = [i for i, r in enumerate(go) if r.pending is not None]
+        if fed:  # their token is the step in flight's: copied on the device, never through the host
+            assert prev is not None
+            idx = torch.tensor([fed, [go[i].pending for i in fed]], dtype=torch.int64)
+            idx = idx.to(plan.ids.device, non_blocking=True)
+            plan.ids.index_copy_(0, idx[0], prev.sampled.ids.index_select(0, idx[1]))
+            for i in fed:
+                go[i].fed_at = go[i].seq.length  # type: ignore[union-attr]
+        logits = self.runner.forward(plan)
+        self._count(plan, len(go))
+        return InflightDecode(go, sample_on_device(logits[: len(go)].float(), [r.out for r in go], [r.gen for r in go]))
+
+    def _read(self, step: InflightDecode) -> None:
+        """Read a step in flight back, fill its placeholders and stream it (rows of retired requests dropped)."""
+        picked = step.sampled.read()
+        rows: list[tuple[LiveRequest, Picked]] = []
+        for r, p in zip(step.lives, picked, strict=True):
+            r.pending = None
+            if r.retired:
+                continue
+            if r.fed_at is not None and r.seq is not None:
+                r.seq.tokens[r.fed_at] = p[0]
+                r.fed_at = None
+            rows.append((r, p))
+        self._emit(rows)
+
+    def _count(self, plan: ForwardPlan, n_decode: int, prep_items: int = 0) -> None:
         s = self.stats
         s.forwards += 1
         s.decode_tokens += n_decode
         s.prefill_tokens += plan.n_tokens - n_decode
-        s.combine_steps += len(hypic.joined) + len(hypic.builders)
+        s.combine_steps += prep_items
         s.cold_built_tokens += sum(b.n_tokens for b in plan.colds)
 
     def _sample_and_emit(self, rows: list[tuple[LiveRequest, torch.Tensor]]) -> None:
         lives = [r for r, _ in rows]
         picked = sample_rows(torch.stack([x for _, x in rows]).float(), [r.out for r in lives], [r.gen for r in lives])
+        self._emit(list(zip(lives, picked, strict=True)))
+
+    def _emit(self, rows: list[tuple[LiveRequest, Picked]]) -> None:
+        """Push each request's sampled token into its stream, stream the events, retire the finished."""
         now = time.perf_counter()
-        for r, (tok, lp, top) in zip(lives, picked, strict=True):
+        for r, (tok, lp, top) in rows:
             if r.last_token is None:
                 r.ttft_ms = (now - r.handle.request.t0) * 1e3
             for ev in r.out.push(tok, lp, top):
@@ -298,6 +390,7 @@ class Scheduler:
 
     def _retire(self, r: LiveRequest, *, cancelled: bool = False, error: BaseException | None = None) -> None:
         """Free ``r``'s pool state and end its stream (finish event, error, or nothing if cancelled)."""
+        r.retired = True
         if r in self.live:
             self.live.remove(r)
         if r.seq is not None:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 @dataclass
 class SchedulerStats:
     forwards: int = 0  # runner forwards (one per step with rows)
+    overlapped_steps: int = 0  # decode steps launched before the previous step's tokens were read
     combine_steps: int = 0  # composed requests' prepare work items (a combine joined, or a share of cold builds)
     decode_tokens: int = 0
     prefill_tokens: int = 0

@@ -64,6 +64,12 @@ class LiveRequest:
     snapshot: int | None = None  # prefix_cache: the reserved row the running chunk fills at the boundary
     ttft_ms: float = 0.0
     cost_ms: dict[str, float] = field(default_factory=dict)
+    # overlapped decode (``scheduler.Scheduler``): the row of this request's last sampled token in the
+    # step still in flight (not read on the host yet), and where in ``seq.tokens`` the next step fed
+    # it (a placeholder until it is read)
+    pending: int | None = None
+    fed_at: int | None = None
+    retired: bool = False
     # composed modes: seams, keys and blend plan resolved once, at admission (``composed.ComposedPrep``)
     composed: ComposedPrep | None = None
 
@@ -73,11 +79,11 @@ class LiveRequest:
 
     @property
     def decoding(self) -> bool:
-        return self.last_token is not None
+        return self.last_token is not None or self.pending is not None
 
     @property
     def preparing(self) -> bool:
-        return self.last_token is None and self.first_logits is None
+        return self.last_token is None and self.first_logits is None and self.pending is None
 
     # ------------------------------------------------------------------ prepare plans
     def start(self, engine: Engine, pool: StatePool, chunk: int, hit: RadixHit | None = None) -> None:
