@@ -247,12 +247,17 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--zipf", type=float, default=1.0)
     ap.add_argument("--sla", type=float, default=1.0, help="p90 TTFT bound, seconds")
-    ap.add_argument("--max-running", type=int, default=32)
+    ap.add_argument("--max-running", type=int, default=Settings().max_running, help="default: the server's")
     ap.add_argument("--chunk", type=int, default=8192, help="Settings.prefill_chunk_tokens")
     ap.add_argument("--entry-budget-gib", type=float, default=30.0)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--burst", type=int, default=8, help="warm requests submitted together (0: no burst row)")
-    ap.add_argument("--profile", action="store_true", help="per-step times by kind of work, stage-graph captures")
+    ap.add_argument(
+        "--profile",
+        action="store_true",
+        help="per-step times by kind of work, stage-graph captures (each step timed to its end: overlap off)",
+    )
+    ap.add_argument("--no-overlap", action="store_true", help="Settings.overlap_schedule off")
     ap.add_argument("--out", default="bench_out/qps.json")
     args = ap.parse_args()
     loads_of = {m: [float(x) for x in ls.split(",")] for m, ls in (a.split("=", 1) for a in args.mode_loads)}
@@ -266,6 +271,7 @@ def main() -> None:
     for mode in args.modes:
         settings = Settings(
             max_running=args.max_running,
+            overlap_schedule=not (args.no_overlap or args.profile),  # a profiled step is synchronized at its end
             prefill_chunk_tokens=args.chunk,
             cpu_budget_bytes=int(args.entry_budget_gib * (1 << 30)),
             kv_pool_fraction=0.5,
