@@ -91,6 +91,25 @@ class Settings(BaseSettings):
     decode_graph_max_batch: int = Field(
         default=128, ge=1, description="largest decode batch replayed from CUDA graphs (CUDA, with cuda_graphs)"
     )
+    warm_start: bool = Field(
+        default=True,
+        description="serve: before listening, run a decode step at every decode batch bucket, prefills of "
+        "warm_start_prefill_tokens and composed requests over warm_start_segments (a logged start-up stage), so "
+        "the first requests pay no Triton compile, autotune or decode / layer-graph capture (a combine layout's "
+        "graph is still captured on its combine_graph_after-th sighting); nothing is stored. Triton's kernels "
+        "and autotune results are kept in <home>/triton (TRITON_CACHE_DIR, TRITON_CACHE_AUTOTUNING unless set) "
+        "whatever this is, so a second start neither compiles nor autotunes again (CUDA graphs are captured anew)",
+    )
+    warm_start_prefill_tokens: list[Annotated[int, Field(ge=1)]] = Field(
+        default_factory=list,
+        description="warm_start: prompt sizes prefilled (each capped at prefill_chunk_tokens); empty = auto: on "
+        "CUDA every layer-graph token bucket, each also less 3 tokens, and prefill_chunk_tokens; on CPU 64",
+    )
+    warm_start_segments: list[Annotated[int, Field(ge=1)]] = Field(
+        default_factory=lambda: [64, 64, 40],
+        description="warm_start: segment lengths of the composed (hypic) requests, run once cold and once "
+        "cached with a 16-token question (the first two also as a prefix_cache pair); those that fit one request",
+    )
     prefix_snapshots: int = Field(
         default=32,
         ge=0,

@@ -178,11 +178,36 @@ def make_server(app: Any, settings: Settings, sock: socket.socket, **overrides: 
     return ListeningServer(uvicorn_config(app, settings, host=host, port=port, **overrides), sock)
 
 
+def _warm_start(engine: Any, progress: Any, triton_dir: str | None) -> None:
+    """``runtime.warm_start.warm_up`` over the engine's ``Serving`` as a start-up stage. A failure is
+    logged, not fatal: the server then compiles and captures on first use, as it would without."""
+    from hypic_agent.runtime.serving import Serving
+    from hypic_agent.runtime.warm_start import warm_up
+
+    where = f"; Triton kernels and autotune results kept in {triton_dir}" if triton_dir else ""
+    progress(f"warming up: compiling and capturing before listening (HYPIC_WARM_START=false skips it{where})")
+    try:
+        warm_up(Serving.of(engine), progress)
+    except Exception:
+        log.exception("warm start failed; requests compile and capture on first use what it did not")
+
+
 def run_server(
     settings: Settings, *, prewarm: Path | None = None, tenant: str = "default", sock: socket.socket | None = None
 ) -> None:
-    """Load, open the store, pre-warm, then serve on ``sock`` (bound by the caller before all that,
-    ``startup.hold_port``; bound here first when not given)."""
+    """Load, open the store, pre-warm, warm up (``Settings.warm_start``), then serve on ``sock`` (bound
+    by the caller before all that, ``startup.hold_port``; bound here first when not given). For the
+    whole run, before any Triton kernel is imported, Triton keeps its compiled kernels and autotune
+    results in ``<home>/triton`` (``warm_start.persisted_compile_cache``)."""
+    from hypic_agent.runtime.warm_start import persisted_compile_cache
+
+    with persisted_compile_cache(settings.home) as triton_env:
+        _serve(settings, prewarm, tenant, sock, triton_env.get("TRITON_CACHE_DIR"))
+
+
+def _serve(
+    settings: Settings, prewarm: Path | None, tenant: str, sock: socket.socket | None, triton_dir: str | None
+) -> None:
     from hypic_agent.api.app import create_app
     from hypic_agent.api.limits import StoreBudget
     from hypic_agent.api.metrics import Metrics
@@ -211,6 +236,8 @@ def run_server(
                         progress(f"pre-warming {len(items)} segments", done=i, total=len(items), unit="segments")
                         put_segments(state, PutSegmentsRequest.model_validate({"segments": [item]}), tenant)
                     progress(f"pre-warming {len(items)} segments", done=len(items), total=len(items), unit="segments")
+                if settings.warm_start:
+                    _warm_start(engine, progress, triton_dir)
                 return engine, store
 
             # on a thread that exits: the main thread keeps no OpenMP pool that slows the engine thread
