@@ -91,9 +91,10 @@ class Settings(BaseSettings):
     decode_graph_max_batch: int = Field(
         default=128, ge=1, description="largest decode batch replayed from CUDA graphs (CUDA, with cuda_graphs)"
     )
-    warm_start: bool = Field(
-        default=True,
-        description="serve: before listening, run a decode step at every decode batch bucket, prefills of "
+    warm_start: bool | Literal["auto"] = Field(
+        default="auto",
+        description="serve: auto = on for a CUDA device, off on the CPU (nothing compiles or is captured there); "
+        "on: before listening, run a decode step at every decode batch bucket, prefills of "
         "warm_start_prefill_tokens and composed requests over warm_start_segments (a logged start-up stage), so "
         "the first requests pay no Triton compile, autotune or decode / layer-graph capture (a combine layout's "
         "graph is still captured on its combine_graph_after-th sighting); nothing is stored. Triton's kernels "

@@ -179,10 +179,18 @@ def make_server(app: Any, settings: Settings, sock: socket.socket, **overrides: 
 
 
 def _warm_start(engine: Any, progress: Any, triton_dir: str | None) -> None:
-    """``runtime.warm_start.warm_up`` over the engine's ``Serving`` as a start-up stage. A failure is
-    logged, not fatal: the server then compiles and captures on first use, as it would without."""
+    """``runtime.warm_start.warm_up`` over the engine's ``Serving`` as a start-up stage
+    (``Settings.warm_start``: auto = on a CUDA device only). A failure is logged, not fatal: the
+    server then compiles and captures on first use, as it would without."""
     from hypic_agent.runtime.serving import Serving
     from hypic_agent.runtime.warm_start import warm_up
+
+    wanted = engine.settings.warm_start
+    if wanted is False:
+        return
+    if wanted == "auto" and engine.device.type != "cuda":
+        progress(f"no warm start on {engine.device.type}: nothing compiles there (HYPIC_WARM_START=true runs it)")
+        return
 
     where = f"; Triton kernels and autotune results kept in {triton_dir}" if triton_dir else ""
     progress(f"warming up: compiling and capturing before listening (HYPIC_WARM_START=false skips it{where})")
@@ -236,8 +244,7 @@ def _serve(
                         progress(f"pre-warming {len(items)} segments", done=i, total=len(items), unit="segments")
                         put_segments(state, PutSegmentsRequest.model_validate({"segments": [item]}), tenant)
                     progress(f"pre-warming {len(items)} segments", done=len(items), total=len(items), unit="segments")
-                if settings.warm_start:
-                    _warm_start(engine, progress, triton_dir)
+                _warm_start(engine, progress, triton_dir)
                 return engine, store
 
             # on a thread that exits: the main thread keeps no OpenMP pool that slows the engine thread

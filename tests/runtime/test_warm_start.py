@@ -250,9 +250,9 @@ def test_importing_the_warm_start_imports_no_triton_kernel() -> None:
 
 
 # ---------------------------------------------------------------------------- serve
-@pytest.mark.parametrize("warm", [True, False])
+@pytest.mark.parametrize("warm", [True, False, "auto"])
 def test_serve_warms_up_before_listening_unless_turned_off(
-    warm: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    warm: bool | str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     import uvicorn
 
@@ -268,10 +268,10 @@ def test_serve_warms_up_before_listening_unless_turned_off(
     monkeypatch.setattr(uvicorn.Server, "main_loop", stop_at_once)
     monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
     monkeypatch.delenv("TRITON_CACHE_AUTOTUNING", raising=False)
-    if not warm:
-        monkeypatch.setenv("HYPIC_WARM_START", "false")
+    if warm != "auto":
+        monkeypatch.setenv("HYPIC_WARM_START", str(warm).lower())
     settings = Settings(model="tiny:qwen3_5_text", device="cpu", home=tmp_path, max_running=8, log_level="INFO")
-    assert settings.warm_start is warm
+    assert settings.warm_start == warm
     root = logging.getLogger()
     saved = root.handlers[:], root.level
     try:
@@ -282,7 +282,12 @@ def test_serve_warms_up_before_listening_unless_turned_off(
     msgs = [x["msg"] for x in lines]
     before = [x["msg"] for x in lines[: msgs.index("listening")] if x["logger"] == "hypic.startup"]
     warming = [m for m in before if m.startswith(("warming up", "warm start"))]
-    if warm:
+    if warm == "auto":  # the default on the CPU: said, and skipped
+        assert [m for m in before if m.startswith("no warm start")] == [
+            "no warm start on cpu: nothing compiles there (HYPIC_WARM_START=true runs it)"
+        ]
+        assert warming == []
+    elif warm:
         assert warming[0].startswith("warming up: compiling and capturing before listening")
         assert f"kept in {tmp_path / 'triton'}" in warming[0]
         assert "warming up: decode buckets: 4 buckets of 4 buckets (100%)" in warming  # 1, 2, 4, 8 rows (8 slots)
