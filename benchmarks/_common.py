@@ -5,8 +5,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
+import subprocess
 import sys
+import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -207,3 +211,128 @@ class NoText:
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return ""
+
+
+def decode_step_ms(runner: Any, pool: Any, batch: int, context: int, steps: int, warmup: int = 3) -> list[float] | None:
+    """``decode.py``'s timed loop on a ``ModelRunner`` over its ``StatePool``: ``batch`` sequences whose
+    pool state holds ``context`` tokens (the pool's zeros: the work and bytes of real requests of that
+    length) decode ``warmup + steps`` steps through the scheduler's critical path (plan -> forward,
+    replayed from the batch bucket's CUDA graph where the runner has them -> device argmax -> one
+    read-back of the ids). Returns the ms of each timed step, or None when the pool cannot hold the
+    sequences; they are freed again either way."""
+    seqs = [pool.alloc(context + steps + warmup + 2) for _ in range(batch)]
+    try:
+        if any(s is None for s in seqs):
+            return None
+        for s in seqs:
+            s.length = context - 1
+        toks = [[1] for _ in seqs]
+        times = []
+        for i in range(warmup + steps):
+            sync()
+            t0 = time.perf_counter()
+            logits = runner.forward(runner.plan(seqs, toks))
+            toks = [[t] for t in logits.argmax(-1).tolist()]
+            if i >= warmup:
+                times.append((time.perf_counter() - t0) * 1e3)
+        return times
+    finally:
+        for s in seqs:
+            if s is not None:
+                pool.free(s)
+
+
+class ServeProcess:
+    """``hypic-agent serve`` as a user runs it (the CLI: ``python -m hypic_agent.cli serve``) in a child
+    process on 127.0.0.1 and a free port (``--port 0``, read back from its ``"listening"`` log line),
+    with the settings in ``env`` (``HYPIC_*``). Its log (JSON lines on stderr) is copied to ``log_path``
+    as it comes; ``stages`` holds the start-up lines (logger ``hypic.startup``, heartbeats left out)
+    with the server's ``elapsed_s`` and ``t_s``, seconds since the spawn; ``startup_s`` is spawn ->
+    ``"listening"``. ``start`` waits for that line (at most ``start_timeout_s``); ``stop`` (also on
+    any failure of ``start`` and at the end of a ``with`` block) terminates the process, then kills
+    it if it has not exited within ``stop_timeout_s``."""
+
+    def __init__(
+        self, env: dict[str, str], log_path: str | Path, start_timeout_s: float = 600.0, stop_timeout_s: float = 30.0
+    ) -> None:
+        self.env = env
+        self.log_path = Path(log_path)
+        self.start_timeout_s = start_timeout_s
+        self.stop_timeout_s = stop_timeout_s
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.port: int | None = None
+        self.startup_s: float | None = None
+        self.stages: list[dict[str, Any]] = []
+        self.tail: deque[str] = deque(maxlen=40)
+        self._listening = threading.Event()
+        self._t0 = 0.0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> ServeProcess:
+        env = {**os.environ, **self.env}
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+        cmd = [sys.executable, "-m", "hypic_agent.cli", "serve", "--host", "127.0.0.1", "--port", "0"]
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._t0 = time.perf_counter()
+        self.proc = subprocess.Popen(
+            cmd, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+        )
+        threading.Thread(target=self._read, name="serve-log", daemon=True).start()
+        try:
+            deadline = self._t0 + self.start_timeout_s
+            while not self._listening.wait(0.1):
+                if self.proc.poll() is not None:
+                    raise RuntimeError(
+                        f"the server exited ({self.proc.returncode}) before listening; its last lines:\n"
+                        + "\n".join(self.tail)
+                    )
+                if time.perf_counter() > deadline:
+                    raise RuntimeError(
+                        f"the server did not listen within {self.start_timeout_s:g} s; see {self.log_path}"
+                    )
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _read(self) -> None:
+        assert self.proc is not None and self.proc.stdout is not None
+        with self.log_path.open("w") as log:
+            for raw in self.proc.stdout:  # ends when the process has exited (EOF)
+                t_s = round(time.perf_counter() - self._t0, 3)
+                line = raw.decode(errors="replace").rstrip("\n")
+                log.write(line + "\n")
+                log.flush()
+                self.tail.append(line)
+                try:
+                    rec = json.loads(line)
+                except ValueError:
+                    continue
+                if not isinstance(rec, dict):
+                    continue
+                msg = str(rec.get("msg", ""))
+                if rec.get("logger") == "hypic.startup" and not msg.startswith("still "):
+                    self.stages.append({"msg": msg, "elapsed_s": rec.get("elapsed_s"), "t_s": t_s})
+                if msg == "listening" and self.port is None:
+                    self.port, self.startup_s = int(rec["port"]), t_s
+                    self.stages.append({"msg": "listening", "t_s": t_s})
+                    self._listening.set()
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.terminate()
+        try:
+            self.proc.wait(self.stop_timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(self.stop_timeout_s)
+
+    def __enter__(self) -> ServeProcess:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

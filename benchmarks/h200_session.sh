@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # H200 calls that check the GPU kernels and re-measure every GPU table of docs/benchmarks.md.
-# Usage (repo root, device machine): bash benchmarks/h200_session.sh [tests] [serving] [decode] [decode_ab] [qps] [http] [http_si] [http_il] [ttft] [prefill] [overhead] [profile] [next] [families]
+# Usage (repo root, device machine): bash benchmarks/h200_session.sh [tests] [serving] [serving_bench] [decode] [decode_ab] [qps] [http] [http_si] [http_il] [ttft] [prefill] [overhead] [profile] [next] [families]
 # Run from the repo root on the device machine, fla-core etc. on PYTHONPATH; results land in $OUT.
 # Each step has its own time limit (TESTS_S, TTFT_S, PROFILE_S override three of them) so that a slow
 # step cannot take the others' results with it.
@@ -45,8 +45,12 @@ for st in $STEPS; do case $st in
   decode_ab) step ${DECODE_S:-300} decode_ab bash -c "python3 decode.py --shape qwen3_5_35b_a3b --batches 1 8 64 \
                --contexts 2048 20480 --profile --out $OUT/decode.json && python3 decode.py --shape qwen3_5_35b_a3b \
                --batches 1 8 --contexts 2048 --kernels fuse_projections=false --out $OUT/decode_unfused.json" ;;
-  qps) step ${QPS_S:-420} qps python3 qps.py --shape qwen3_5_35b_a3b --modes prefix_cache hypic --loads 1 2 4 8 16 \
+  # QPS_ARGS replaces the default modes and loads (e.g. the issue-35 run: --modes hypic prefix_cache full_recompute
+  # --loads 12 16 20 24 --mode-loads prefix_cache=0.5,1,1.5,2 full_recompute=0.5,1,1.5,2 --profile)
+  qps) step ${QPS_S:-420} qps python3 qps.py --shape qwen3_5_35b_a3b ${QPS_ARGS:---modes prefix_cache hypic --loads 1 2 4 8 16} \
          --out "$OUT/qps.json" ;;
+  # issue 36: decode through runner / scheduler / HTTP server, first-request, steady and idle TTFT (~5 min warm)
+  serving_bench) step ${SERVING_BENCH_S:-540} serving_bench python3 serving.py --shape qwen3_5_35b_a3b --out "$OUT/serving.json" ;;
   http|http_si) step ${HTTP_S:-240} $st python3 http_overhead.py --shape qwen3_5_35b_a3b --segments 20 --seg-len 1024 \
           --rate 2 $([ $st = http_si ] && echo "--switch-interval-ms ${SWITCH_MS:-0.5}") --out "$OUT/$st.json" ;;
   http_il) step ${HTTP_S:-300} http_il python3 http_overhead.py --shape qwen3_5_35b_a3b --segments 20 --seg-len 1024 \
@@ -77,5 +81,5 @@ for st in $STEPS; do case $st in
               step ${FAM_TTFT_S:-45} "ttft_$sh" python3 ttft.py --shape $sh --pool 16 --segments 8 --seg-len 1024 \
                 --requests ${FAM_REQUESTS:-5} --warmup ${FAM_WARMUP:-2} --hit-rates 1.0 --modes ${FAM_TTFT_MODES:-full_recompute hypic} --out "$OUT/ttft_$sh.json"
             done ;;
-  *) echo "unknown step $st (tests serving decode decode_ab qps http http_si http_il ttft prefill overhead profile next families)"; exit 2 ;;
+  *) echo "unknown step $st (tests serving serving_bench decode decode_ab qps http http_si http_il ttft prefill overhead profile next families)"; exit 2 ;;
 esac; done

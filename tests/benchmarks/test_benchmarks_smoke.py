@@ -208,3 +208,33 @@ def test_quality_build_prefix_with_blend_rows(tmp_path):
         "full_recompute", "hypic w=8", "hypic w=8 ctx=template", "hypic blend b=0.2", "hypic blend b=0.2 ctx=template"
     }  # fmt: skip
     assert by["hypic blend b=0.2"]["per_example"]["kl"] != by["hypic blend b=0.2 ctx=template"]["per_example"]["kl"]
+
+
+def test_serving_smoke(tmp_path):
+    """``serving.py``: runner, scheduler and a real ``hypic-agent serve`` process on loopback, every
+    row once with sensible values, the TTFTs, start-up stages and idle modes, the server log kept."""
+    res = run(
+        "serving.py", "--shape", "tiny:qwen3_5_text", "--device", "cpu", "--dtype", "float32", "--batches", "1", "2",
+        "--contexts", "64", "--decode-tokens", "8", "--ttft-reps", "2", "--idle-warmup", "1", "--idle-reps", "2",
+        "--prefill-reps", "1", out=tmp_path / "s.json",
+    )  # fmt: skip
+    keys = [(r["path"], r["batch"], r["context"]) for r in res["rows"]]
+    assert sorted(keys) == sorted((p, b, 64) for p in ("runner", "scheduler", "http") for b in (1, 2))
+    for r in res["rows"]:
+        assert r["tokens_per_s"] > 0 and r["tpot_p50_ms"] > 0, r
+        if r["path"] == "runner":
+            assert r["window_tokens"] == 8 * r["batch"]
+        else:  # counted only once every request had its first token: no prefill in those steps
+            assert r["prefill_tokens_in_window"] == 0 and r["window_tokens"] >= 2 and r["ramp_s"] > 0, r
+    assert res["first_request_ttft_ms"] > 0 and res["steady_ttft_ms"] > 0 and len(res["steady_ttft_all_ms"]) == 2
+    assert 0 < res["startup_s"] < 600 and res["startup_stages"][-1]["msg"] == "listening"
+    assert set(res["idle_ttft_ms"]) == {"full_recompute", "prefix_cache", "hypic"}
+    assert all(v > 0 for v in res["idle_ttft_ms"].values())
+    assert all(u["prompt_tokens"] == 64 for u in res["idle_usage"].values())
+    assert res["idle_usage"]["hypic"]["cached_tokens"] > 0  # the idle hypic requests were warm
+    assert res["prefill_ms"]["64"] > 0 and res["device"] == "cpu"
+    assert {c["check"] for c in res["checks"]} >= {
+        "first request TTFT / steady TTFT",
+        "start-up s (spawn -> listening)",
+    }
+    assert '"listening"' in (tmp_path / "s.server.log").read_text()
