@@ -50,7 +50,9 @@ for st in $STEPS; do case $st in
   qps) step ${QPS_S:-420} qps python3 qps.py --shape qwen3_5_35b_a3b ${QPS_ARGS:---modes prefix_cache hypic --loads 1 2 4 8 16} \
          --out "$OUT/qps.json" ;;
   # issue 36: decode through runner / scheduler / HTTP server, first-request, steady and idle TTFT (~5 min warm)
-  serving_bench) step ${SERVING_BENCH_S:-540} serving_bench python3 serving.py --shape qwen3_5_35b_a3b --out "$OUT/serving.json" ;;
+  # SERVING_ARGS: extra arguments (e.g. --layers 20 on an H100, where the 40-layer model does not fit)
+  serving_bench) step ${SERVING_BENCH_S:-540} serving_bench python3 serving.py --shape qwen3_5_35b_a3b ${SERVING_ARGS:-} \
+                   --out "$OUT/serving.json" ;;
   http|http_si) step ${HTTP_S:-240} $st python3 http_overhead.py --shape qwen3_5_35b_a3b --segments 20 --seg-len 1024 \
           --rate 2 $([ $st = http_si ] && echo "--switch-interval-ms ${SWITCH_MS:-0.5}") --out "$OUT/$st.json" ;;
   http_il) step ${HTTP_S:-300} http_il python3 http_overhead.py --shape qwen3_5_35b_a3b --segments 20 --seg-len 1024 \
