@@ -33,6 +33,7 @@ from hypic_agent.runtime.results import FinishEvent
 from hypic_agent.runtime.sampling import SamplingParams
 from hypic_agent.runtime.scheduler.request import GenerationRequest
 from hypic_agent.runtime.serving import Serving
+from hypic_agent.runtime.warm_start import warm_up
 
 
 class Trace:
@@ -258,6 +259,7 @@ def main() -> None:
         help="per-step times by kind of work, stage-graph captures (each step timed to its end: overlap off)",
     )
     ap.add_argument("--no-overlap", action="store_true", help="Settings.overlap_schedule off")
+    ap.add_argument("--no-warm-start", action="store_true", help="skip the server's warm start (runtime.warm_start)")
     ap.add_argument("--out", default="bench_out/qps.json")
     args = ap.parse_args()
     loads_of = {m: [float(x) for x in ls.split(",")] for m, ls in (a.split("=", 1) for a in args.mode_loads)}
@@ -280,6 +282,12 @@ def main() -> None:
         engine = Engine(model, None, "qps-bench", settings)
         engine.tokenizer = NoText()
         serving = Serving.of(engine)
+        if not args.no_warm_start:  # as `serve` does on a GPU before it listens (Settings.warm_start)
+            w = warm_up(serving)
+            print(
+                {"warm_start_s": round(w.seconds, 1), "decode_buckets": w.decode_buckets, "prefills": w.prefill_tokens},
+                flush=True,
+            )
         prof = StepProfile(serving) if args.profile else None
         trace = Trace(args, model.config.vocab_size)
         run_load(serving, trace, mode, 0.0, args.warm_requests, args.max_tokens, args.seed)
