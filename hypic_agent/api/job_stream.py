@@ -1,10 +1,13 @@
 """``JobStream``: one submitted job's events, handed by the engine thread straight to the event loop.
 
 The scheduler calls the stream's sink on the engine thread with each event; the sink stamps it and
-schedules it onto the loop (``call_soon_threadsafe``): one thread hop from the engine to the
-response, as a direct caller has. (The server used to run a pump thread per request that read a
-blocking queue and re-posted to the loop: two hops, each waiting for the GIL behind the busy engine
-thread.) ``submit`` does no model work or I/O, so ``open`` runs on the loop.
+posts it to the loop's ``LoopInbox``: one thread hop from the engine to the response, as a direct
+caller has. (The server used to run a pump thread per request that read a blocking queue and
+re-posted to the loop: two hops, each waiting for the GIL behind the busy engine thread.) The inbox
+wakes the loop once per batch of pending events, not once per event: a decode step of 64 requests
+posts 64 events, and each wake-up (``call_soon_threadsafe``) is a write to the loop's self-pipe
+that also hands the GIL to the loop thread in the middle of the engine thread's step. ``submit``
+does no model work or I/O, so ``open`` runs on the loop.
 
 The job's registry hints (``cache.described``) are held from ``open`` until the request ends or is
 cancelled. ``cancel()`` (client gone) frees the request's state at the scheduler's next step.
@@ -14,8 +17,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import threading
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, ClassVar
 
 from fastapi import Request
 
@@ -25,13 +31,68 @@ from hypic_agent.errors import ClientClosedError
 from hypic_agent.runtime.results import FinishEvent
 from hypic_agent.runtime.scheduler.request import END, RequestHandle
 
+log = logging.getLogger("hypic.api.stream")
 DISCONNECT_POLL_S = 0.1  # how often a non-streaming request checks that its client is still there
+
+
+class LoopInbox:
+    """Items posted from other threads (engine threads), delivered on one event loop in the order
+    they were posted, each exactly once, with one wake-up of the loop per batch: the first post
+    after a drain schedules the next drain (``call_soon_threadsafe``); posts until that drain runs
+    only join the batch. ``of(loop)`` is the loop's one inbox."""
+
+    _inboxes: ClassVar[dict[int, LoopInbox]] = {}  # by id of the loop, held until the loop is closed
+    _inboxes_lock = threading.Lock()
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._lock = threading.Lock()
+        self._pending: list[tuple[Callable[[Any], None], Any]] = []
+        self.wakeups = 0  # drains scheduled (for tests and benchmarks)
+
+    @classmethod
+    def of(cls, loop: asyncio.AbstractEventLoop) -> LoopInbox:
+        with cls._inboxes_lock:
+            for key in [k for k, v in cls._inboxes.items() if v._loop.is_closed()]:
+                del cls._inboxes[key]
+            inbox = cls._inboxes.get(id(loop))
+            if inbox is None:
+                inbox = cls._inboxes[id(loop)] = cls(loop)
+            return inbox
+
+    def post(self, deliver: Callable[[Any], None], item: Any) -> bool:
+        """Have ``deliver(item)`` called on the loop (any thread). False when the loop is closed:
+        nothing will be delivered any more."""
+        if self._loop.is_closed():
+            return False
+        with self._lock:
+            self._pending.append((deliver, item))
+            if len(self._pending) > 1:  # a drain is scheduled already and has not taken the batch
+                return True
+            self.wakeups += 1
+        try:
+            self._loop.call_soon_threadsafe(self._drain)
+        except RuntimeError:  # the loop is closed: nobody listens any more
+            with self._lock:
+                self._pending.clear()
+            return False
+        return True
+
+    def _drain(self) -> None:
+        with self._lock:
+            batch, self._pending = self._pending, []
+        for deliver, item in batch:
+            try:
+                deliver(item)
+            except Exception:  # one consumer's failure never loses the others' items
+                log.exception("delivering an event to its stream failed")
 
 
 class JobStream:
     def __init__(self, st: ServerState, job: service.GenerateJob) -> None:
         self.job = job
         self._loop = asyncio.get_running_loop()
+        self._inbox = LoopInbox.of(self._loop)
         self._queue: asyncio.Queue[tuple[Any, float]] = asyncio.Queue()
         self._hints: contextlib.ExitStack | None = contextlib.ExitStack()
         self._hints.enter_context(st.cache.described(service.hints_of(job)))
@@ -49,11 +110,8 @@ class JobStream:
 
     # -- engine thread
     def _deliver(self, item: Any) -> None:
-        stamp = time.perf_counter()
-        try:
-            self._loop.call_soon_threadsafe(self._queue.put_nowait, (item, stamp))
-        except RuntimeError:  # the loop is closed: nobody listens any more
-            handle = getattr(self, "handle", None)
+        if not self._inbox.post(self._queue.put_nowait, (item, time.perf_counter())):
+            handle = getattr(self, "handle", None)  # the loop is closed: nobody listens any more
             if handle is not None:
                 handle.cancel()
 

@@ -79,3 +79,34 @@ def test_pool_alloc_free_and_load_roundtrip():
     pool.free(b)
     assert pool.usage().pages_used == 0 and pool.usage().slots_used == 0
     assert not pool.fits_ever(33) and pool.fits_ever(32)
+
+
+@pytest.mark.parametrize("arch", ["qwen3_5_text", "llama", "falcon_h1", "kimi_linear"])
+def test_a_paged_step_mixing_decode_rows_and_a_chunk_equals_the_gathered_step(arch):
+    """A paged plan with one-token rows beside a prefill chunk (``plan.PagedRows``): the decode rows
+    attend through the block table (the twin on CPU), only the chunk's sequence gathers its keys; the
+    logits and every state equal the same step with every row gathering its keys, then a decode-only
+    step after it too."""
+    model, _, _ = make_model(arch)
+    p = next(model.parameters())
+    pools = [StatePool(model.config, slots=4, kv_tokens=512, page_size=8, device=p.device, dtype=p.dtype) for _ in "ab"]
+    runners = [ModelRunner(model, pool) for pool in pools]
+    prompts = [rand_tokens(n, 30 + n) for n in (13, 21, 9)]
+    seqs = [[pool.alloc(64) for _ in prompts] for pool in pools]
+    for runner, ss in zip(runners, seqs, strict=True):
+        runner.forward(plan_forward(runner.pool, ss, prompts))
+    step = [rand_tokens(1, 7), rand_tokens(6, 8), rand_tokens(1, 9)]  # decode, a 6-token chunk, decode
+    paged = plan_forward(pools[0], seqs[0], step, paged=True)
+    gathered = plan_forward(pools[1], seqs[1], step)
+    assert paged.paged_rows is not None and gathered.paged_rows is None
+    assert paged.paged_rows.decode_tok.tolist() == [0, 7] and paged.paged_rows.extend_tok.tolist() == list(range(1, 7))
+    assert paged.key_rows.numel() == 21 + 6  # only the chunk's sequence gathers its keys
+    assert gathered.key_rows.numel() == (13 + 1) + (21 + 6) + (9 + 1)
+    a, b = runners[0].forward(paged), runners[1].forward(gathered)
+    torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    for name in ("recurrent", "conv", "k", "v"):
+        torch.testing.assert_close(getattr(pools[0], name), getattr(pools[1], name), rtol=1e-4, atol=1e-4)
+    nxt = [[t] for t in rand_tokens(3, 11)]
+    a = runners[0].forward(plan_forward(pools[0], seqs[0], nxt, paged=True))
+    b = runners[1].forward(plan_forward(pools[1], seqs[1], nxt))
+    torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)

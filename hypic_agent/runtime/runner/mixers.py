@@ -10,7 +10,8 @@ Each mixer kind has two paths over a ``ForwardPlan``:
   (``decode_graphs.py``);
 * extend (prefill chunks, or decode rows mixed with them): the varlen conv and the chunked
   recurrence start from the slots' states and write the final states back; attention writes the chunk's K/V
-  into its pages and attends over each sequence's rows gathered from the pool. A plan whose rows pass
+  into its pages and attends over each sequence's rows gathered from the pool (in a paged plan the
+  one-token rows attend through the block table instead: ``plan.PagedRows``). A plan whose rows pass
   prefix boundaries (``plan.split``) runs the linear mixer in two parts, the state between them
   written into the pool's snapshot rows (attention needs no split: its K/V are the pages).
 """
@@ -95,4 +96,19 @@ def attention_mix(
         return attn.paged_decode(q, pool.k[j], pool.v[j], plan.block_table, plan.context_lens), extra
     keys = k_rows.index_select(0, plan.key_rows)
     values = v_rows.index_select(0, plan.key_rows)
-    return attn.attend(q, keys, values, plan.cu_host, plan.cu_keys_host), extra
+    pr = plan.paged_rows
+    if pr is None:
+        return attn.attend(q, keys, values, plan.cu_host, plan.cu_keys_host), extra
+    # one-token rows through the block table, the longer rows over their gathered keys (``PagedRows``)
+    o_one = attn.paged_decode(
+        q.index_select(0, pr.decode_tok),
+        pool.k[j],
+        pool.v[j],
+        plan.block_table.index_select(0, pr.decode_seq),
+        plan.context_lens.index_select(0, pr.decode_seq),
+    )
+    o_long = attn.attend(q.index_select(0, pr.extend_tok), keys, values, pr.cu_extend_host, plan.cu_keys_host)
+    o = o_long.new_empty(q.shape[0], *o_long.shape[1:])
+    o.index_copy_(0, pr.decode_tok, o_one.to(o.dtype))
+    o.index_copy_(0, pr.extend_tok, o_long)
+    return o, extra

@@ -54,6 +54,20 @@ class LinearSplit:
 
 
 @dataclass(frozen=True)
+class PagedRows:
+    """A paged plan (``plan_forward(paged=True)``) mixing one-token rows with longer ones: the
+    one-token (decode) rows attend through the block table (the paged kernel, as a decode-only
+    step does); only the longer rows' sequences gather their keys (the plan's ``key_rows`` and
+    ``cu_keys_host`` hold those sequences only), so a step that joins prefill or HYPIC work to many
+    long decodes does not copy every decode's whole context per attention layer."""
+
+    decode_tok: torch.Tensor  # [Nd] int64 token row of each one-token sequence
+    decode_seq: torch.Tensor  # [Nd] int64 its sequence (row of block_table / context_lens)
+    extend_tok: torch.Tensor  # [Te] int64 token rows of the longer sequences, in order
+    cu_extend_host: torch.Tensor  # [Ne+1] int32 (host) their bounds within extend_tok
+
+
+@dataclass(frozen=True)
 class ForwardPlan:
     seqs: tuple[PoolSeq, ...]
     new_tokens: tuple[tuple[int, ...], ...]
@@ -72,6 +86,7 @@ class ForwardPlan:
     combines: tuple[CombineWork, ...] = ()  # composed requests' combines (rows after the pool rows)
     colds: tuple[ColdBatch, ...] = ()  # cold segment builds (rows before the pool rows)
     split: LinearSplit | None = None  # pool rows passing a prefix boundary (``RowSnapshot``)
+    paged_rows: PagedRows | None = None  # paged decode rows beside longer ones (``PagedRows``)
 
     @property
     def n_tokens(self) -> int:
@@ -179,16 +194,20 @@ def _no_pool_rows(dev: torch.device, combines: tuple[CombineWork, ...], colds: t
 def _pool_rows(
     pool: StatePool, seqs: Sequence[PoolSeq], new_tokens: Sequence[Sequence[int]], paged: bool
 ) -> ForwardPlan:
+    if paged and all(len(t) == 1 for t in new_tokens):
+        return _decode_plan(pool, seqs, tuple((int(t[0]),) for t in new_tokens))
     toks = tuple(tuple(int(t) for t in ts) for ts in new_tokens)
-    if paged and all(len(t) == 1 for t in toks):
-        return _decode_plan(pool, seqs, toks)
     lens = [len(t) for t in toks]
     ctx = _context_lengths(seqs, lens)
     ps = pool.page_size
     pos = torch.cat([torch.arange(s.length, c) for s, c in zip(seqs, ctx, strict=True)])
-    key_pos = torch.cat([torch.arange(0, c) for c in ctx])
     owner = torch.repeat_interleave(torch.arange(len(seqs)), torch.tensor(lens))
-    key_owner = torch.repeat_interleave(torch.arange(len(seqs)), torch.tensor(ctx))
+    # paged: one-token rows attend through the block table, only the longer ones gather keys
+    one = [i for i, n in enumerate(lens) if n == 1] if paged else []
+    gather = [i for i, n in enumerate(lens) if n > 1] if one else list(range(len(seqs)))
+    key_ctx = [ctx[i] for i in gather]
+    key_pos = torch.cat([torch.arange(0, c) for c in key_ctx])
+    key_owner = torch.repeat_interleave(torch.tensor(gather, dtype=torch.int64), torch.tensor(key_ctx))
     width = max(len(s.pages) for s in seqs)
     table = torch.zeros(len(seqs), width, dtype=torch.int64)
     for i, s in enumerate(seqs):
@@ -198,11 +217,17 @@ def _pool_rows(
     cu = _cu(lens)
     ids = torch.tensor([t for ts in toks for t in ts], dtype=torch.int64)
     slots = torch.tensor([s.slot for s in seqs], dtype=torch.int64)
-    (ids, positions, slots, rows_d, key_rows_d, last), (cu_d, ctx_d, table_d) = _upload(
-        pool.device,
-        [ids, pos, slots, rows, key_rows, (cu[1:] - 1).long()],
-        [cu, torch.tensor(ctx, dtype=torch.int32), table.to(torch.int32)],
+    longs = [ids, pos, slots, rows, key_rows, (cu[1:] - 1).long()]
+    if one:
+        extend_tok = torch.cat([torch.arange(int(cu[i]), int(cu[i + 1])) for i in gather])
+        longs += [cu[one].long(), torch.tensor(one, dtype=torch.int64), extend_tok]
+    (ids, positions, slots, rows_d, key_rows_d, last, *paged_parts), (cu_d, ctx_d, table_d) = _upload(
+        pool.device, longs, [cu, torch.tensor(ctx, dtype=torch.int32), table.to(torch.int32)]
     )
+    paged_rows = None
+    if one:
+        decode_tok, decode_seq, extend_tok = paged_parts
+        paged_rows = PagedRows(decode_tok, decode_seq, extend_tok, _cu([lens[i] for i in gather]))
     return ForwardPlan(
         seqs=tuple(seqs),
         new_tokens=toks,
@@ -214,35 +239,30 @@ def _pool_rows(
         cu_seqlens=cu_d,
         cu_host=cu,
         key_rows=key_rows_d,
-        cu_keys_host=_cu(ctx),
+        cu_keys_host=_cu(key_ctx),
         block_table=table_d.view(table.shape),
         context_lens=ctx_d,
         last_rows=last,
+        paged_rows=paged_rows,
     )
 
 
 def _decode_plan(pool: StatePool, seqs: Sequence[PoolSeq], toks: tuple[tuple[int, ...], ...]) -> ForwardPlan:
-    """A decode-only plan for paged attention, built from host ints (one upload per dtype)."""
+    """A decode-only plan for paged attention: a few host ints per sequence, one host tensor and one
+    upload per dtype; the block table is the pool's rows of the sequences' slots
+    (``StatePool.block_table``, gathered on the device), cut to the widest sequence's pages."""
     ps, n = pool.page_size, len(seqs)
     ctx = _context_lengths(seqs, [1] * n)
     width = max(len(s.pages) for s in seqs)
-    table: list[int] = []
-    for s in seqs:
-        table += s.pages
-        table += [0] * (width - len(s.pages))
-    longs = [
-        [t[0] for t in toks],
-        [s.length for s in seqs],
-        [s.slot for s in seqs],
-        [s.pages[s.length // ps] * ps + s.length % ps for s in seqs],
-        list(range(n)),
-    ]
+    longs = [t[0] for t in toks]  # ids, positions, slots, KV rows, logit rows: [5 * n]
+    longs += [s.length for s in seqs]
+    longs += [s.slot for s in seqs]
+    longs += [s.pages[s.length // ps] * ps + s.length % ps for s in seqs]
+    longs += range(n)
     cu = torch.arange(n + 1, dtype=torch.int32)
-    (ids, positions, slots, rows, last), (cu_d, ctx_d, table_d) = _upload(
-        pool.device,
-        [torch.tensor(x, dtype=torch.int64) for x in longs],
-        [cu, torch.tensor(ctx, dtype=torch.int32), torch.tensor(table, dtype=torch.int32)],
-    )
+    longs_d = torch.tensor(longs, dtype=torch.int64).to(pool.device, non_blocking=True)
+    ints_d = torch.tensor([*range(n + 1), *ctx], dtype=torch.int32).to(pool.device, non_blocking=True)
+    ids, positions, slots, rows, last = longs_d.view(5, n).unbind(0)
     return ForwardPlan(
         seqs=tuple(seqs),
         new_tokens=toks,
@@ -251,12 +271,12 @@ def _decode_plan(pool: StatePool, seqs: Sequence[PoolSeq], toks: tuple[tuple[int
         positions=positions,
         slots=slots,
         rows=rows,
-        cu_seqlens=cu_d,
+        cu_seqlens=ints_d[: n + 1],
         cu_host=cu,
         key_rows=rows[:0],
         cu_keys_host=torch.zeros(n + 1, dtype=torch.int32),
-        block_table=table_d.view(n, width),
-        context_lens=ctx_d,
+        block_table=pool.block_table[:, :width].index_select(0, slots),
+        context_lens=ints_d[n + 1 :],
         last_rows=last,
     )
 

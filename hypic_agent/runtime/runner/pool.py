@@ -15,6 +15,13 @@ step never touches a live request's state. A request reserves the pages for its 
 ``max_tokens`` when it is admitted: decoding can never run out of pages, so nothing is preempted
 or corrupted when the pool is full (the scheduler queues the next request instead).
 
+Block tables: beside each ``PoolSeq``'s host list of pages, ``block_table [S+1, max_seq_pages]``
+(int32, on the pool's device) holds each slot's pages, zero-padded, written once when the slot is
+allocated (a request's pages never change while it holds the slot); slot 0's row stays zero. A
+decode plan gathers its rows by slot on the device (``plan._decode_plan``), so a decode step's
+host work per request is O(1) whatever the context length. A sequence longer than
+``max_seq_pages`` widens the table (rare: the scheduler never admits one).
+
 Pages are refcounted: a request's block table holds one reference to each of its pages, and the
 prefix cache (``radix_cache.RadixCache``) one more to each page it keeps; a page is free when
 nothing references it. A request that resumes a cached prefix starts its block table with those
@@ -103,6 +110,8 @@ class StatePool:
         # prefix-cache snapshots of a slot's linear state: [L_lin, N, HV, K, V] and [L_lin, N, C, W-1]
         self.snap_recurrent = torch.zeros(n_lin, snapshots, *cfg.linear_state_shape, device=device, dtype=torch.float32)
         self.snap_conv = torch.zeros(n_lin, snapshots, c, max(w - 1, 0), device=device, dtype=dtype)
+        # each slot's pages (zero-padded; slot 0 scratch, all zeros): what decode plans gather by slot
+        self.block_table = torch.zeros(slots + 1, self.max_seq_pages, dtype=torch.int32, device=device)
         self._free_slots = list(range(slots, 0, -1))  # pop() hands out low numbers first
         self._free_snaps = list(range(snapshots - 1, -1, -1))
         self._page_free = torch.ones(self.n_pages + 1, dtype=torch.bool)  # host mask; page 0 is scratch
@@ -166,7 +175,18 @@ class StatePool:
             pages = list(shared) + self._take_pages(need)
         self.recurrent[:, slot].zero_()
         self.conv[:, slot].zero_()
+        self._write_table(slot, pages)
         return PoolSeq(slot, pages, total * self.page_size)
+
+    def _write_table(self, slot: int, pages: list[int]) -> None:
+        """``slot``'s row of ``block_table``: ``pages``, then zeros (one host-to-device copy)."""
+        if len(pages) > self.block_table.shape[1]:  # longer than the longest sequence: widen
+            wide = torch.zeros(self.n_slots + 1, len(pages), dtype=torch.int32, device=self.device)
+            wide[:, : self.block_table.shape[1]] = self.block_table
+            self.block_table = wide
+        row = torch.zeros(self.block_table.shape[1], dtype=torch.int32)
+        row[: len(pages)] = torch.tensor(pages, dtype=torch.int32)
+        self.block_table[slot].copy_(row, non_blocking=True)
 
     def _take_pages(self, need: int) -> list[int]:
         """Mark ``need`` free pages used (caller holds the lock): the first run of ``need`` consecutive

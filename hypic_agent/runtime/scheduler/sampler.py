@@ -1,5 +1,7 @@
 """Batched sampling on the device: one argmax (and logprob gather) for all greedy rows, the
-sampled rows one by one, constraint masks applied first; one read-back of the ids per step.
+sampled rows one by one, constraint masks applied first; one read-back of the ids per step. The
+rows' settings are read in one pass; per-row work (masks, sampling) runs only for the rows that
+have it.
 
 ``sample_on_device`` only launches work: the ids, logprobs and top logprobs stay on the device
 (``Sampled``) and their copy to the host starts at once, without waiting. ``Sampled.read`` waits
@@ -66,16 +68,27 @@ def sample_on_device(
     """logits ``[N, vocab]`` fp32 -> the rows' tokens (and logprobs where wanted) on the device, their
     copy to the host started. No host sync unless a row has a constraint (its mask is read on the host)."""
     vocab = logits.shape[-1]
-    masks = [o.allowed(vocab) for o in outs]
+    n = len(outs)
+    constrained: list[int] = []  # rows whose mask applies (host work), rows sampled one by one
+    sampled: list[int] = []
+    want_lp = [False] * n
+    top_k = [0] * n
+    for i, o in enumerate(outs):  # one pass; the per-row work below runs only for the rows that need it
+        s = o.sampling
+        if o.constraint is not None:
+            constrained.append(i)
+        if s.temperature > 0.0:
+            sampled.append(i)
+        if s.logprobs:
+            want_lp[i], top_k[i] = True, min(s.top_logprobs, vocab)
     scores = logits
-    if any(m is not None for m in masks):
-        scores = torch.stack([apply_constraint(logits[i], m) for i, m in enumerate(masks)])
+    if constrained:
+        scores = logits.clone()
+        for i in constrained:
+            scores[i] = apply_constraint(logits[i], outs[i].allowed(vocab))
     ids = scores.argmax(dim=-1)
-    for i, o in enumerate(outs):
-        if o.sampling.temperature > 0.0:
-            ids[i] = sample_id(scores[i], o.sampling, gens[i])
-    want_lp = [o.sampling.logprobs for o in outs]
-    top_k = [min(o.sampling.top_logprobs, vocab) if o.sampling.logprobs else 0 for o in outs]
+    for i in sampled:
+        ids[i] = sample_id(scores[i], outs[i].sampling, gens[i])
     parts = [ids]
     if any(want_lp):
         logprobs = torch.log_softmax(logits.float(), dim=-1)  # once for every row (chosen and top tokens)
