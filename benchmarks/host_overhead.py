@@ -36,12 +36,12 @@ import cProfile
 import statistics
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from _common import ROOT, load_shape, model_args, print_table, random_model, write_json
+from ttft import Plan, Seg  # the prompt shapes ttft.py and qps.py use
 
 from hypic_agent.api.job_stream import LoopInbox
 from hypic_agent.config import Settings
@@ -62,21 +62,6 @@ class PagedRunner(ModelRunner):
     @property
     def paged_decode(self) -> bool:
         return True
-
-
-@dataclass(frozen=True)
-class Segment:
-    token_ids: tuple[int, ...]
-    kind: str = "document"
-
-
-@dataclass(frozen=True)
-class Prompt:
-    """One segment and no suffix (``engine.PlanLike``)."""
-
-    segments: tuple[Segment, ...]
-    suffix_ids: tuple[int, ...] = ()
-    bos_id: int | None = None
 
 
 class LoopConsumers:
@@ -148,7 +133,7 @@ def measure(serving: Serving, batch: int, args: argparse.Namespace, prof: cProfi
     sampling = SamplingParams(max_tokens=args.steps + args.warmup + 1, ignore_eos=True, stop=stop)
     with serving.engine.lock:
         for i in range(batch):
-            prompt = Prompt((Segment(tuple(torch.randint(0, min(vocab, 256), (args.prompt,), generator=g).tolist())),))
+            prompt = Plan([Seg(tuple(torch.randint(0, min(vocab, 256), (args.prompt,), generator=g).tolist()))], [])
             req = GenerationRequest(prompt, sampling, "full_recompute")
             sched.submit(req, consumers.sink(i) if consumers is not None else lists[i].append)
     while len(sched.live) < batch or not all(r.decoding for r in sched.live):  # admission and prefill
