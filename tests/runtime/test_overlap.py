@@ -84,9 +84,12 @@ def test_overlap_on_and_off_give_the_same_tokens_and_logprobs(mode):
 def test_a_cancelled_request_in_flight_is_dropped_and_the_others_finish():
     serving = _serving(True)
     plans = _plans()[:3]
-    long = SamplingParams(max_tokens=40, ignore_eos=True)
-    with serving.engine.lock:
-        handles = [serving.scheduler.submit(GenerationRequest(p, long, "hypic")) for p in plans]
+    short, long = SamplingParams(max_tokens=40, ignore_eos=True), SamplingParams(max_tokens=300, ignore_eos=True)
+    with serving.engine.lock:  # request 0 cannot finish before its consumer cancels it
+        handles = [
+            serving.scheduler.submit(GenerationRequest(p, long if i == 0 else short, "hypic"))
+            for i, p in enumerate(plans)
+        ]
     it = handles[0].events(timeout=120)
     next(it)
     next(it)  # two tokens streamed: it is decoding, its next token maybe in flight
