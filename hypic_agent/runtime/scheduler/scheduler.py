@@ -383,7 +383,6 @@ class Scheduler:
                 r.ttft_ms = (now - r.handle.request.t0) * 1e3
             for ev in r.out.push(tok, lp, top):
                 r.handle.put(ev)
-            r.first_logits = None
             r.last_token = tok
             if r.out.done:
                 self._retire(r)

@@ -55,7 +55,6 @@ class LiveRequest:
     seq: PoolSeq | None = None
     chunks: deque[tuple[int, ...]] = field(default_factory=deque)  # prefill chunks still to run
     prepared: Prepared | None = None
-    first_logits: torch.Tensor | None = None  # a composed prepare's logits, sampled in the next batch
     last_token: int | None = None  # to feed in the next decode step
     boundary: int = 0  # prefix_cache: sequence length whose state goes into the prefix cache
     prefix_keys: list[str] = field(default_factory=list)
@@ -83,7 +82,7 @@ class LiveRequest:
 
     @property
     def preparing(self) -> bool:
-        return self.last_token is None and self.first_logits is None and self.pending is None
+        return self.last_token is None and self.pending is None
 
     # ------------------------------------------------------------------ prepare plans
     def start(self, engine: Engine, pool: StatePool, chunk: int, hit: RadixHit | None = None) -> None:
