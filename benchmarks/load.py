@@ -22,9 +22,6 @@ import json
 import os
 import random
 import re
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -33,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from _common import ServeProcess
 
 ROOT = Path(__file__).resolve().parents[1]
 WORDS = [
@@ -53,44 +51,9 @@ WORDS = [
 ]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def document(i: int, rng: random.Random, words: int) -> str:
     body = " ".join(rng.choice(WORDS) for _ in range(words))
     return f"Record {i}. The {WORDS[i % len(WORDS)]} of district {i} is described as follows: {body}."
-
-
-def start_server(model: str, home: Path, log: Path) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    env = {**os.environ, "HYPIC_HOME": str(home), "HYPIC_DEVICE": os.environ.get("HYPIC_DEVICE", "cpu")}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    cmd = [sys.executable, "-m", "hypic_agent.cli", "serve", "--model", model, "--port", str(port)]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log.open("ab"), stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"server exited ({proc.returncode}); see {log}")
-        try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.TransportError:
-            time.sleep(0.25)
-    proc.kill()
-    raise SystemExit(f"server did not start in time; see {log}")
-
-
-def stop_server(proc: subprocess.Popen) -> None:
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
 
 
 class Workload:
@@ -318,11 +281,17 @@ def main() -> int:
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "load.json")
     args = p.parse_args()
 
-    proc, home = None, None
+    server, home = None, None
     url = args.url
     if url is None:
         home = args.home or Path(tempfile.mkdtemp(prefix="hypic-load-"))
-        proc, url = start_server(args.model, home, home / "server.log")
+        env = {
+            "HYPIC_HOME": str(home),
+            "HYPIC_MODEL": args.model,
+            "HYPIC_DEVICE": os.environ.get("HYPIC_DEVICE", "cpu"),
+        }
+        server = ServeProcess(env, home / "server.log", start_timeout_s=180).start()
+        url = server.url
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     work = Workload(args)
     try:
@@ -337,8 +306,8 @@ def main() -> int:
             summary = summarize(args, results, wall)
             checks = check_store(http, results)
     finally:
-        if proc is not None:
-            stop_server(proc)
+        if server is not None:
+            server.stop()
     if home is not None:
         checks["disk"] = check_disk(home)
         checks["ok"] = checks["ok"] and checks["disk"]["ok"]
