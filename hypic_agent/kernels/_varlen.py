@@ -52,19 +52,26 @@ def seq_ids(cu_seqlens: torch.Tensor, total: int) -> torch.Tensor:
     return torch.repeat_interleave(torch.arange(lens.numel(), device=cu_seqlens.device), lens, output_size=total)
 
 
-_LAST_INT64: list[torch.Tensor | None] = [None, None]
+# the int64 views of the last few int32 ``cu_seqlens`` (input, view), newest last: a forward may alternate
+# between several (a prefix-cache split runs every linear layer over ``cu_first`` then ``cu_rest``)
+_INT64_VIEWS: list[tuple[torch.Tensor, torch.Tensor]] = []
+_INT64_VIEWS_KEPT = 4
 
 
 def as_int64(cu_seqlens: torch.Tensor) -> torch.Tensor:
-    """int64 view of ``cu_seqlens`` for fla, memoised on the last input object so that every layer
-    of a forward passes fla the *same* tensor (fla caches chunk indices by tensor identity).
-    Callers must not modify a cu_seqlens tensor in place after using it."""
+    """int64 view of ``cu_seqlens`` for fla, memoised by identity for the last few inputs so that every
+    layer of a forward passes fla the *same* tensor for the same bounds (fla caches chunk indices by
+    tensor identity; a miss costs a blocking device->host copy per call). Callers must not modify a
+    cu_seqlens tensor in place after using it."""
     if cu_seqlens.dtype == torch.int64:
         return cu_seqlens
-    if _LAST_INT64[0] is cu_seqlens and _LAST_INT64[1] is not None:
-        return _LAST_INT64[1]
+    for src, view in _INT64_VIEWS:
+        if src is cu_seqlens:
+            return view
     out = cu_seqlens.long()
-    _LAST_INT64[0], _LAST_INT64[1] = cu_seqlens, out
+    _INT64_VIEWS.append((cu_seqlens, out))
+    if len(_INT64_VIEWS) > _INT64_VIEWS_KEPT:
+        del _INT64_VIEWS[0]
     return out
 
 

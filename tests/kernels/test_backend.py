@@ -44,6 +44,17 @@ def test_cu_seqlens_identity_kept():
         normalize_cu_seqlens(cu, 8, cu.device)
 
 
+def test_int64_views_survive_alternating_bounds():
+    """A prefix-cache split runs each linear layer over two bounds (``cu_first``, ``cu_rest``): both keep one
+    int64 view across the layers, so fla's identity cache of chunk indices hits (no device->host copy a layer)."""
+    first = torch.tensor([0, 5], dtype=torch.int32)
+    rest = torch.tensor([0, 2], dtype=torch.int32)
+    views = [as_int64(first), as_int64(rest)]
+    for _layer in range(3):
+        assert as_int64(first) is views[0] and as_int64(rest) is views[1]
+    assert views[0].tolist() == [0, 5] and views[1].tolist() == [0, 2]
+
+
 def test_triton_chain_needs_cuda():
     with pytest.raises(ValueError):
         chain_scan(torch.zeros(1, 16, 16), torch.zeros(2, 1, 16, 16), torch.zeros(2, 1, 16, 16), backend="fla")
