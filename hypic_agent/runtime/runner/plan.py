@@ -202,18 +202,27 @@ def _pool_rows(
     ps = pool.page_size
     pos = torch.cat([torch.arange(s.length, c) for s, c in zip(seqs, ctx, strict=True)])
     owner = torch.repeat_interleave(torch.arange(len(seqs)), torch.tensor(lens))
-    # paged: one-token rows attend through the block table, only the longer ones gather keys
+    # paged: one-token rows attend through the block table, only the longer ones gather keys (and only
+    # their pages are laid out on the host: the one-token rows' block table is the pool's, on the device)
     one = [i for i, n in enumerate(lens) if n == 1] if paged else []
     gather = [i for i, n in enumerate(lens) if n > 1] if one else list(range(len(seqs)))
     key_ctx = [ctx[i] for i in gather]
+    table = torch.zeros(len(gather), max(len(seqs[i].pages) for i in gather), dtype=torch.int64)
+    for j, i in enumerate(gather):
+        table[j, : len(seqs[i].pages)] = torch.tensor(seqs[i].pages, dtype=torch.int64)
     key_pos = torch.cat([torch.arange(0, c) for c in key_ctx])
-    key_owner = torch.repeat_interleave(torch.tensor(gather, dtype=torch.int64), torch.tensor(key_ctx))
-    width = max(len(s.pages) for s in seqs)
-    table = torch.zeros(len(seqs), width, dtype=torch.int64)
-    for i, s in enumerate(seqs):
-        table[i, : len(s.pages)] = torch.tensor(s.pages, dtype=torch.int64)
-    rows = table[owner, pos // ps] * ps + pos % ps
+    key_owner = torch.repeat_interleave(torch.arange(len(gather)), torch.tensor(key_ctx))
     key_rows = table[key_owner, key_pos // ps] * ps + key_pos % ps
+    if one:  # the new tokens' KV rows: the longer rows' through ``table``, a one-token row's from its page
+        row_of = torch.full((len(seqs),), -1, dtype=torch.int64)
+        row_of[gather] = torch.arange(len(gather))
+        j = row_of[owner]
+        rows = torch.empty(len(pos), dtype=torch.int64)
+        mine = j >= 0
+        rows[mine] = table[j[mine], pos[mine] // ps] * ps + pos[mine] % ps
+        rows[~mine] = torch.tensor([seqs[i].pages[seqs[i].length // ps] * ps + seqs[i].length % ps for i in one])
+    else:
+        rows = table[owner, pos // ps] * ps + pos % ps
     cu = _cu(lens)
     ids = torch.tensor([t for ts in toks for t in ts], dtype=torch.int64)
     slots = torch.tensor([s.slot for s in seqs], dtype=torch.int64)
@@ -221,13 +230,18 @@ def _pool_rows(
     if one:
         extend_tok = torch.cat([torch.arange(int(cu[i]), int(cu[i + 1])) for i in gather])
         longs += [cu[one].long(), torch.tensor(one, dtype=torch.int64), extend_tok]
-    (ids, positions, slots, rows_d, key_rows_d, last, *paged_parts), (cu_d, ctx_d, table_d) = _upload(
-        pool.device, longs, [cu, torch.tensor(ctx, dtype=torch.int32), table.to(torch.int32)]
+    ints = [cu, torch.tensor(ctx, dtype=torch.int32)] + ([] if one else [table.to(torch.int32)])
+    (ids, positions, slots, rows_d, key_rows_d, last, *paged_parts), (cu_d, ctx_d, *table_d) = _upload(
+        pool.device, longs, ints
     )
     paged_rows = None
     if one:
         decode_tok, decode_seq, extend_tok = paged_parts
         paged_rows = PagedRows(decode_tok, decode_seq, extend_tok, _cu([lens[i] for i in gather]))
+        width = max(len(s.pages) for s in seqs)
+        block_table = pool.block_table[:, :width].index_select(0, slots)  # the pool's rows (``_decode_plan``)
+    else:
+        block_table = table_d[0].view(table.shape)
     return ForwardPlan(
         seqs=tuple(seqs),
         new_tokens=toks,
@@ -240,7 +254,7 @@ def _pool_rows(
         cu_host=cu,
         key_rows=key_rows_d,
         cu_keys_host=_cu(key_ctx),
-        block_table=table_d.view(table.shape),
+        block_table=block_table,
         context_lens=ctx_d,
         last_rows=last,
         paged_rows=paged_rows,
