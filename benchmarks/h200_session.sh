@@ -57,8 +57,9 @@ for st in $STEPS; do case $st in
           --rate 2 $([ $st = http_si ] && echo "--switch-interval-ms ${SWITCH_MS:-0.5}") --out "$OUT/$st.json" ;;
   http_il) step ${HTTP_S:-300} http_il python3 http_overhead.py --shape qwen3_5_35b_a3b --segments 20 --seg-len 1024 \
              --rate 2 --interleave --requests ${HTTP_N:-48} --passes ${HTTP_PASSES:-3} --out "$OUT/http_il.json" ;;
+  # TTFT_ARGS: extra arguments (e.g. --layers 20 --sync-audit --modes full_recompute prefix_cache hypic)
   ttft) step ${TTFT_S:-300} ttft python3 ttft.py --shape qwen3_5_35b_a3b --pool 120 --segments 20 --seg-len 1024 \
-          --requests 5 --warmup 1 --hit-rates 1.0 0.8 --out "$OUT/ttft.json" ;;
+          --requests 5 --warmup 1 --hit-rates 1.0 0.8 ${TTFT_ARGS:-} --out "$OUT/ttft.json" ;;
   prefill) step 150 prefill python3 prefill.py --shape qwen3_5_35b_a3b --lengths 4096 16384 32768 --reps 2 \
              --out "$OUT/prefill.json" ;;
   overhead) step ${OVERHEAD_S:-200} overhead python3 overhead.py --shape qwen3_5_35b_a3b --layers 8 --segments 16 \

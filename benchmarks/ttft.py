@@ -24,8 +24,10 @@ cold-core graphs off).
 from __future__ import annotations
 
 import argparse
+import collections
 import gc
 import random
+import warnings
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -75,6 +77,35 @@ def first_token(serving: Serving, plan: Plan, mode: str, seam: float) -> FinishE
     """One request alone through the scheduler, to its first (and only) token."""
     req = GenerationRequest(plan, SamplingParams(max_tokens=1, ignore_eos=True), mode, seam)
     return next(ev for ev in serving.scheduler.submit(req).events() if isinstance(ev, FinishEvent))
+
+
+def reordered(plan: Plan) -> Plan:
+    """``plan``'s documents in another order (its first one moved last): warm for the composed modes, a miss
+    for ``prefix_cache`` (no cached prefix starts with that document)."""
+    return Plan([*plan.segments[1:], plan.segments[0]], list(plan.suffix_ids))
+
+
+def sync_audit(serving: Serving, plan: Plan, mode: str, seam: float, top: int = 20) -> dict[str, Any]:
+    """One request under ``torch.cuda.set_sync_debug_mode("warn")``: its TTFT and its host<->device
+    synchronisations per ``file:line`` (on the scheduler's thread too: the warning filter is process-wide)."""
+    if not torch.cuda.is_available():
+        return {}
+    sync()
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            fin = first_token(serving, plan, mode, seam)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    lines = collections.Counter(
+        f"{w.filename.split('/')[-1]}:{w.lineno}" for w in caught if "synchroniz" in str(w.message)
+    )
+    print(f"  {mode}: {sum(lines.values())} host syncs in one request ({fin.ttft_ms:.1f} ms under the audit)")
+    for line, c in lines.most_common(8):
+        print(f"    {c:5d}  {line}")
+    n = sum(lines.values())
+    return {"audit_ttft_ms": fin.ttft_ms, "audit_syncs": n, "audit_syncs_by_line": lines.most_common(top)}
 
 
 def _device_allocs(device: str) -> tuple[int, int, int]:
@@ -137,6 +168,12 @@ def main() -> None:
     ap.add_argument("--hit-rates", type=float, nargs="+", default=[1.0, 0.8])
     ap.add_argument("--modes", nargs="+", default=list(MODES), help="modes, each optionally @knob=value,...")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--sync-audit",
+        action="store_true",
+        help="CUDA: one more warm request per mode (the first plan's documents reordered, so prefix_cache misses) "
+        "under torch.cuda.set_sync_debug_mode: its host<->device syncs counted per file:line in the JSON",
+    )
     ap.add_argument("--out", default="bench_out/ttft.json")
     args = ap.parse_args()
     model = random_model(load_shape(args.shape, args.layers), args.device, getattr(torch, args.dtype))
@@ -172,6 +209,7 @@ def main() -> None:
             # machines than the wall time, which the host can set
             allocs_after = _device_allocs(args.device)
             busy = gpu_busy_ms(partial(first_token, serving, plan, mode, args.seam)) if hit == 1.0 else 0.0
+            audit = sync_audit(serving, reordered(plans[0]), mode, args.seam) if args.sync_audit and hit == 1.0 else {}
             rows.append(
                 {
                     "hit_rate": hit,
@@ -190,6 +228,7 @@ def main() -> None:
                     # requests served by a CUDA graph of the whole combine forward (incl. the GPU-time one)
                     "combine_graph_replays": getattr(engine.runner.graphs.combines, "replays", 0),
                     "cold_graph_replays": getattr(engine.runner.graphs.colds, "replays", 0),
+                    **audit,
                 }
             )
             print(f"hit={hit} {label}: p50 {rows[-1]['p50_ms']:.1f} ms", flush=True)
