@@ -22,8 +22,11 @@ def _pool(model) -> StatePool:
     return StatePool(model.config, slots=6, kv_tokens=1024, page_size=8, device=CPU, dtype=torch.float32, snapshots=4)
 
 
+@pytest.mark.parametrize("split_last", [True, False], ids=["split-row-last", "split-row-first"])
 @pytest.mark.parametrize("arch", ["qwen3_5_text", "granitemoehybrid", "kimi_linear", "falcon_h1"])
-def test_a_split_row_snapshots_the_boundary_state_and_runs_as_the_whole_row(arch):
+def test_a_split_row_snapshots_the_boundary_state_and_runs_as_the_whole_row(arch, split_last):
+    """The split row last in the plan (the mixers slice its parts: ``LinearSplit.cut``) or first (they
+    gather and scatter them)."""
     model, _, _ = make_model(arch)
     head, split_row, other = rand_tokens(9, 1), rand_tokens(29, 2), rand_tokens(17, 3)
     off = 12  # the boundary: 9 + 12 tokens into the sequence, inside the row and not page-aligned
@@ -38,6 +41,8 @@ def test_a_split_row_snapshots_the_boundary_state_and_runs_as_the_whole_row(arch
     want_rec = ref_pool.recurrent[:, a.slot].clone()
     want_conv = ref_pool.conv[:, a.slot].clone()
     want = ref.forward(plan_forward(ref_pool, [b, a], [other, split_row[off:]]))
+    if not split_last:
+        want = want.flip(0)
 
     pool = _pool(model)
     runner = ModelRunner(model, pool)
@@ -46,7 +51,11 @@ def test_a_split_row_snapshots_the_boundary_state_and_runs_as_the_whole_row(arch
     runner.forward(plan_forward(pool, [x], [head]))
     snap = pool.take_snapshot()
     assert snap is not None
-    plan = plan_forward(pool, [y, x], [other, split_row], snapshots=[RowSnapshot(1, off, snap)])
+    if split_last:
+        plan = plan_forward(pool, [y, x], [other, split_row], snapshots=[RowSnapshot(1, off, snap)])
+    else:
+        plan = plan_forward(pool, [x, y], [split_row, other], snapshots=[RowSnapshot(0, off, snap)])
+    assert plan.split is not None and plan.split.cut == (len(other) + off if split_last else None)
     got = runner.forward(plan)
 
     torch.testing.assert_close(pool.snap_recurrent[:, snap], want_rec, **TOL)

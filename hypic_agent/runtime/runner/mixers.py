@@ -62,19 +62,29 @@ def _split_mix(
     Returns (o ``[T, ...]`` in row order, conv finals ``[N, C, W-1]``, recurrent finals ``[N, ...]``)."""
     sp = plan.split
     assert sp is not None
-    first = tuple(x.index_select(0, sp.first) for x in inputs)
-    ops, conv_mid = mixer.convolve(*first, sp.cu_first, conv, **at(mixer, plan.positions.index_select(0, sp.first)))
+    if sp.cut is not None:  # part 1 the first ``cut`` tokens, part 2 the rest: views, no gather
+        first, rest = tuple(x[: sp.cut] for x in inputs), tuple(x[sp.cut :] for x in inputs)
+        pos_first, pos_rest = plan.positions[: sp.cut], plan.positions[sp.cut :]
+    else:
+        first, rest = (
+            tuple(x.index_select(0, sp.first) for x in inputs),
+            tuple(x.index_select(0, sp.rest) for x in inputs),
+        )
+        pos_first, pos_rest = plan.positions.index_select(0, sp.first), plan.positions.index_select(0, sp.rest)
+    ops, conv_mid = mixer.convolve(*first, sp.cu_first, conv, **at(mixer, pos_first))
     o_first, mid = mixer.mix(ops, sp.cu_first, rec)
     conv_at, rec_at = conv_mid.index_select(0, sp.split_rows), mid.index_select(0, sp.split_rows)
     pool.snap_conv[j].index_copy_(0, sp.snapshots, conv_at.to(pool.snap_conv.dtype))
     pool.snap_recurrent[j].index_copy_(0, sp.snapshots, rec_at.to(pool.snap_recurrent.dtype))
-    rest = tuple(x.index_select(0, sp.rest) for x in inputs)
     conv_at = conv_at.to(conv.dtype)  # as a prefill stopped at the boundary would resume: from the pool's dtype
-    ops, conv_end = mixer.convolve(*rest, sp.cu_rest, conv_at, **at(mixer, plan.positions.index_select(0, sp.rest)))
+    ops, conv_end = mixer.convolve(*rest, sp.cu_rest, conv_at, **at(mixer, pos_rest))
     o_rest, end = mixer.mix(ops, sp.cu_rest, rec_at)
-    o = o_first.new_empty(plan.n_tokens, *o_first.shape[1:])
-    o.index_copy_(0, sp.first, o_first)
-    o.index_copy_(0, sp.rest, o_rest)
+    if sp.cut is not None:
+        o = torch.cat([o_first, o_rest])
+    else:
+        o = o_first.new_empty(plan.n_tokens, *o_first.shape[1:])
+        o.index_copy_(0, sp.first, o_first)
+        o.index_copy_(0, sp.rest, o_rest)
     return o, conv_mid.index_copy(0, sp.split_rows, conv_end), mid.index_copy(0, sp.split_rows, end)
 
 

@@ -51,6 +51,9 @@ class LinearSplit:
     cu_rest: torch.Tensor  # [S+1] int32 its bounds (one sequence per split row)
     split_rows: torch.Tensor  # [S] int64 pool row of each split
     snapshots: torch.Tensor  # [S] int64 snapshot row each split's part-1 state goes to
+    # T1 when part 1 is the tokens ``[0, T1)`` and part 2 ``[T1, T)`` (one split, in the plan's last row:
+    # the usual prefix-cache step), so the mixers slice instead of gathering and scattering: None otherwise
+    cut: int | None = None
 
 
 @dataclass(frozen=True)
@@ -163,7 +166,8 @@ def _linear_split(
         for x in (first, rest, [s.row for s in ordered], [s.snapshot for s in ordered])
     ]
     (f, r, rows, snaps), (cu_f, cu_r) = _upload(device, longs, [_cu(first_lens), _cu(rest_lens)])
-    return LinearSplit(f, cu_f, r, cu_r, rows, snaps)
+    cut = len(first) if len(ordered) == 1 and ordered[0].row == len(toks) - 1 else None
+    return LinearSplit(f, cu_f, r, cu_r, rows, snaps, cut)
 
 
 def _no_pool_rows(dev: torch.device, combines: tuple[CombineWork, ...], colds: tuple[ColdBatch, ...]) -> ForwardPlan:
