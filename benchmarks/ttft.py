@@ -58,12 +58,16 @@ class Plan:
     meta: dict[str, Any] = field(default_factory=dict)
 
 
-def make_requests(args: argparse.Namespace, vocab: int, hit_rate: float) -> tuple[list[Plan], list[Seg]]:
+def make_requests(
+    args: argparse.Namespace, vocab: int, hit_rate: float, extra: int = 0
+) -> tuple[list[Plan], list[Seg]]:
+    """``--warmup + --requests`` plans, then ``extra`` more of the same kind (their pool documents are
+    cached too, their other documents new), and the pool documents to cache."""
     rng = random.Random(args.seed)
     n_cold = round(args.segments * (1 - hit_rate))
     pool = [Seg(tuple(rng.randrange(vocab) for _ in range(args.seg_len))) for _ in range(args.pool)]
     plans, warm = [], set()
-    for _ in range(args.requests + args.warmup):
+    for _ in range(args.requests + args.warmup + extra):
         docs = rng.sample(range(args.pool), args.segments - n_cold)
         warm.update(docs)
         segs = [pool[i] for i in docs]
@@ -77,12 +81,6 @@ def first_token(serving: Serving, plan: Plan, mode: str, seam: float) -> FinishE
     """One request alone through the scheduler, to its first (and only) token."""
     req = GenerationRequest(plan, SamplingParams(max_tokens=1, ignore_eos=True), mode, seam)
     return next(ev for ev in serving.scheduler.submit(req).events() if isinstance(ev, FinishEvent))
-
-
-def reordered(plan: Plan) -> Plan:
-    """``plan``'s documents in another order (its first one moved last): warm for the composed modes, a miss
-    for ``prefix_cache`` (no cached prefix starts with that document)."""
-    return Plan([*plan.segments[1:], plan.segments[0]], list(plan.suffix_ids))
 
 
 def sync_audit(serving: Serving, plan: Plan, mode: str, seam: float, top: int = 20) -> dict[str, Any]:
@@ -171,8 +169,9 @@ def main() -> None:
     ap.add_argument(
         "--sync-audit",
         action="store_true",
-        help="CUDA: one more warm request per mode (the first plan's documents reordered, so prefix_cache misses) "
-        "under torch.cuda.set_sync_debug_mode: its host<->device syncs counted per file:line in the JSON",
+        help="CUDA: one more request per mode and hit rate, of the same kind as the timed ones (a new order, new "
+        "documents where the hit rate is below 1), under torch.cuda.set_sync_debug_mode: its host<->device syncs "
+        "counted per file:line in the JSON",
     )
     ap.add_argument("--out", default="bench_out/ttft.json")
     args = ap.parse_args()
@@ -181,7 +180,8 @@ def main() -> None:
     settings = Settings(min_cached_tokens=16, cpu_budget_bytes=1 << 40, max_context=max_context, max_running=8)
     rows = []
     for hit in args.hit_rates:
-        plans, warm_docs = make_requests(args, model.config.vocab_size, hit)
+        plans, warm_docs = make_requests(args, model.config.vocab_size, hit, extra=int(args.sync_audit))
+        audit_plan = plans.pop() if args.sync_audit else None
         for label in args.modes:
             mode, _, knobs = label.partition("@")
             mode_settings = set_knobs(knobs, settings)
@@ -209,7 +209,7 @@ def main() -> None:
             # machines than the wall time, which the host can set
             allocs_after = _device_allocs(args.device)
             busy = gpu_busy_ms(partial(first_token, serving, plan, mode, args.seam)) if hit == 1.0 else 0.0
-            audit = sync_audit(serving, reordered(plans[0]), mode, args.seam) if args.sync_audit and hit == 1.0 else {}
+            audit = sync_audit(serving, audit_plan, mode, args.seam) if audit_plan is not None else {}
             rows.append(
                 {
                     "hit_rate": hit,
