@@ -166,8 +166,8 @@ def _linear_split(
         for x in (first, rest, [s.row for s in ordered], [s.snapshot for s in ordered])
     ]
     (f, r, rows, snaps), (cu_f, cu_r) = _upload(device, longs, [_cu(first_lens), _cu(rest_lens)])
-    cut = len(first) if len(ordered) == 1 and ordered[0].row == len(toks) - 1 else None
-    return LinearSplit(f, cu_f, r, cu_r, rows, snaps, cut)
+    contiguous = len(ordered) == 1 and ordered[0].row == len(toks) - 1
+    return LinearSplit(f, cu_f, r, cu_r, rows, snaps, len(first) if contiguous else None)
 
 
 def _no_pool_rows(dev: torch.device, combines: tuple[CombineWork, ...], colds: tuple[ColdBatch, ...]) -> ForwardPlan:
@@ -220,10 +220,10 @@ def _pool_rows(
     if one:  # the new tokens' KV rows: the longer rows' through ``table``, a one-token row's from its page
         row_of = torch.full((len(seqs),), -1, dtype=torch.int64)
         row_of[gather] = torch.arange(len(gather))
-        j = row_of[owner]
+        at_row = row_of[owner]
         rows = torch.empty(len(pos), dtype=torch.int64)
-        mine = j >= 0
-        rows[mine] = table[j[mine], pos[mine] // ps] * ps + pos[mine] % ps
+        mine = at_row >= 0
+        rows[mine] = table[at_row[mine], pos[mine] // ps] * ps + pos[mine] % ps
         rows[~mine] = torch.tensor([seqs[i].pages[seqs[i].length // ps] * ps + seqs[i].length % ps for i in one])
     else:
         rows = table[owner, pos // ps] * ps + pos % ps
