@@ -224,6 +224,13 @@ class Settings(BaseSettings):
     # --- API -------------------------------------------------------------------------
     host: str = Field(default="127.0.0.1", description="address serve listens on (0.0.0.0: every interface)")
     port: int = Field(default=8000, description="port serve listens on")
+    engine_process: bool | Literal["auto"] = Field(
+        default="auto",
+        description="run the engine core (model, state pool, scheduler, segment store) in its own process and the "
+        "HTTP API (tokenization, SSE) in this one, talking over a pipe (runtime/core_process): a crash of the "
+        "engine fails its requests with 503 engine_dead and /health says so, instead of a hang; auto = on for "
+        "`hypic-agent serve`, off for an app built in-process (create_app, `generate` without --url, the tests)",
+    )
     switch_interval_ms: float | None = Field(
         default=None,
         gt=0,

@@ -122,6 +122,13 @@ class OverloadedError(ServiceUnavailableError):
         self.retry_after = retry_after
 
 
+class EngineDeadError(ServiceUnavailableError):
+    """The engine process (``runtime.core_process``) is gone: requests in flight when it died and every
+    request after it fail with this (503) until the server is restarted; ``/health`` says so too."""
+
+    type = "engine_dead"
+
+
 class RequestTimeoutError(HypicError):
     """The client did not send its request (body) in time; the connection is closed."""
 

@@ -263,15 +263,20 @@ def test_serve_on_a_busy_port_fails_before_loading(no_load: None, tmp_path: Path
     assert "listening" not in res.output
 
 
-def test_serve_holds_its_port_from_the_check_to_serving(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("engine_process", ["false", "auto"])
+def test_serve_holds_its_port_from_the_check_to_serving(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, engine_process: str
+) -> None:
     """The port is bound before the model load and that socket is the one served on: during the load
     no other process can bind it (not even with SO_REUSEADDR, as a second ``serve`` would), nothing
-    answers on it yet, and the server then serves on that very port."""
+    answers on it yet, and the server then serves on that very port. ``auto``: the load happens in the
+    engine process (``HYPIC_ENGINE_PROCESS``), checked while this process starts it."""
     import json
 
     import uvicorn
 
     import hypic_agent.runtime.loader as loader
+    from hypic_agent.runtime.core_process import EngineClient
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -279,7 +284,7 @@ def test_serve_holds_its_port_from_the_check_to_serving(tmp_path: Path, monkeypa
     during_load: dict[str, Any] = {}
     real_load = loader.load_engine
 
-    def load(settings: Settings, **kw: Any) -> Any:
+    def check() -> None:
         from hypic_agent.startup import port_problem
 
         during_load["problem"] = port_problem("127.0.0.1", port)
@@ -292,6 +297,9 @@ def test_serve_holds_its_port_from_the_check_to_serving(tmp_path: Path, monkeypa
                 during_load["bind"] = e.errno
         with socket.socket() as probe:
             during_load["connect"] = probe.connect_ex(("127.0.0.1", port))
+
+    def load(settings: Settings, **kw: Any) -> Any:
+        check()
         return real_load(settings, **kw)
 
     served: list[int] = []
@@ -299,14 +307,24 @@ def test_serve_holds_its_port_from_the_check_to_serving(tmp_path: Path, monkeypa
     async def stop_at_once(self: Any) -> None:
         served.extend(sock.getsockname()[1] for server in self.servers for sock in server.sockets)
 
-    monkeypatch.setattr(loader, "load_engine", load)
+    if engine_process == "false":
+        monkeypatch.setattr(loader, "load_engine", load)
+    else:
+        real_start = EngineClient.start
+
+        def start(settings: Settings, **kw: Any) -> Any:
+            client = real_start(settings, **kw)
+            check()  # the engine process loaded its model: the port is still held, not served
+            return client
+
+        monkeypatch.setattr(EngineClient, "start", start)
     monkeypatch.setattr(uvicorn.Server, "main_loop", stop_at_once)
     root = logging.getLogger()
     saved = root.handlers[:], root.level
     try:
         res = CliRunner().invoke(
             app, ["serve", "--model", TINY, "--device", "cpu", "--port", str(port)],
-            env={"HYPIC_HOME": str(tmp_path)},
+            env={"HYPIC_HOME": str(tmp_path), "HYPIC_ENGINE_PROCESS": engine_process},
         )  # fmt: skip
     finally:
         root.handlers[:], root.level = saved

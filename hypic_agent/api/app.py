@@ -1,9 +1,14 @@
-"""App factory: ``create_app(settings=None, engine=None, store=None)``.
+"""App factory: ``create_app(settings=None, engine=None, store=None, core=None)``.
 
 The lifespan builds what was not injected: the engine (``load_engine``: the configured model,
 or the tiny fallback, said so in the log) and the persistent segment store (SQLite registry +
 disk tier under ``settings.home`` unless configured otherwise), then wires the engine's entry
 cache onto the store (``StoreEntryCache``). A store the app built is closed on shutdown.
+
+With ``Settings.engine_process`` true (and no engine or store injected), or a started ``core``
+(``runtime.core_process.EngineClient``, as ``hypic-agent serve`` passes), the engine and the store
+live in the engine process instead and the app talks to it over a pipe (``ServerState.remote``); the
+lifespan's end stops that process. ``"auto"`` means in-process here: ``serve`` decides for itself.
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ from hypic_agent.api.middleware import AccessLogMiddleware, BodyLimitMiddleware,
 from hypic_agent.api.routes import chat, completions, generate, segments, system
 from hypic_agent.api.state import ServerState
 from hypic_agent.config import Settings, get_settings
+from hypic_agent.errors import ServiceUnavailableError
+from hypic_agent.runtime.core_process import EngineClient
 from hypic_agent.runtime.engine import Engine
 from hypic_agent.segments.store.segment_store import SegmentStore
 
@@ -38,21 +45,32 @@ def create_app(
     *,
     model: str | None = None,
     close_store: bool | None = None,
+    core: EngineClient | None = None,
 ) -> FastAPI:
     """A FastAPI app. ``engine`` / ``store`` are built in the lifespan when not given;
     ``model`` overrides ``settings.model`` for the engine built there. The store is closed on
-    shutdown when the app built it (or ``close_store=True``); an injected one is only flushed."""
+    shutdown when the app built it (or ``close_store=True``); an injected one is only flushed.
+    ``core``: a started engine process to serve with (stopped on shutdown); without one, the
+    lifespan starts one when ``settings.engine_process`` is true and no engine or store is given."""
     settings = settings or get_settings()
     holder: dict[str, ServerState] = {}
+    use_core = core is not None or (engine is None and store is None and settings.engine_process is True)
 
     def store_stats() -> Any:
         st = holder.get("state")
-        return st.store.stats() if st is not None else None
+        if st is None:
+            return None
+        try:
+            return st.store.stats()
+        except ServiceUnavailableError:  # the engine process is gone: no store numbers this scrape
+            return None
 
     metrics = Metrics(store_stats, tenant_labels=settings.metrics_tenant_labels)
 
-    @asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    def _start_core() -> EngineClient:
+        return EngineClient.start(settings, model=model)
+
+    async def _local_state() -> ServerState:
         from hypic_agent.runtime.loader import load_engine
         from hypic_agent.runtime.main_thread import off_main_thread
 
@@ -65,19 +83,36 @@ def create_app(
         owns = store is None if close_store is None else close_store
         # the state pool is allocated on a thread that exits: the main thread keeps no OpenMP pool that
         # slows the engine thread on the CPU (``runtime.main_thread``)
-        state = off_main_thread(lambda: ServerState.build(settings, eng, st_store, metrics, owns_store=owns))
+        return off_main_thread(lambda: ServerState.build(settings, eng, st_store, metrics, owns_store=owns))
+
+    async def _remote_state(started: EngineClient | None) -> ServerState:
+        client = started if started is not None else await run_in_threadpool(_start_core)
+        try:
+            state = ServerState.remote(settings, client, metrics)
+        except BaseException:
+            client.close()
+            raise
+        if state.engine.name.startswith("tiny"):
+            name = state.engine.name
+            log_event(log, "serving the tiny random model: its answers are noise", logging.WARNING, model=name)
+        return state
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        state = await (_remote_state(core) if use_core else _local_state())
         holder["state"] = state
         app.state.hypic = state
-        stats = st_store.stats()
+        stats = await run_in_threadpool(state.store.stats) if state.core is not None else state.store.stats()
         log_event(
             log,
             "server ready",
-            model=eng.name,
-            fingerprint=eng.fingerprint,
-            max_context=eng.max_context,
+            model=state.engine.name,
+            fingerprint=state.engine.fingerprint,
+            max_context=state.engine.max_context,
             store_entries=stats.entries,
             store_dir=str(settings.resolved_store_dir()),
             auth="open" if state.auth.open else f"{len(settings.api_keys)} keys",
+            engine_process=state.core.pid if state.core is not None else None,
         )
         switch = sys.getswitchinterval()
         if settings.switch_interval_ms is not None:
@@ -88,7 +123,10 @@ def create_app(
             sys.setswitchinterval(switch)
             app.state.hypic = None
             holder.pop("state", None)
-            state.close()
+            if state.core is not None:
+                await run_in_threadpool(state.close)  # waits for the engine process to close the store
+            else:
+                state.close()
             log_event(log, "server stopped")
 
     app = FastAPI(

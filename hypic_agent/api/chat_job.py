@@ -22,11 +22,11 @@ from hypic_agent.api.served import check_model
 from hypic_agent.api.state import ServerState
 from hypic_agent.api.tool_schemas import response_spec, tool_setup
 from hypic_agent.errors import InvalidRequestError
-from hypic_agent.runtime.constraints import Grammars, GrammarSpec, JsonBounds, grammars_for
+from hypic_agent.runtime.constraints import GrammarFactory, Grammars, GrammarSpec, JsonBounds, grammars_for
 from hypic_agent.runtime.sampling import SamplingParams
 from hypic_agent.tools.catalogue import with_tools
 from hypic_agent.tools.format import ToolFormat
-from hypic_agent.tools.grammar import ForcedCalls, call_grammar
+from hypic_agent.tools.grammar import call_grammar
 from hypic_agent.tools.spec import ToolSetup
 
 
@@ -44,14 +44,15 @@ def tool_format(tokenizer: Any) -> ToolFormat:
 
 def grammars(st: ServerState) -> Grammars:
     e = st.engine
-    return grammars_for(e.tokenizer, int(e.model.config.vocab_size), e.eos_ids, st.settings.grammar_cache_size)
+    return grammars_for(e.tokenizer, st.vocab_size, e.eos_ids, st.settings.grammar_cache_size)
 
 
 def with_output_controls(
     st: ServerState, sampling: SamplingParams, spec: GrammarSpec | None, top_logprobs: int
 ) -> SamplingParams:
-    """``sampling`` with the grammar (compiled now) and the number of top logprobs per token."""
-    factory = grammars(st).factory(spec) if spec is not None else None
+    """``sampling`` with the grammar (compiled now: a 400 before anything runs; a ``GrammarFactory``, so
+    it also reaches an engine process) and the number of top logprobs per token."""
+    factory = GrammarFactory(spec).bind(grammars(st), st.engine.tokenizer) if spec is not None else None
     return replace(sampling, constraint=factory, top_logprobs=top_logprobs).validate()
 
 
@@ -81,9 +82,8 @@ def prepare_chat(st: ServerState, req: ChatRequest, tenant: str) -> ChatJob:
     segments = with_tools(segments, setup.functions, st.framer, fmt)
     sampling = with_output_controls(st, SamplingParams(), spec, top)  # compile (and fail) before planning
     constraint = sampling.constraint
-    if constraint is not None and setup.choice.forces_call:
-        grammar, tok = constraint, st.engine.tokenizer
-        constraint = lambda: ForcedCalls(grammar(), tok)  # noqa: E731
+    if isinstance(constraint, GrammarFactory) and setup.choice.forces_call:
+        constraint = constraint.with_forced_calls()  # ends on a repeated call (tools.grammar.ForcedCalls)
     job = service.prepare_job(st, req.to_sampling(), segments, query, tenant)
     st.admit_prompt(job.plan, job.mode, job.seam, tenant, job.sampling.max_tokens)  # 413 / 429 before any build
     job.sampling = replace(job.sampling, constraint=constraint, top_logprobs=top).validate()

@@ -12,6 +12,7 @@ Mapping onto HTTP:
 | body over ``max_body_bytes``            | 413    | ``payload_too_large``      |
 | body not in within ``body_timeout_s``   | 408    | ``request_timeout``        |
 | bodies held over ``max_inflight_body_bytes`` | 503 | ``overloaded``          |
+| the engine process died (``EngineDeadError``) | 503 | ``engine_dead``         |
 | unknown route / method                  | 404/405| ``not_found`` / ``method_not_allowed`` |
 | anything else (``ErrorGuardMiddleware``)| 500    | ``internal_error``         |
 """

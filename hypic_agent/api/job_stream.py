@@ -10,7 +10,10 @@ that also hands the GIL to the loop thread in the middle of the engine thread's 
 does no model work or I/O, so ``open`` runs on the loop.
 
 The job's registry hints (``cache.described``) are held from ``open`` until the request ends or is
-cancelled. ``cancel()`` (client gone) frees the request's state at the scheduler's next step.
+cancelled (with the engine process, by that process: ``ServerState.describe``). ``cancel()`` (client
+gone) frees the request's state at the scheduler's next step. With the engine process the sink is
+called on the client's reader thread, one batch of events per message from the engine, the same
+single hop to the loop.
 """
 
 from __future__ import annotations
@@ -95,9 +98,10 @@ class JobStream:
         self._inbox = LoopInbox.of(self._loop)
         self._queue: asyncio.Queue[tuple[Any, float]] = asyncio.Queue()
         self._hints: contextlib.ExitStack | None = contextlib.ExitStack()
-        self._hints.enter_context(st.cache.described(service.hints_of(job)))
+        hints = service.hints_of(job)
+        self._hints.enter_context(st.describe(hints))
         try:
-            self.handle: RequestHandle = service.submit_job(st, job, self._deliver)  # 4xx / 429 here
+            self.handle: RequestHandle = service.submit_job(st, job, self._deliver, hints)  # 4xx / 429 here
         except BaseException:
             self._release()
             raise

@@ -176,12 +176,21 @@ class StoreBudget:
     @classmethod
     def for_engine(cls, settings: Settings, engine: Any) -> StoreBudget:
         """The caps of ``settings`` over ``engine``'s entry sizes (auto where unset)."""
-        size = EntrySize.of_model(engine.model, engine.cold.pair_dtype)
-        full_window = AUTO_REQUEST_SEGMENTS * size.per_segment + engine.max_context * size.per_token
+        return cls.for_size(settings, EntrySize.of_model(engine.model, engine.cold.pair_dtype), engine.max_context)
+
+    @classmethod
+    def for_size(cls, settings: Settings, size: EntrySize, max_context: int) -> StoreBudget:
+        """The caps of ``settings`` over entries of ``size`` and a ``max_context`` window (auto where unset)."""
+        full_window = AUTO_REQUEST_SEGMENTS * size.per_segment + max_context * size.per_token
         auto = max(AUTO_REQUEST_STORE_FLOOR, full_window)
         per_request = auto if settings.max_request_store_bytes is None else settings.max_request_store_bytes
         minute = settings.tenant_store_bytes_per_minute
         return cls(size, per_request, AUTO_MINUTE_REQUESTS * auto if minute is None else minute)
+
+    @property
+    def capped(self) -> bool:
+        """Whether either cap is on (else ``admit`` checks nothing)."""
+        return bool(self.per_request or self.per_minute)
 
     def used(self, tenant: str) -> int:
         """Bytes charged to ``tenant`` in the current window."""
@@ -264,10 +273,11 @@ def new_entry_tokens(engine: Any, store: Any, pieces: PromptPieces, tenant: str,
 
 
 def put_pieces(
-    engine: Any, segments: Sequence[Sequence[int]], kinds: Sequence[str], mode: str, seam: float
+    split_tokens: int, segments: Sequence[Sequence[int]], kinds: Sequence[str], mode: str, seam: float
 ) -> PromptPieces:
-    """The pieces ``Engine.prewarm`` builds for a PUT of ``segments`` (split as a request would split them)."""
+    """The pieces ``Engine.prewarm`` builds for a PUT of ``segments`` (split as a request would split them,
+    ``Settings.split_segment_tokens``)."""
     spec = mode_spec(mode)
-    cut = split_for(segments, kinds, spec, engine.settings.split_segment_tokens)
+    cut = split_for(segments, kinds, spec, split_tokens)
     segs, knds = (cut.segs, cut.kinds) if cut is not None else ([tuple(s) for s in segments], list(kinds))
     return PromptPieces([tuple(s) for s in segs], list(knds), [], spec, seam, 0)

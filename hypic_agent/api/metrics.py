@@ -75,6 +75,7 @@ class Metrics:
         self.auth_failures = Counter("hypic_auth_failures", "requests with a wrong API key", registry=r)
         self._hit = 0
         self._cacheable = 0
+        self.before_render: list[Callable[[], None]] = []  # run before each scrape (the engine process's numbers)
         if store_stats is not None:
             r.register(_StoreCollector(store_stats))
 
@@ -100,4 +101,7 @@ class Metrics:
         self.tokens.labels("completion").inc(completion)
 
     def render(self) -> bytes:
+        """The ``/metrics`` body (may ask the engine process: call it off the event loop)."""
+        for refresh in self.before_render:
+            refresh()
         return generate_latest(self.registry)

@@ -112,7 +112,7 @@ def put_segments(st: ServerState, req: PutSegmentsRequest, tenant: str) -> dict[
             f"mode {mode!r} keeps no segment entries; pre-warm for a composed mode such as 'hypic'", param="mode"
         )
     segs = canonical_segments(st, req, tenant, key_seam)
-    min_tokens = st.engine.settings.min_cached_tokens
+    min_tokens = st.settings.min_cached_tokens
     warm = [s for s in segs if s.n_tokens >= min_tokens and seam_tokens(key_seam, s.n_tokens) < s.n_tokens]
     hints = {str(s.key): EntryHint(s.text, s.title, s.cache.pin, s.cache.ttl, dict(s.metadata)) for s in segs}
     hit: dict[str, bool] = {}
@@ -120,25 +120,23 @@ def put_segments(st: ServerState, req: PutSegmentsRequest, tenant: str) -> dict[
     if any(s.cache.pin for s in warm):
         st.store.check_pin_room(tenant)  # no quota left: 409 before computing anything
     st.admit_put(warm, mode, float(seam), tenant)  # over the stored-bytes caps: 413 / 429 before anything is built
-    with st.engine_slot(), st.cache.described(hints):
-        if warm:
-            usage = st.engine.prewarm(
-                [s.token_ids for s in warm], [s.kind for s in warm], tenant=tenant, mode=mode, seam=seam
-            )
-            hit = {u.id: u.hit for u in usage if u.id is not None}
-        for s in segs:
-            meta = EntryMeta.for_segment(s, tenant=tenant, model_fingerprint=st.engine.fingerprint)
-            rec = st.store.info(s.key, tenant)
-            if rec is None:  # too short to cache, or fit no budget
-                st.store.register(s.key, meta)
-            elif (hit.get(s.key) or (s.cache.pin and not rec.pinned)) and (s.cache.pin or s.cache.ttl is not None):
-                kwargs: dict[str, Any] = {"pinned": True} if s.cache.pin else {}
-                if s.cache.ttl is not None:
-                    kwargs["ttl_s"] = s.cache.ttl
-                try:  # a pin the store refused (over the tenant's quota) says why here
-                    st.store.set_policy(s.key, tenant, **kwargs)
-                except (PinQuotaError, EntryTooLargeError) as exc:
-                    refused = refused or exc
+    if warm:  # between scheduler steps, with the registry hints held while the entries are stored
+        tokens, kinds = [s.token_ids for s in warm], [s.kind for s in warm]
+        usage = st.prewarm(tokens, kinds, tenant=tenant, mode=mode, seam=seam, hints=hints)
+        hit = {u.id: u.hit for u in usage if u.id is not None}
+    for s in segs:
+        meta = EntryMeta.for_segment(s, tenant=tenant, model_fingerprint=st.engine.fingerprint)
+        rec = st.store.info(s.key, tenant)
+        if rec is None:  # too short to cache, or fit no budget
+            st.store.register(s.key, meta)
+        elif (hit.get(s.key) or (s.cache.pin and not rec.pinned)) and (s.cache.pin or s.cache.ttl is not None):
+            kwargs: dict[str, Any] = {"pinned": True} if s.cache.pin else {}
+            if s.cache.ttl is not None:
+                kwargs["ttl_s"] = s.cache.ttl
+            try:  # a pin the store refused (over the tenant's quota) says why here
+                st.store.set_policy(s.key, tenant, **kwargs)
+            except (PinQuotaError, EntryTooLargeError) as exc:
+                refused = refused or exc
     if refused is not None:
         raise refused  # the entries are stored, unpinned
     data = []

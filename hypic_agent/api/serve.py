@@ -2,6 +2,11 @@
 file, then run uvicorn. Logs are JSON lines on stderr; start-up says what it is doing (fetching,
 reading weights, building, pre-warming) with a line every few seconds (``startup.StartupLog``).
 
+With ``Settings.engine_process`` on (``auto``, the default, is on here) the model, the store and the
+scheduler live in the engine process (``runtime.core_process``): it is started first, its start-up
+stages come to this process's log, the pre-warm goes through it, and the app serves over it; the
+app's shutdown (SIGTERM, Ctrl-C) stops it, and it stops by itself if this process dies.
+
 The HTTP transport is uvicorn's h11 protocol with a guard (``GuardedH11Protocol``, built by
 ``uvicorn_config``): uvicorn times out idle keep-alive connections but never a connection that is
 still sending its request headers (a byte every few seconds holds it open forever), so the guard
@@ -178,28 +183,6 @@ def make_server(app: Any, settings: Settings, sock: socket.socket, **overrides: 
     return ListeningServer(uvicorn_config(app, settings, host=host, port=port, **overrides), sock)
 
 
-def _warm_start(engine: Any, progress: Any, triton_dir: str | None) -> None:
-    """``runtime.warm_start.warm_up`` over the engine's ``Serving`` as a start-up stage
-    (``Settings.warm_start``: auto = on a CUDA device only). A failure is logged, not fatal: the
-    server then compiles and captures on first use, as it would without."""
-    from hypic_agent.runtime.serving import Serving
-    from hypic_agent.runtime.warm_start import warm_up
-
-    wanted = engine.settings.warm_start
-    if wanted is False:
-        return
-    if wanted == "auto" and engine.device.type != "cuda":
-        progress(f"no warm start on {engine.device.type}: nothing compiles there (HYPIC_WARM_START=true runs it)")
-        return
-
-    where = f"; Triton kernels and autotune results kept in {triton_dir}" if triton_dir else ""
-    progress(f"warming up: compiling and capturing before listening (HYPIC_WARM_START=false skips it{where})")
-    try:
-        warm_up(Serving.of(engine), progress)
-    except Exception:
-        log.exception("warm start failed; requests compile and capture on first use what it did not")
-
-
 def run_server(
     settings: Settings, *, prewarm: Path | None = None, tenant: str = "default", sock: socket.socket | None = None
 ) -> None:
@@ -217,18 +200,23 @@ def _serve(
     settings: Settings, prewarm: Path | None, tenant: str, sock: socket.socket | None, triton_dir: str | None
 ) -> None:
     from hypic_agent.api.app import create_app
-    from hypic_agent.api.limits import StoreBudget
     from hypic_agent.api.metrics import Metrics
-    from hypic_agent.api.schemas import PutSegmentsRequest
-    from hypic_agent.api.segments_service import put_segments
     from hypic_agent.api.state import ServerState
     from hypic_agent.runtime.loader import load_engine
     from hypic_agent.runtime.main_thread import off_main_thread
+    from hypic_agent.runtime.serving import Serving
+    from hypic_agent.runtime.warm_start import warm_start_stage
     from hypic_agent.segments.store.segment_store import SegmentStore
 
     configure_logging(settings.log_level)
     items = read_prewarm(prewarm) if prewarm is not None else None  # a bad file fails before loading
     sock = hold_port(settings.host, settings.port) if sock is None else sock
+    if settings.engine_process is not False:
+        try:
+            _serve_with_core(settings, items, tenant, sock, triton_dir)
+        finally:
+            sock.close()
+        return
     try:
         with StartupLog() as progress:
 
@@ -239,12 +227,8 @@ def _serve(
                 store = SegmentStore.from_settings(settings)
                 if items is not None:
                     state = ServerState.build(settings, engine, store, Metrics(), owns_store=False)
-                    state.store_budget = StoreBudget(state.store_budget.size, 0, 0)  # the operator's pre-warm: no caps
-                    for i, item in enumerate(items):
-                        progress(f"pre-warming {len(items)} segments", done=i, total=len(items), unit="segments")
-                        put_segments(state, PutSegmentsRequest.model_validate({"segments": [item]}), tenant)
-                    progress(f"pre-warming {len(items)} segments", done=len(items), total=len(items), unit="segments")
-                _warm_start(engine, progress, triton_dir)
+                    _prewarm_items(state, items, tenant, progress)
+                warm_start_stage(Serving.of(engine), progress, triton_dir)
                 return engine, store
 
             # on a thread that exits: the main thread keeps no OpenMP pool that slows the engine thread
@@ -256,5 +240,51 @@ def _serve(
         server.run()
     finally:
         sock.close()
+    if not server.started:  # as uvicorn.run: the app's start-up failed (logged)
+        sys.exit(3)
+
+
+def _prewarm_items(state: Any, items: list[dict[str, Any]], tenant: str, progress: Any) -> None:
+    """The operator's ``--prewarm`` segments, PUT one by one (no store caps), with counted progress."""
+    from hypic_agent.api.limits import StoreBudget
+    from hypic_agent.api.schemas import PutSegmentsRequest
+    from hypic_agent.api.segments_service import put_segments
+
+    state.store_budget = StoreBudget(state.store_budget.size, 0, 0)  # the operator's pre-warm: no caps
+    for i, item in enumerate(items):
+        progress(f"pre-warming {len(items)} segments", done=i, total=len(items), unit="segments")
+        put_segments(state, PutSegmentsRequest.model_validate({"segments": [item]}), tenant)
+    progress(f"pre-warming {len(items)} segments", done=len(items), total=len(items), unit="segments")
+
+
+def _serve_with_core(
+    settings: Settings, items: list[dict[str, Any]] | None, tenant: str, sock: socket.socket, triton_dir: str | None
+) -> None:
+    """``_serve`` with the engine in its own process (``Settings.engine_process``)."""
+    from hypic_agent.api.app import create_app
+    from hypic_agent.api.metrics import Metrics
+    from hypic_agent.api.state import ServerState
+    from hypic_agent.runtime.core_process import EngineClient
+
+    with StartupLog() as progress:
+        progress(f"starting: model {settings.model}, home {settings.home}")
+        core = EngineClient.start(settings, progress=progress, warm_start=True, triton_dir=triton_dir, log_json=True)
+        try:
+            state = ServerState.remote(settings, core, Metrics())
+            if items is not None:
+                _prewarm_items(state, items, tenant, progress)
+            entries = state.store.stats().entries
+        except BaseException:
+            core.close()
+            raise
+        progress.done(f"model {core.facts.name if core.facts else settings.model} ready, {entries} stored entries")
+    app = create_app(settings, core=core)  # the lifespan's end stops the engine process
+    server = make_server(app, settings, sock)
+    try:
+        # NOTE: uvicorn re-raises SIGTERM/SIGINT after a graceful shutdown, so nothing after run() is reached
+        server.run()
+    finally:
+        if not server.started:
+            core.close()  # the app never started: its lifespan will not stop the engine process
     if not server.started:  # as uvicorn.run: the app's start-up failed (logged)
         sys.exit(3)

@@ -115,18 +115,23 @@ class Timed:
     queue_ms: float
 
 
-def submit_job(st: ServerState, job: GenerateJob, sink: EventSink | None = None) -> RequestHandle:
-    """Queue ``job`` on the engine's scheduler (raises 4xx / 429 before anything runs); with ``sink``
-    its events go there (``api.job_stream``) instead of ``handle.events()``."""
+def submit_job(
+    st: ServerState, job: GenerateJob, sink: EventSink | None = None, hints: dict[str, EntryHint] | None = None
+) -> RequestHandle:
+    """Queue ``job`` on the engine's scheduler (raises 4xx / 429 before anything runs; in the engine
+    process a full queue is its first item instead); with ``sink`` its events go there
+    (``api.job_stream``) instead of ``handle.events()``. ``hints``: ``hints_of(job)``, held by the
+    caller in-process (``ServerState.describe``), sent along to the engine process."""
     req = GenerationRequest(job.plan, job.sampling, job.mode, job.seam, job.tenant, t0=job.t0)
-    return st.serving.scheduler.submit(req, sink)
+    return st.submit(req, sink, hints if hints is not None else hints_of(job))
 
 
 def run_job(st: ServerState, job: GenerateJob) -> Iterator[Timed]:
     """Engine events of ``job`` as the scheduler streams them, on the caller's thread (blocking; the
     routes use ``api.job_stream`` instead); closing the iterator cancels it."""
-    with st.cache.described(hints_of(job)):
-        handle = submit_job(st, job)
+    hints = hints_of(job)
+    with st.describe(hints):
+        handle = submit_job(st, job, hints=hints)
         events = handle.events()  # a generator: closing it cancels the request
         try:
             for ev in events:

@@ -296,6 +296,25 @@ def _composed(serving: Serving, say: Progress, report: WarmStartReport) -> None:
     report.segments = segs
 
 
+def warm_start_stage(serving: Serving, progress: Progress, triton_dir: str | None = None) -> None:
+    """``warm_up`` as a start-up stage of ``serve`` (``Settings.warm_start``: auto = on a CUDA device only),
+    in-process or in the engine process (``runtime.core_process``). A failure is logged, not fatal: the
+    server then compiles and captures on first use, as it would without."""
+    engine = serving.engine
+    wanted = engine.settings.warm_start
+    if wanted is False:
+        return
+    if wanted == "auto" and engine.device.type != "cuda":
+        progress(f"no warm start on {engine.device.type}: nothing compiles there (HYPIC_WARM_START=true runs it)")
+        return
+    where = f"; Triton kernels and autotune results kept in {triton_dir}" if triton_dir else ""
+    progress(f"warming up: compiling and capturing before listening (HYPIC_WARM_START=false skips it{where})")
+    try:
+        warm_up(serving, progress)
+    except Exception:
+        log.exception("warm start failed; requests compile and capture on first use what it did not")
+
+
 # ---------------------------------------------------------------------------- compile caches
 @contextmanager
 def persisted_compile_cache(home: Path, environ: MutableMapping[str, str] | None = None) -> Iterator[dict[str, str]]:
