@@ -72,7 +72,9 @@ def _serve(model: Any, graphs: bool, plans: list[Plan]) -> tuple[list[FinishEven
 
 
 def test_every_captured_plan_kind_equals_eager_through_the_scheduler():
-    model, _, _ = make_model("qwen3_5_moe_text")
+    # the dense tiny model: in fp32 the MoE runs its sorted-by-expert torch path, which reads expert counts
+    # on the host and cannot be captured (the Triton MoE is bf16 / fp16 only)
+    model, _, _ = make_model("qwen3_5_text")
     model = model.to("cuda", torch.float32)
     plans = _plans()
     eager, none = _serve(model, False, plans)
