@@ -10,7 +10,7 @@ from hypic_agent.segments.prompt.keys import KeyContext, segment_key, token_dige
 from hypic_agent.segments.prompt.kinds import Message, Segment
 from hypic_agent.segments.prompt.plan import PromptPlan, build_plan
 from hypic_agent.segments.prompt.resolve import stored_resolver
-from hypic_agent.segments.prompt.tokenize import CanonicalSegment, canonicalize, detect_bos
+from hypic_agent.segments.prompt.tokenize import CanonicalSegment, canonicalize, detect_bos, encode, encode_many
 from hypic_agent.segments.store.record import EntryRecord
 
 CTX = KeyContext(model_fingerprint="tiny-fp", tenant="acme", seam=8)
@@ -28,6 +28,16 @@ def test_each_segment_tokenized_on_its_own(chat_tokenizer):
         assert chat_tokenizer.bos_token_id not in c.token_ids
         assert c.key == CTX.key(c.token_ids) and c.digest == token_digest(c.token_ids)
         assert c.n_tokens == len(c.token_ids) > 0
+
+
+def test_batched_encoding_equals_one_text_at_a_time(chat_tokenizer):
+    """``build_plan`` tokenizes a prompt's content segments in one batched call: the same ids, keys and
+    order as each segment alone, around segments given by id."""
+    texts = ["Paris is the capital of France.", "  two  spaces ", "émoji ✓ and\nnewline", "x"]
+    assert encode_many(chat_tokenizer, texts) == [encode(chat_tokenizer, t) for t in texts]
+    plan = build_plan(SEGS, None, chat_tokenizer, CTX)
+    assert [c.token_ids for c in plan.segments] == [canonicalize(s, chat_tokenizer, CTX).token_ids for s in SEGS]
+    assert [c.key for c in plan.segments] == [canonicalize(s, chat_tokenizer, CTX).key for s in SEGS]
 
 
 def test_plan_is_the_concatenation(chat_tokenizer):

@@ -18,7 +18,13 @@ from hypic_agent.errors import ContextLengthError, InvalidRequestError
 from hypic_agent.segments.prompt.framing import Framer
 from hypic_agent.segments.prompt.keys import KeyContext, SegmentKey
 from hypic_agent.segments.prompt.kinds import Segment
-from hypic_agent.segments.prompt.tokenize import CanonicalSegment, Tokenizer, canonicalize, detect_bos, suffix_ids
+from hypic_agent.segments.prompt.tokenize import (
+    CanonicalSegment,
+    Tokenizer,
+    canonicalize_many,
+    detect_bos,
+    suffix_ids,
+)
 
 Resolver = Callable[[Segment], CanonicalSegment]
 """Turns a segment given by id into its canonical form (see ``resolve.py``)."""
@@ -97,20 +103,23 @@ def build_plan(
     if not segments and query is None:  # an empty query is a prompt: the generation prompt alone
         raise InvalidRequestError("the prompt is empty: give segments or a query", param="segments")
     framer = framer or Framer(tokenizer)
-    canon: list[CanonicalSegment] = []
+    canon: list[CanonicalSegment | None] = [None] * len(segments)
     for i, seg in enumerate(segments):
         if seg.ref is not None:
             if resolve is None:
                 raise InvalidRequestError(
                     f"segments[{i}] refers to id {seg.ref!r} but no store is available", param="id"
                 )
-            canon.append(resolve(seg))
-        else:
-            canon.append(canonicalize(seg, tokenizer, ctx, framer))
+            canon[i] = resolve(seg)
+    given = [i for i, seg in enumerate(segments) if seg.ref is None]  # by content: tokenized in one batch
+    for i, cs in zip(given, canonicalize_many([segments[i] for i in given], tokenizer, ctx, framer), strict=True):
+        canon[i] = cs
+    resolved = [c for c in canon if c is not None]
+    assert len(resolved) == len(segments)
     bos = detect_bos(tokenizer) if add_bos is None or add_bos else None
     if add_bos and bos is None:
         bos_id = getattr(tokenizer, "bos_token_id", None)
         if bos_id is None:
             raise InvalidRequestError("add_bos was requested but the tokenizer has no BOS token", param="add_bos")
         bos = int(bos_id)
-    return PromptPlan(segments=tuple(canon), suffix_ids=suffix_ids(query, tokenizer, framer), bos_id=bos)
+    return PromptPlan(segments=tuple(resolved), suffix_ids=suffix_ids(query, tokenizer, framer), bos_id=bos)

@@ -63,19 +63,40 @@ class CanonicalSegment:
 
 def encode(tokenizer: Tokenizer, text: str) -> tuple[int, ...]:
     """Token ids of ``text`` with no special tokens added."""
-    ids = tokenizer.encode(text, add_special_tokens=False)
-    return tuple(int(t) for t in ids)
+    return tuple(map(int, tokenizer.encode(text, add_special_tokens=False)))
+
+
+def encode_many(tokenizer: Tokenizer, texts: list[str]) -> list[tuple[int, ...]]:
+    """``encode`` of each text, in one batched call where the tokenizer has one (a transformers fast
+    tokenizer encodes a batch on several threads): a 20-document prompt is one call, not 20."""
+    batch = getattr(tokenizer, "batch_encode_plus", None) if len(texts) > 1 else None
+    if batch is None:
+        return [encode(tokenizer, t) for t in texts]
+    ids = batch(texts, add_special_tokens=False, return_attention_mask=False)["input_ids"]
+    return [tuple(map(int, x)) for x in ids]
 
 
 def canonicalize(
     segment: Segment, tokenizer: Tokenizer, ctx: KeyContext, framer: Framer | None = None
 ) -> CanonicalSegment:
     """Frame, tokenize and key one segment given by content."""
-    if segment.ref is not None or segment.kind is None:
+    return canonicalize_many([segment], tokenizer, ctx, framer)[0]
+
+
+def canonicalize_many(
+    segments: list[Segment], tokenizer: Tokenizer, ctx: KeyContext, framer: Framer | None = None
+) -> list[CanonicalSegment]:
+    """Frame, tokenize (one batched call: ``encode_many``) and key segments given by content."""
+    if any(s.ref is not None or s.kind is None for s in segments):
         raise InvalidRequestError("a segment given by id must be resolved, not tokenized", param="id")
     framer = framer or Framer(tokenizer)
-    text = framer.frame(segment)
-    ids = encode(tokenizer, text)
+    texts = [framer.frame(s) for s in segments]
+    ids = encode_many(tokenizer, texts)
+    return [_canonical(s, i, text, ctx) for s, i, text in zip(segments, ids, texts, strict=True)]
+
+
+def _canonical(segment: Segment, ids: tuple[int, ...], text: str, ctx: KeyContext) -> CanonicalSegment:
+    assert segment.kind is not None
     return CanonicalSegment(
         kind=segment.kind,
         token_ids=ids,
