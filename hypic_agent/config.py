@@ -83,6 +83,13 @@ class Settings(BaseSettings):
     prefill_chunk_tokens: int = Field(
         default=8192, ge=16, description="prepare tokens (prefill chunks, cold builds) per scheduler step"
     )
+    prefill_idle_chunk_tokens: int = Field(
+        default=32768,
+        ge=0,
+        description="prefill tokens a step may take when no request is decoding and no HYPIC work joins it "
+        "(nobody waits behind a long step): a lone prompt up to this size is one forward, not "
+        "prefill_chunk_tokens-sized pieces; 0 = prefill_chunk_tokens",
+    )
     kv_page_size: int = Field(default=64, ge=1, description="token rows per attention KV page")
     kv_pool_tokens: int = Field(
         default=0, ge=0, description="attention KV rows in the pool; 0 = auto (CUDA: kv_pool_fraction of free memory)"

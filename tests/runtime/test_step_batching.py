@@ -128,3 +128,39 @@ def test_a_forward_that_fails_fails_each_of_its_requests_with_the_error_and_the_
     runner.forward = forward  # type: ignore[method-assign]
     assert _final(serving.scheduler.submit(GenerationRequest(plans[0], one, "hypic"))).completion_tokens == 1
     serving.close()
+
+
+def test_a_lone_prompt_is_one_forward_and_keeps_to_the_chunk_beside_decodes():
+    """Nothing decoding: a prompt's chunks join into one forward (``prefill_idle_chunk_tokens``), with the
+    answer of the chunked run, in both modes that prefill; beside a decoding request it stays chunked."""
+    one = SamplingParams(max_tokens=1, ignore_eos=True, logprobs=True)
+    chunked = _serving(prefill_chunk_tokens=64, prefill_idle_chunk_tokens=0)
+    merged = _serving(prefill_chunk_tokens=64, prefill_idle_chunk_tokens=1024)
+    rows: list[list[int]] = []
+    forward = merged.runner.forward
+
+    def spy(plan):
+        rows.append([len(t) for t in plan.new_tokens])
+        return forward(plan)
+
+    merged.runner.forward = spy  # type: ignore[method-assign]
+    for i, mode in enumerate(("full_recompute", "prefix_cache")):
+        plan = Plan(_docs(6, 500 + 10 * i, length=40), rand_tokens(10, 9 + i))  # 250 tokens
+        a = _final(chunked.scheduler.submit(GenerationRequest(plan, one, mode)))
+        rows.clear()
+        b = _final(merged.scheduler.submit(GenerationRequest(plan, one, mode)))
+        assert rows == [[250]], mode  # one forward, one row of the whole prompt
+        assert a.token_ids == b.token_ids and a.logprobs == pytest.approx(b.logprobs, abs=1e-4), mode
+    long = merged.scheduler.submit(GenerationRequest(Plan(_docs(2, 700), rand_tokens(4, 7)), SamplingParams(
+        max_tokens=900, ignore_eos=True), "full_recompute"))  # fmt: skip
+    events = long.events(timeout=120)  # kept open: closing it would cancel the request
+    next(events)  # decoding now
+    rows.clear()
+    beside = Plan(_docs(6, 800, length=40), rand_tokens(10, 3))
+    _final(merged.scheduler.submit(GenerationRequest(beside, one, "full_recompute")))
+    prefill = [n for r in rows for n in r if n > 1]
+    assert sum(prefill) == 250 and max(prefill) <= 64, rows  # chunks of the configured size
+    assert all(len(r) > 1 for r in rows if max(r) > 1)  # each beside the decoding request's row
+    events.close()  # cancels it
+    chunked.close()
+    merged.close()

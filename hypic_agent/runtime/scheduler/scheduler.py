@@ -4,7 +4,9 @@ Each step: take in submitted requests (a priority queue, FCFS among equals), dro
 (their pool state is freed), admit waiting requests while a slot and the pages for prompt +
 ``max_tokens`` are free and fewer than ``max_running`` run, then run ONE forward of the model
 runner that holds every decoding request's next token plus prefill chunks of preparing requests
-(up to ``prefill_chunk_tokens``), sample all rows on the device, and stream the events. A composed
+(up to ``prefill_chunk_tokens``; a prompt alone in a step with nothing decoding runs up to
+``prefill_idle_chunk_tokens`` as one forward, since nobody waits behind it), sample all rows on the
+device, and stream the events. A composed
 (HYPIC) request's combine is its own forward within the step; while others decode, its cold
 segments are first built in batches of at most ``prefill_chunk_tokens`` tokens, one per step.
 
@@ -64,6 +66,7 @@ class Scheduler:
         self.max_running = min(settings.max_running, self.pool.n_slots)
         self.max_waiting = settings.max_waiting
         self.chunk = settings.prefill_chunk_tokens
+        self.idle_chunk = max(settings.prefill_idle_chunk_tokens, self.chunk)  # a step nobody waits behind
         self.overlap = settings.overlap_schedule
         self._inflight: InflightDecode | None = None  # the overlapped decode step not read yet
         self.stats = SchedulerStats()
@@ -247,7 +250,9 @@ class Scheduler:
                     alone = not rows and hypic.empty
                     budget -= hypic.offer(r, r.composed, r.seq, budget, alone)
                 elif r.chunks and (len(r.chunks[0]) <= budget or len(rows) == len(decoders)):
-                    chunk, snap = r.pop_chunk()
+                    # the step's only work so far and nothing decoding: its next chunks run as one forward
+                    alone = not rows and hypic.empty
+                    chunk, snap = r.pop_chunk(self.idle_chunk if alone else 0)
                     if snap is not None:
                         snapshots.append(dataclasses.replace(snap, row=len(rows)))
                     rows.append((r, chunk))

@@ -110,10 +110,14 @@ class LiveRequest:
             lookup_ms = {"prefix_lookup_ms": (time.perf_counter() - t0) * 1e3}
             self.prepared = prefix_prepared(keys, p.segs, p.kinds, depth, reused, p.total, None, lookup_ms)
 
-    def pop_chunk(self) -> tuple[tuple[int, ...], RowSnapshot | None]:
-        """The next prefill chunk, and where it passes the prefix-cache boundary the split that
-        snapshots the state there (``row`` 0: the scheduler sets the chunk's row in its plan)."""
+    def pop_chunk(self, merge_up_to: int = 0) -> tuple[tuple[int, ...], RowSnapshot | None]:
+        """The next prefill chunk (joined with the chunks after it while it stays within
+        ``merge_up_to`` tokens: a step nobody waits behind), and where it passes the prefix-cache
+        boundary the split that snapshots the state there (``row`` 0: the scheduler sets the chunk's
+        row in its plan)."""
         chunk = self.chunks.popleft()
+        while self.chunks and len(chunk) + len(self.chunks[0]) <= merge_up_to:
+            chunk += self.chunks.popleft()
         if not self.boundary or self.radix is None or self.seq is None:
             return chunk, None
         off = self.boundary - self.seq.length
