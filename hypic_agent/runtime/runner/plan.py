@@ -278,8 +278,8 @@ def _decode_plan(pool: StatePool, seqs: Sequence[PoolSeq], toks: tuple[tuple[int
     longs += [s.pages[s.length // ps] * ps + s.length % ps for s in seqs]
     longs += range(n)
     cu = torch.arange(n + 1, dtype=torch.int32)
-    longs_d = torch.tensor(longs, dtype=torch.int64).to(pool.device, non_blocking=True)
-    ints_d = torch.tensor([*range(n + 1), *ctx], dtype=torch.int32).to(pool.device, non_blocking=True)
+    longs_d = _to_device(torch.tensor(longs, dtype=torch.int64), pool.device)
+    ints_d = _to_device(torch.tensor([*range(n + 1), *ctx], dtype=torch.int32), pool.device)
     ids, positions, slots, rows, last = longs_d.view(5, n).unbind(0)
     return ForwardPlan(
         seqs=tuple(seqs),
@@ -314,6 +314,14 @@ def _upload(
     """1-D int64 and int32 host tensors on ``device``: one copy per dtype, split into views there."""
     out: list[list[torch.Tensor]] = []
     for parts in (longs, ints):
-        flat = torch.cat([p.reshape(-1) for p in parts]).to(device, non_blocking=True)
+        flat = _to_device(torch.cat([p.reshape(-1) for p in parts]), device)
         out.append(list(torch.split(flat, [p.numel() for p in parts])))
     return out[0], out[1]
+
+
+def _to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``host`` on ``device``; to CUDA from pinned memory, queued on the stream without waiting for the
+    work queued before it (the overlapped decode launches its step while the previous one runs)."""
+    if device.type != "cuda":
+        return host.to(device)
+    return host.pin_memory().to(device, non_blocking=True)

@@ -184,9 +184,9 @@ class StatePool:
             wide = torch.zeros(self.n_slots + 1, len(pages), dtype=torch.int32, device=self.device)
             wide[:, : self.block_table.shape[1]] = self.block_table
             self.block_table = wide
-        row = torch.zeros(self.block_table.shape[1], dtype=torch.int32)
+        row = torch.zeros(self.block_table.shape[1], dtype=torch.int32, pin_memory=self.device.type == "cuda")
         row[: len(pages)] = torch.tensor(pages, dtype=torch.int32)
-        self.block_table[slot].copy_(row, non_blocking=True)
+        self.block_table[slot].copy_(row, non_blocking=True)  # pinned on CUDA: queued, no wait
 
     def _take_pages(self, need: int) -> list[int]:
         """Mark ``need`` free pages used (caller holds the lock): the first run of ``need`` consecutive
@@ -298,7 +298,11 @@ class StatePool:
             raise ValueError(f"positions up to {end} exceed the sequence's reserved {seq.capacity} tokens")
         pos = torch.arange(start, end)
         pages = torch.tensor(seq.pages, dtype=torch.int64)[pos // self.page_size]
-        return (pages * self.page_size + pos % self.page_size).to(self.device)
+        rows = pages * self.page_size + pos % self.page_size
+        if self.device.type != "cuda":
+            return rows
+        # from pinned memory, queued on the stream: a pageable copy would wait for the device's queued work
+        return rows.pin_memory().to(self.device, non_blocking=True)
 
     # ------------------------------------------------------------------ load / export
     def load(self, seq: PoolSeq, state: RequestState) -> None:

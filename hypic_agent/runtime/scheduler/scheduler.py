@@ -344,7 +344,8 @@ class Scheduler:
         fed = [i for i, r in enumerate(go) if r.pending is not None]
         if fed:  # their token is the step in flight's: copied on the device, never through the host
             assert prev is not None
-            idx = torch.tensor([fed, [go[i].pending for i in fed]], dtype=torch.int64)
+            on_cuda = plan.ids.is_cuda  # pinned: queued behind the step in flight, not waiting for it
+            idx = torch.tensor([fed, [go[i].pending for i in fed]], dtype=torch.int64, pin_memory=on_cuda)
             idx = idx.to(plan.ids.device, non_blocking=True)
             plan.ids.index_copy_(0, idx[0], prev.sampled.ids.index_select(0, idx[1]))
             for i in fed:
