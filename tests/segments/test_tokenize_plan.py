@@ -34,7 +34,18 @@ def test_batched_encoding_equals_one_text_at_a_time(chat_tokenizer):
     """``build_plan`` tokenizes a prompt's content segments in one batched call: the same ids, keys and
     order as each segment alone, around segments given by id."""
     texts = ["Paris is the capital of France.", "  two  spaces ", "émoji ✓ and\nnewline", "x"]
-    assert encode_many(chat_tokenizer, texts) == [encode(chat_tokenizer, t) for t in texts]
+
+    class OneCall:  # the batch is one call of the tokenizer, never one ``encode`` per text
+        calls = 0
+
+        def __call__(self, batch, **kw):
+            OneCall.calls += 1
+            return chat_tokenizer(batch, **kw)
+
+        def encode(self, *args, **kw):
+            raise AssertionError("encoded one text at a time")
+
+    assert encode_many(OneCall(), texts) == [encode(chat_tokenizer, t) for t in texts] and OneCall.calls == 1
     plan = build_plan(SEGS, None, chat_tokenizer, CTX)
     assert [c.token_ids for c in plan.segments] == [canonicalize(s, chat_tokenizer, CTX).token_ids for s in SEGS]
     assert [c.key for c in plan.segments] == [canonicalize(s, chat_tokenizer, CTX).key for s in SEGS]

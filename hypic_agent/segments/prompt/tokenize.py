@@ -69,10 +69,9 @@ def encode(tokenizer: Tokenizer, text: str) -> tuple[int, ...]:
 def encode_many(tokenizer: Tokenizer, texts: list[str]) -> list[tuple[int, ...]]:
     """``encode`` of each text, in one batched call where the tokenizer has one (a transformers fast
     tokenizer encodes a batch on several threads): a 20-document prompt is one call, not 20."""
-    batch = getattr(tokenizer, "batch_encode_plus", None) if len(texts) > 1 else None
-    if batch is None:
+    if len(texts) < 2 or not callable(tokenizer):  # a bare ``encode``-only tokenizer: one text at a time
         return [encode(tokenizer, t) for t in texts]
-    ids = batch(texts, add_special_tokens=False, return_attention_mask=False)["input_ids"]
+    ids = tokenizer(texts, add_special_tokens=False, return_attention_mask=False)["input_ids"]
     return [tuple(map(int, x)) for x in ids]
 
 
