@@ -24,6 +24,7 @@ import torch
 
 from hypic_agent.kernels._varlen import cu_seqlens as _cu
 from hypic_agent.runtime.runner.pool import PoolSeq, StatePool
+from hypic_agent.runtime.runner.upload import upload
 
 if TYPE_CHECKING:
     from hypic_agent.runtime.hypic.build import ColdBatch
@@ -165,7 +166,7 @@ def _linear_split(
         torch.tensor(x, dtype=torch.int64)
         for x in (first, rest, [s.row for s in ordered], [s.snapshot for s in ordered])
     ]
-    (f, r, rows, snaps), (cu_f, cu_r) = _upload(device, longs, [_cu(first_lens), _cu(rest_lens)])
+    (f, r, rows, snaps), (cu_f, cu_r) = _upload_by_dtype(device, longs, [_cu(first_lens), _cu(rest_lens)])
     contiguous = len(ordered) == 1 and ordered[0].row == len(toks) - 1
     return LinearSplit(f, cu_f, r, cu_r, rows, snaps, len(first) if contiguous else None)
 
@@ -235,7 +236,7 @@ def _pool_rows(
         extend_tok = torch.cat([torch.arange(int(cu[i]), int(cu[i + 1])) for i in gather])
         longs += [cu[one].long(), torch.tensor(one, dtype=torch.int64), extend_tok]
     ints = [cu, torch.tensor(ctx, dtype=torch.int32)] + ([] if one else [table.to(torch.int32)])
-    (ids, positions, slots, rows_d, key_rows_d, last, *paged_parts), (cu_d, ctx_d, *table_d) = _upload(
+    (ids, positions, slots, rows_d, key_rows_d, last, *paged_parts), (cu_d, ctx_d, *table_d) = _upload_by_dtype(
         pool.device, longs, ints
     )
     paged_rows = None
@@ -278,8 +279,8 @@ def _decode_plan(pool: StatePool, seqs: Sequence[PoolSeq], toks: tuple[tuple[int
     longs += [s.pages[s.length // ps] * ps + s.length % ps for s in seqs]
     longs += range(n)
     cu = torch.arange(n + 1, dtype=torch.int32)
-    longs_d = _to_device(torch.tensor(longs, dtype=torch.int64), pool.device)
-    ints_d = _to_device(torch.tensor([*range(n + 1), *ctx], dtype=torch.int32), pool.device)
+    longs_d = upload(torch.tensor(longs, dtype=torch.int64), pool.device)
+    ints_d = upload(torch.tensor([*range(n + 1), *ctx], dtype=torch.int32), pool.device)
     ids, positions, slots, rows, last = longs_d.view(5, n).unbind(0)
     return ForwardPlan(
         seqs=tuple(seqs),
@@ -308,20 +309,12 @@ def _context_lengths(seqs: Sequence[PoolSeq], new: Sequence[int]) -> list[int]:
     return ctx
 
 
-def _upload(
+def _upload_by_dtype(
     device: torch.device, longs: Sequence[torch.Tensor], ints: Sequence[torch.Tensor]
 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """1-D int64 and int32 host tensors on ``device``: one copy per dtype, split into views there."""
     out: list[list[torch.Tensor]] = []
     for parts in (longs, ints):
-        flat = _to_device(torch.cat([p.reshape(-1) for p in parts]), device)
+        flat = upload(torch.cat([p.reshape(-1) for p in parts]), device)
         out.append(list(torch.split(flat, [p.numel() for p in parts])))
     return out[0], out[1]
-
-
-def _to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """``host`` on ``device``; to CUDA from pinned memory, queued on the stream without waiting for the
-    work queued before it (the overlapped decode launches its step while the previous one runs)."""
-    if device.type != "cuda":
-        return host.to(device)
-    return host.pin_memory().to(device, non_blocking=True)

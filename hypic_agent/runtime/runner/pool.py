@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 import torch
 
 from hypic_agent.runtime.models.config import HybridConfig
+from hypic_agent.runtime.runner.upload import upload
 from hypic_agent.runtime.state import AttentionLayerState, LayerState, LinearLayerState, RequestState
 
 
@@ -184,9 +185,9 @@ class StatePool:
             wide = torch.zeros(self.n_slots + 1, len(pages), dtype=torch.int32, device=self.device)
             wide[:, : self.block_table.shape[1]] = self.block_table
             self.block_table = wide
-        row = torch.zeros(self.block_table.shape[1], dtype=torch.int32, pin_memory=self.device.type == "cuda")
+        row = torch.zeros(self.block_table.shape[1], dtype=torch.int32)
         row[: len(pages)] = torch.tensor(pages, dtype=torch.int32)
-        self.block_table[slot].copy_(row, non_blocking=True)  # pinned on CUDA: queued, no wait
+        self.block_table[slot].copy_(upload(row, self.device))
 
     def _take_pages(self, need: int) -> list[int]:
         """Mark ``need`` free pages used (caller holds the lock): the first run of ``need`` consecutive
@@ -298,11 +299,7 @@ class StatePool:
             raise ValueError(f"positions up to {end} exceed the sequence's reserved {seq.capacity} tokens")
         pos = torch.arange(start, end)
         pages = torch.tensor(seq.pages, dtype=torch.int64)[pos // self.page_size]
-        rows = pages * self.page_size + pos % self.page_size
-        if self.device.type != "cuda":
-            return rows
-        # from pinned memory, queued on the stream: a pageable copy would wait for the device's queued work
-        return rows.pin_memory().to(self.device, non_blocking=True)
+        return upload(pages * self.page_size + pos % self.page_size, self.device)
 
     # ------------------------------------------------------------------ load / export
     def load(self, seq: PoolSeq, state: RequestState) -> None:

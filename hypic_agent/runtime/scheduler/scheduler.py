@@ -45,6 +45,7 @@ from hypic_agent.runtime.runner.plan import ForwardPlan, RowSnapshot
 from hypic_agent.runtime.runner.pool import PoolSeq
 from hypic_agent.runtime.runner.radix_cache import RadixCache, RadixHit
 from hypic_agent.runtime.runner.runner import ModelRunner
+from hypic_agent.runtime.runner.upload import upload
 from hypic_agent.runtime.sampling import make_generator
 from hypic_agent.runtime.scheduler.composed import ComposedPrep, StepWork
 from hypic_agent.runtime.scheduler.inflight import InflightDecode
@@ -344,9 +345,7 @@ class Scheduler:
         fed = [i for i, r in enumerate(go) if r.pending is not None]
         if fed:  # their token is the step in flight's: copied on the device, never through the host
             assert prev is not None
-            on_cuda = plan.ids.is_cuda  # pinned: queued behind the step in flight, not waiting for it
-            idx = torch.tensor([fed, [go[i].pending for i in fed]], dtype=torch.int64, pin_memory=on_cuda)
-            idx = idx.to(plan.ids.device, non_blocking=True)
+            idx = upload(torch.tensor([fed, [go[i].pending for i in fed]], dtype=torch.int64), plan.ids.device)
             plan.ids.index_copy_(0, idx[0], prev.sampled.ids.index_select(0, idx[1]))
             for i in fed:
                 go[i].fed_at = go[i].seq.length  # type: ignore[union-attr]
