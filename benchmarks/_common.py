@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import math
 import os
@@ -10,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
@@ -97,6 +99,22 @@ def gpu_busy_ms(fn: Callable[[], Any]) -> float:
         torch.cuda.synchronize()
     cuda = torch.autograd.DeviceType.CUDA
     return busy_ms([(e.time_range.start, e.time_range.end) for e in prof.events() if e.device_type == cuda])
+
+
+def host_syncs(fn: Callable[[], Any]) -> tuple[Any, collections.Counter[str]]:
+    """``fn()`` under ``torch.cuda.set_sync_debug_mode("warn")``: its result and its host<->device
+    synchronisations per ``file:line`` (on every thread: the warning filter is process-wide)."""
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            out = fn()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    lines = collections.Counter(
+        f"{w.filename.split('/')[-1]}:{w.lineno}" for w in caught if "synchroniz" in str(w.message)
+    )
+    return out, lines
 
 
 def device_ms(fn: Callable[[], Any], reps: int = 5, warmup: int = 2) -> float:

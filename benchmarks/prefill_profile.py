@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 
 import torch
-from _common import load_shape, model_args, random_model, timed, write_json
+from _common import host_syncs, load_shape, model_args, random_model, timed, write_json
 from prefill import hf_twin
 
 from hypic_agent.kernels import chain as chain_ops
@@ -49,7 +49,6 @@ def host_audit(fn, n: int = 30) -> dict:
     hypic_agent (or fla) function that issued them, and every host<->device synchronisation with the line
     that caused it (``torch.cuda.set_sync_debug_mode``)."""
     import collections
-    import warnings
 
     fn()
     torch.cuda.synchronize()
@@ -73,16 +72,7 @@ def host_audit(fn, n: int = 30) -> dict:
     print(f"top-level aten ops: {sum(per_line.values())}; by issuing line:")
     for line, c in per_line.most_common(n):
         print(f"  {c:5d}  {line}")
-    torch.cuda.set_sync_debug_mode("warn")
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            fn()
-    finally:
-        torch.cuda.set_sync_debug_mode(0)
-    syncs = collections.Counter(
-        f"{w.filename.split('/')[-1]}:{w.lineno}" for w in caught if "synchroniz" in str(w.message)
-    )
+    _, syncs = host_syncs(fn)
     print(f"host syncs: {sum(syncs.values())}")
     for line, c in syncs.most_common(n):
         print(f"  {c:5d}  {line}")

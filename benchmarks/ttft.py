@@ -24,16 +24,14 @@ cold-core graphs off).
 from __future__ import annotations
 
 import argparse
-import collections
 import gc
 import random
-import warnings
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
 import torch
-from _common import NoText, gpu_busy_ms, load_shape, model_args, print_table, random_model, sync, write_json
+from _common import NoText, gpu_busy_ms, host_syncs, load_shape, model_args, print_table, random_model, sync, write_json
 
 from hypic_agent.config import MODES, Settings
 from hypic_agent.config_kernels import KernelSettings
@@ -89,20 +87,11 @@ def sync_audit(serving: Serving, plan: Plan, mode: str, seam: float, top: int = 
     if not torch.cuda.is_available():
         return {}
     sync()
-    torch.cuda.set_sync_debug_mode("warn")
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            fin = first_token(serving, plan, mode, seam)
-    finally:
-        torch.cuda.set_sync_debug_mode(0)
-    lines = collections.Counter(
-        f"{w.filename.split('/')[-1]}:{w.lineno}" for w in caught if "synchroniz" in str(w.message)
-    )
-    print(f"  {mode}: {sum(lines.values())} host syncs in one request ({fin.ttft_ms:.1f} ms under the audit)")
+    fin, lines = host_syncs(partial(first_token, serving, plan, mode, seam))
+    n = sum(lines.values())
+    print(f"  {mode}: {n} host syncs in one request ({fin.ttft_ms:.1f} ms under the audit)")
     for line, c in lines.most_common(8):
         print(f"    {c:5d}  {line}")
-    n = sum(lines.values())
     return {"audit_ttft_ms": fin.ttft_ms, "audit_syncs": n, "audit_syncs_by_line": lines.most_common(top)}
 
 
