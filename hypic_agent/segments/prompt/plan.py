@@ -103,23 +103,21 @@ def build_plan(
     if not segments and query is None:  # an empty query is a prompt: the generation prompt alone
         raise InvalidRequestError("the prompt is empty: give segments or a query", param="segments")
     framer = framer or Framer(tokenizer)
-    canon: list[CanonicalSegment | None] = [None] * len(segments)
+    stored: dict[int, CanonicalSegment] = {}
     for i, seg in enumerate(segments):
         if seg.ref is not None:
             if resolve is None:
                 raise InvalidRequestError(
                     f"segments[{i}] refers to id {seg.ref!r} but no store is available", param="id"
                 )
-            canon[i] = resolve(seg)
-    given = [i for i, seg in enumerate(segments) if seg.ref is None]  # by content: tokenized in one batch
-    for i, cs in zip(given, canonicalize_many([segments[i] for i in given], tokenizer, ctx, framer), strict=True):
-        canon[i] = cs
-    resolved = [c for c in canon if c is not None]
-    assert len(resolved) == len(segments)
+            stored[i] = resolve(seg)
+    # segments given by content: tokenized in one batch, then put back in the request's order
+    by_content = iter(canonicalize_many([s for s in segments if s.ref is None], tokenizer, ctx, framer))
+    canon = tuple(stored[i] if i in stored else next(by_content) for i in range(len(segments)))
     bos = detect_bos(tokenizer) if add_bos is None or add_bos else None
     if add_bos and bos is None:
         bos_id = getattr(tokenizer, "bos_token_id", None)
         if bos_id is None:
             raise InvalidRequestError("add_bos was requested but the tokenizer has no BOS token", param="add_bos")
         bos = int(bos_id)
-    return PromptPlan(segments=tuple(resolved), suffix_ids=suffix_ids(query, tokenizer, framer), bos_id=bos)
+    return PromptPlan(segments=canon, suffix_ids=suffix_ids(query, tokenizer, framer), bos_id=bos)
