@@ -7,6 +7,7 @@ import collections
 import json
 import math
 import os
+import random
 import subprocess
 import sys
 import threading
@@ -231,28 +232,50 @@ class NoText:
         return ""
 
 
-def decode_step_ms(runner: Any, pool: Any, batch: int, context: int, steps: int, warmup: int = 3) -> list[float] | None:
+def decode_tokens(batch: int, vocab: int, step: int) -> list[list[int]]:
+    """One token per row, each row its own (seeded by ``step``): a batch of real requests feeds different
+    tokens, so an MoE routes its rows to different experts (64 rows of one Qwen3.5-35B-A3B token read 8
+    of its 256 experts' weights per layer; 64 different tokens read ~220 of them). Feeding every row the
+    same token, or a random model's argmax (it picks the same few tokens whatever the input), measures
+    a step that reads a fraction of the weights a served batch reads."""
+    return [[t] for t in random.Random(f"decode/{batch}/{step}").sample(range(1, vocab), batch)]
+
+
+def decode_step_ms(
+    runner: Any,
+    pool: Any,
+    batch: int,
+    context: int,
+    steps: int,
+    warmup: int = 3,
+    after: Callable[[list[Any], list[list[int]]], Any] | None = None,
+) -> list[float] | None:
     """``decode.py``'s timed loop on a ``ModelRunner`` over its ``StatePool``: ``batch`` sequences whose
     pool state holds ``context`` tokens (the pool's zeros: the work and bytes of real requests of that
     length) decode ``warmup + steps`` steps through the scheduler's critical path (plan -> forward,
     replayed from the batch bucket's CUDA graph where the runner has them -> device argmax -> one
-    read-back of the ids). Returns the ms of each timed step, or None when the pool cannot hold the
-    sequences; they are freed again either way."""
+    read-back of the ids). Each step feeds every row a different token (``decode_tokens``), as a
+    served batch does. Returns the ms of each timed step, or None when the pool cannot hold the
+    sequences; ``after(seqs, tokens)`` runs on the live sequences after the timed steps; they are
+    freed again either way."""
     seqs = [pool.alloc(context + steps + warmup + 2) for _ in range(batch)]
     try:
         if any(s is None for s in seqs):
             return None
         for s in seqs:
             s.length = context - 1
-        toks = [[1] for _ in seqs]
+        vocab = runner.model.config.vocab_size
         times = []
         for i in range(warmup + steps):
+            toks = decode_tokens(batch, vocab, i)
             sync()
             t0 = time.perf_counter()
             logits = runner.forward(runner.plan(seqs, toks))
-            toks = [[t] for t in logits.argmax(-1).tolist()]
+            logits.argmax(-1).tolist()  # the scheduler's one read-back per step
             if i >= warmup:
                 times.append((time.perf_counter() - t0) * 1e3)
+        if after is not None:
+            after(seqs, decode_tokens(batch, vocab, warmup + steps))
         return times
     finally:
         for s in seqs:

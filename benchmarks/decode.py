@@ -3,8 +3,10 @@ with the HBM floor beside each (weights + KV + linear states read once per step)
 
 Each row: ``--batch`` sequences whose pool state holds ``--context`` tokens decode ``--steps``
 steps through the scheduler's critical path (plan -> runner forward, replayed from a CUDA graph
-per batch bucket -> device argmax -> one read-back of the ids). States are the pool's zeros: the
-work and bytes moved are those of real requests of that length.
+per batch bucket -> device argmax -> one read-back of the ids; ``_common.decode_step_ms``). States
+are the pool's zeros and every row is fed a different token each step (``_common.decode_tokens``):
+the work and bytes moved are those of real requests of that length (an MoE's rows reach as many
+experts as a served batch's do).
 
     python benchmarks/decode.py --shape qwen3_5_35b_a3b --batches 1 8 32 64 128 --contexts 2048 20480
     python benchmarks/decode.py --shape tiny:qwen3_5_text --device cpu --batches 1 4 --contexts 64 --steps 4
@@ -13,11 +15,11 @@ work and bytes moved are those of real requests of that length.
 from __future__ import annotations
 
 import argparse
-import time
+from functools import partial
 from typing import Any
 
 import torch
-from _common import load_shape, model_args, print_table, random_model, sync, write_json
+from _common import decode_step_ms, load_shape, model_args, print_table, random_model, sync, write_json
 
 from hypic_agent.kernels.config import KernelConfig
 from hypic_agent.runtime.models.config import HybridConfig
@@ -48,7 +50,7 @@ def floor_ms(model: torch.nn.Module, cfg: HybridConfig, batch: int, context: int
     return (other + expert + kv + states) / (HBM_TBS * 1e12) * 1e3
 
 
-def profile_step(runner: ModelRunner, pool: StatePool, seqs: list, toks: list) -> dict[str, Any]:
+def profile_step(runner: ModelRunner, seqs: list, toks: list) -> dict[str, Any]:
     """The CUDA kernels of one decode step (a graph replay shows its kernels too): their number, GPU
     time, and the top kernels by total time with their counts."""
     from collections import defaultdict
@@ -70,6 +72,10 @@ def profile_step(runner: ModelRunner, pool: StatePool, seqs: list, toks: list) -
     for name, (n, t) in top:
         print(f"  {t:9.1f} us  {int(n):5d}x  {name[:110]}", flush=True)
     return {"kernels": len(kernels), "gpu_ms": total_us / 1e3, "top": [[k, n, t] for k, (n, t) in top]}
+
+
+def _profile_into(out: list[dict[str, Any]], runner: ModelRunner, seqs: list, toks: list) -> None:
+    out.append(profile_step(runner, seqs, toks))
 
 
 def kernel_config(pairs: list[str]) -> KernelConfig:
@@ -119,32 +125,21 @@ def main() -> None:
     rows: list[dict[str, Any]] = []
     for context in args.contexts:
         for batch in args.batches:
-            seqs = [pool.alloc(context + args.steps + args.warmup + 2) for _ in range(batch)]
-            if any(s is None for s in seqs):
+            profiled: list[dict[str, Any]] = []
+            profile = args.profile and dev.type == "cuda" and batch in (1, 64)
+            times = decode_step_ms(
+                runner,
+                pool,
+                batch,
+                context,
+                args.steps,
+                args.warmup,
+                after=partial(_profile_into, profiled, runner) if profile else None,
+            )
+            if times is None:
                 rows.append({"context": context, "batch": batch, "note": f"does not fit ({kv_tokens} KV rows)"})
-                for s in seqs:
-                    if s is not None:
-                        pool.free(s)
                 print(f"ctx={context} batch={batch}: skipped (pool)", flush=True)
                 continue
-            for s in seqs:
-                assert s is not None
-                s.length = context - 1
-            toks = [[1] for _ in seqs]
-            times = []
-            for i in range(args.warmup + args.steps):
-                sync()
-                t0 = time.perf_counter()
-                plan = runner.plan(seqs, toks)  # type: ignore[arg-type]
-                logits = runner.forward(plan)
-                toks = [[t] for t in logits.argmax(-1).tolist()]
-                if i >= args.warmup:
-                    times.append((time.perf_counter() - t0) * 1e3)
-            profiled = None
-            if args.profile and dev.type == "cuda" and batch in (1, 64):
-                profiled = profile_step(runner, pool, seqs, toks)
-            for s in seqs:
-                pool.free(s)  # type: ignore[arg-type]
             times.sort()
             p50 = times[len(times) // 2]
             fl = floor_ms(model, cfg, batch, context)
@@ -157,7 +152,7 @@ def main() -> None:
                     "hbm_floor_ms": fl,
                     "x_floor": p50 / fl,
                     "graph_replays": getattr(runner.decode_graphs, "replays", 0),
-                    **({"profile": profiled} if profiled else {}),
+                    **({"profile": profiled[0]} if profiled else {}),
                 }
             )
             print(f"ctx={context} batch={batch}: {p50:.2f} ms/step, {batch / p50 * 1e3:.0f} tok/s", flush=True)
