@@ -232,6 +232,34 @@ class NoText:
         return ""
 
 
+def kernel_summary(prof: Any, top: int = 30) -> dict[str, Any]:
+    """The CUDA kernels a ``torch.profiler.profile`` saw (a CUDA-graph replay shows its kernels too): their
+    number, summed GPU time, the span from the first kernel's start to the last one's end, and the
+    ``top`` kernels by total time with their counts. GPU time well under the span: the GPU waited for
+    the host."""
+    from collections import defaultdict
+
+    from torch.autograd import DeviceType
+
+    kernels = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
+    per: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+    for e in kernels:
+        per[e.name][0] += 1
+        per[e.name][1] += getattr(e, "device_time", 0.0) or getattr(e, "cuda_time", 0.0)
+    total_us = sum(t for _, t in per.values())
+    span_us = max(e.time_range.end for e in kernels) - min(e.time_range.start for e in kernels) if kernels else 0.0
+    rows = sorted(per.items(), key=lambda kv: -kv[1][1])[:top]
+    print(f"{len(kernels)} kernels, {total_us / 1e3:.2f} ms GPU time over a {span_us / 1e3:.2f} ms span", flush=True)
+    for name, (n, t) in rows:
+        print(f"  {t:9.1f} us  {int(n):5d}x  {name[:110]}", flush=True)
+    return {
+        "kernels": len(kernels),
+        "gpu_ms": total_us / 1e3,
+        "span_ms": span_us / 1e3,
+        "top": [[k, n, t] for k, (n, t) in rows],
+    }
+
+
 def decode_tokens(batch: int, vocab: int, step: int) -> list[list[int]]:
     """One token per row, each row its own (seeded by ``step``): a batch of real requests feeds different
     tokens, so an MoE routes its rows to different experts (64 rows of one Qwen3.5-35B-A3B token read 8

@@ -19,7 +19,7 @@ from functools import partial
 from typing import Any
 
 import torch
-from _common import decode_step_ms, load_shape, model_args, print_table, random_model, sync, write_json
+from _common import decode_step_ms, kernel_summary, load_shape, model_args, print_table, random_model, sync, write_json
 
 from hypic_agent.kernels.config import KernelConfig
 from hypic_agent.runtime.models.config import HybridConfig
@@ -51,27 +51,13 @@ def floor_ms(model: torch.nn.Module, cfg: HybridConfig, batch: int, context: int
 
 
 def profile_step(runner: ModelRunner, seqs: list, toks: list) -> dict[str, Any]:
-    """The CUDA kernels of one decode step (a graph replay shows its kernels too): their number, GPU
-    time, and the top kernels by total time with their counts."""
-    from collections import defaultdict
-
-    from torch.autograd import DeviceType
+    """The CUDA kernels of one decode step (``_common.kernel_summary``)."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         runner.forward(runner.plan(seqs, toks))
         sync()
-    kernels = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
-    per: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
-    for e in kernels:
-        per[e.name][0] += 1
-        per[e.name][1] += getattr(e, "device_time", 0.0) or getattr(e, "cuda_time", 0.0)
-    total_us = sum(t for _, t in per.values())
-    top = sorted(per.items(), key=lambda kv: -kv[1][1])[:30]
-    print(f"{len(kernels)} kernels, {total_us / 1e3:.2f} ms GPU time", flush=True)
-    for name, (n, t) in top:
-        print(f"  {t:9.1f} us  {int(n):5d}x  {name[:110]}", flush=True)
-    return {"kernels": len(kernels), "gpu_ms": total_us / 1e3, "top": [[k, n, t] for k, (n, t) in top]}
+    return kernel_summary(prof)
 
 
 def _profile_into(out: list[dict[str, Any]], runner: ModelRunner, seqs: list, toks: list) -> None:

@@ -24,7 +24,7 @@ import time
 from typing import Any
 
 import torch
-from _common import NoText, load_shape, model_args, print_table, random_model, write_json
+from _common import NoText, kernel_summary, load_shape, model_args, print_table, random_model, write_json
 from ttft import Plan, Seg  # the RAG request shapes ttft.py measures
 
 from hypic_agent.config import Settings
@@ -208,9 +208,11 @@ class StepProfile:
         }
 
 
-def burst(serving: Serving, trace: Trace, mode: str, n: int, max_tokens: int) -> dict[str, Any]:
+def burst(serving: Serving, trace: Trace, mode: str, n: int, max_tokens: int, profile: bool = False) -> dict[str, Any]:
     """``n`` warm requests submitted together against one alone: the last first token vs one alone's
-    TTFT (the same documents, so both are warm; each run is after the warm-up)."""
+    TTFT (the same documents, so both are warm; each run is after the warm-up). ``profile``: the
+    together run once more under ``torch.profiler`` (its kernels, GPU time against their span, and the
+    scheduler's forwards and their wall time)."""
     sampling = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
 
     def ttfts(plans: list[Any]) -> list[float]:
@@ -225,7 +227,29 @@ def burst(serving: Serving, trace: Trace, mode: str, n: int, max_tokens: int) ->
     ttfts(plans)  # every document cached, the layouts seen
     alone = sorted(ttfts([p])[0] for p in plans[:3])[1]  # median of three alone
     together = ttfts(plans)
-    return {"mode": mode, "n": n, "alone_ttft_ms": alone, "last_ttft_ms": max(together), "ratio": max(together) / alone}
+    row: dict[str, Any] = {
+        "mode": mode,
+        "n": n,
+        "alone_ttft_ms": alone,
+        "last_ttft_ms": max(together),
+        "ratio": max(together) / alone,
+    }
+    if profile:
+        from torch.profiler import ProfilerActivity
+        from torch.profiler import profile as torch_profile
+
+        stats = serving.scheduler.stats
+        f0, c0 = stats.forwards, stats.combine_ms
+        cuda = [ProfilerActivity.CUDA] if torch.cuda.is_available() else []
+        with torch_profile(activities=[ProfilerActivity.CPU, *cuda]) as prof:
+            again = ttfts(plans)
+        row["profile"] = kernel_summary(prof) | {
+            "last_ttft_ms": max(again),
+            "forwards": stats.forwards - f0,
+            "combine_step_ms": stats.combine_ms - c0,
+        }
+        print({k: v for k, v in row["profile"].items() if k != "top"}, flush=True)
+    return row
 
 
 def main() -> None:
@@ -257,6 +281,9 @@ def main() -> None:
         "--profile",
         action="store_true",
         help="per-step times by kind of work, stage-graph captures (each step timed to its end: overlap off)",
+    )
+    ap.add_argument(
+        "--burst-profile", action="store_true", help="the burst once more under torch.profiler (its kernels, CUDA)"
     )
     ap.add_argument("--no-overlap", action="store_true", help="Settings.overlap_schedule off")
     ap.add_argument("--no-warm-start", action="store_true", help="skip the server's warm start (runtime.warm_start)")
@@ -292,7 +319,7 @@ def main() -> None:
         trace = Trace(args, model.config.vocab_size)
         run_load(serving, trace, mode, 0.0, args.warm_requests, args.max_tokens, args.seed)
         if args.burst:
-            bursts.append(burst(serving, trace, mode, args.burst, args.max_tokens))
+            bursts.append(burst(serving, trace, mode, args.burst, args.max_tokens, args.burst_profile))
             print(bursts[-1], flush=True)
         if prof is not None:  # the warm-up's and burst's steps are not a load's
             print({"warm_up_compiles": len(prof.compiles), "compile_ms": sum(ms for _, ms in prof.compiles)})

@@ -504,6 +504,8 @@ async def http_phase(args: argparse.Namespace, url: str, max_tokens: int, res: d
         # the server's own TTFT (timings.ttft_ms: arrival at the route -> first token), the rest is HTTP
         res["first_request_server_ttft_ms"] = server_ttft(fin)
         res["steady_server_ttft_ms"] = pct([server_ttft(f) for _, f in reps], 0.5)
+        # where the server's time went (queue, engine TTFT, ...): the first request's and the last repeat's
+        res["first_request_timings"], res["steady_timings"] = fin.get("timings"), reps[-1][1].get("timings")
         p50 = pct(steady, 0.5)
         print(f"TTFT ({args.ttft_mode}, {context} tokens): first request {first:.1f} ms, steady p50 {p50:.1f} ms")
     for batch in args.batches:  # warm-up, as in the child
