@@ -52,10 +52,14 @@ def seq_ids(cu_seqlens: torch.Tensor, total: int) -> torch.Tensor:
     return torch.repeat_interleave(torch.arange(lens.numel(), device=cu_seqlens.device), lens, output_size=total)
 
 
-# the int64 views of the last few int32 ``cu_seqlens`` (input, view), newest last: a forward may alternate
-# between several (a prefix-cache split runs every linear layer over ``cu_first`` then ``cu_rest``)
+# the int64 views of the last int32 ``cu_seqlens`` (input, view), newest last: a forward alternates between
+# several every layer (a prefix-cache split runs each linear layer over ``cu_first`` then ``cu_rest``; a step
+# with k composed requests runs each linear layer over the pool rows' bounds, then each combine's pieces).
+# As many as fla's own identity cache keeps (FLA_TENSOR_CACHE_SIZE, set in ``kernels/__init__``): with
+# 4 kept, a step of 8 combines made a new view for every combine at every layer, fla missed each time
+# and copied chunk indices to the host (a device sync) 8 x 15 times a step.
 _INT64_VIEWS: list[tuple[torch.Tensor, torch.Tensor]] = []
-_INT64_VIEWS_KEPT = 4
+_INT64_VIEWS_KEPT = 64
 
 
 def as_int64(cu_seqlens: torch.Tensor) -> torch.Tensor:

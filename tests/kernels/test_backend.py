@@ -55,6 +55,16 @@ def test_int64_views_survive_alternating_bounds():
     assert views[0].tolist() == [0, 5] and views[1].tolist() == [0, 2]
 
 
+def test_int64_views_survive_a_step_of_many_combines():
+    """A step with the pool rows and 12 composed requests asks, at every linear layer, for 13 bounds in turn:
+    each keeps its one view across the layers (a view made anew misses fla's cache: a device sync)."""
+    bounds = [torch.tensor([0, i + 1, 2 * i + 3], dtype=torch.int32) for i in range(13)]
+    views = [as_int64(b) for b in bounds]
+    for _layer in range(4):
+        assert all(as_int64(b) is v for b, v in zip(bounds, views, strict=True))
+    assert views[5].tolist() == [0, 6, 13]
+
+
 def test_triton_chain_needs_cuda():
     with pytest.raises(ValueError):
         chain_scan(torch.zeros(1, 16, 16), torch.zeros(2, 1, 16, 16), torch.zeros(2, 1, 16, 16), backend="fla")
