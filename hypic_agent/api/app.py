@@ -29,6 +29,7 @@ from hypic_agent.api.metrics import Metrics
 from hypic_agent.api.middleware import AccessLogMiddleware, BodyLimitMiddleware, ErrorGuardMiddleware, InflightBytes
 from hypic_agent.api.routes import chat, completions, generate, segments, system
 from hypic_agent.api.state import ServerState
+from hypic_agent.api.warm_routes import warm_routes
 from hypic_agent.config import Settings, get_settings
 from hypic_agent.errors import ServiceUnavailableError
 from hypic_agent.runtime.core_process import EngineClient
@@ -36,6 +37,10 @@ from hypic_agent.runtime.engine import Engine
 from hypic_agent.segments.store.segment_store import SegmentStore
 
 log = logging.getLogger("hypic.api")
+
+
+def _on_cuda(state: ServerState) -> bool:
+    return str(state.engine.device).startswith("cuda")
 
 
 def create_app(
@@ -46,12 +51,15 @@ def create_app(
     model: str | None = None,
     close_store: bool | None = None,
     core: EngineClient | None = None,
+    warm: bool = False,
 ) -> FastAPI:
     """A FastAPI app. ``engine`` / ``store`` are built in the lifespan when not given;
     ``model`` overrides ``settings.model`` for the engine built there. The store is closed on
     shutdown when the app built it (or ``close_store=True``); an injected one is only flushed.
     ``core``: a started engine process to serve with (stopped on shutdown); without one, the
-    lifespan starts one when ``settings.engine_process`` is true and no engine or store is given."""
+    lifespan starts one when ``settings.engine_process`` is true and no engine or store is given.
+    ``warm``: the lifespan sends ``api.warm_routes``' requests through the app before it serves when
+    ``settings.warm_start`` says so (``auto``: a CUDA engine), as ``serve`` does."""
     settings = settings or get_settings()
     holder: dict[str, ServerState] = {}
     use_core = core is not None or (engine is None and store is None and settings.engine_process is True)
@@ -102,6 +110,8 @@ def create_app(
         state = await (_remote_state(core) if use_core else _local_state())
         holder["state"] = state
         app.state.hypic = state
+        if warm and (settings.warm_start is True or (settings.warm_start == "auto" and _on_cuda(state))):
+            await warm_routes(app, settings)
         stats = await run_in_threadpool(state.store.stats) if state.core is not None else state.store.stats()
         log_event(
             log,

@@ -234,7 +234,7 @@ def _serve(
             # on a thread that exits: the main thread keeps no OpenMP pool that slows the engine thread
             engine, store = off_main_thread(start_up)
             progress.done(f"model {engine.name} ready, {store.stats().entries} stored entries")
-        app = create_app(settings, engine=engine, store=store, close_store=True)  # closed by the lifespan
+        app = create_app(settings, engine=engine, store=store, close_store=True, warm=True)  # closed by the lifespan
         server = make_server(app, settings, sock)
         # NOTE: uvicorn re-raises SIGTERM/SIGINT after a graceful shutdown, so nothing after run() is reached
         server.run()
@@ -278,7 +278,7 @@ def _serve_with_core(
             core.close()
             raise
         progress.done(f"model {core.facts.name if core.facts else settings.model} ready, {entries} stored entries")
-    app = create_app(settings, core=core)  # the lifespan's end stops the engine process
+    app = create_app(settings, core=core, warm=True)  # the lifespan's end stops the engine process
     server = make_server(app, settings, sock)
     try:
         # NOTE: uvicorn re-raises SIGTERM/SIGINT after a graceful shutdown, so nothing after run() is reached

@@ -9,7 +9,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
-from _common import decode_tokens  # noqa: E402
+from _common import decode_tokens
 
 
 def test_rows_get_different_tokens_within_the_vocabulary():
