@@ -3,7 +3,9 @@
 Shared by every decode loop (the scheduler's batched steps, the single-request loop): EOS and stop
 token ids, stop strings (``StopChecker``), the decoding constraint (``SamplingParams.constraint``),
 per-token logprobs and top logprobs, ``max_tokens``. The caller samples; this object decides what
-the token means for the request and which events it produces.
+the token means for the request and which events it produces. With ``SamplingParams.detokenize``
+off (a request without stop strings from the engine process's client) the events carry the ids
+and empty text: the API process detokenizes them (``core_process.detok``).
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ class OutputStream:
         self.lps.append(logprob)
         if top is not None:
             self.tops.append(top)
-        piece = self.stops.push(tok)
+        piece = self.stops.push(tok) if self.sampling.detokenize else ""
         if piece:
             self.text_parts.append(piece)
         want = self.sampling.logprobs
@@ -63,7 +65,7 @@ class OutputStream:
     def finish(self, prepared: Prepared, ttft_ms: float, total_ms: float) -> list[TokenEvent | FinishEvent]:
         """The held-back text (if any) and the ``FinishEvent``."""
         out: list[TokenEvent | FinishEvent] = []
-        tail = self.stops.flush()
+        tail = self.stops.flush() if self.sampling.detokenize else ""
         if tail:
             self.text_parts.append(tail)
             out.append(TokenEvent(tail, None, None))

@@ -42,6 +42,9 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = field(default=())
     top_logprobs: int = 0  # with logprobs: this many most likely tokens per position (0..20)
     constraint: Callable[[], TokenConstraint] | None = field(default=None, compare=False)
+    # the engine turns tokens into text (False: its events carry token ids and empty text, and whoever
+    # holds the request detokenizes: the engine process's client, in the API process; no stop strings)
+    detokenize: bool = True
 
     def validate(self) -> SamplingParams:
         if self.max_tokens < 1:
@@ -56,6 +59,8 @@ class SamplingParams:
             raise InvalidRequestError("top_logprobs must be in [0, 20]", param="top_logprobs")
         if any(not s for s in self.stop):
             raise InvalidRequestError("stop strings must be non-empty", param="stop")
+        if self.stop and not self.detokenize:
+            raise ValueError("stop strings are matched on the engine's text: detokenize must stay on")
         return self
 
 

@@ -139,6 +139,23 @@ def test_same_greedy_tokens_as_in_process(proc_app: App, client: TestClient) -> 
     assert "".join(deltas) == (lc["choices"][0]["message"]["content"] or "")
 
 
+def test_text_made_on_either_side_of_the_pipe(proc_app: App, client: TestClient) -> None:
+    """Without stop strings the engine process sends ids and the API process makes the text
+    (``core_process.detok``); with them the engine keeps the text to stop on it. Both give the in-process
+    app's text, streamed pieces and whole."""
+    base = {"segments": [DOCS[0]], "query": "Why?", "max_tokens": 40}  # greedy, the tiny model answers this in text
+    local = client.post("/v1/generate", json=base).json()["text"]
+    assert len(local) > 8
+    stop = local[len(local) // 2 : len(local) // 2 + 3]
+    for body in (base, {**base, "stop": [stop]}):
+        want = client.post("/v1/generate", json=body).json()
+        got = proc_app.client.post("/v1/generate", json=body).json()
+        assert got["text"] == want["text"] and got["finish_reason"] == want["finish_reason"]
+        pieces = [e["text"] for e in _stream(proc_app.client, body) if isinstance(e, dict) and "token_id" in e]
+        assert "".join(pieces) == want["text"]
+    assert stop not in want["text"] and len(want["text"]) < len(local)  # the stop string cut it there
+
+
 def test_structured_output_crosses_the_process(proc_app: App, client: TestClient) -> None:
     """A response_format grammar is compiled again in the engine process and constrains it the same way."""
     chat = {

@@ -12,7 +12,8 @@ CUDA initialised there only), forwards its start-up stages to the caller's ``pro
   before any response went out, so they keep their status;
 * a reader thread receives the engine's messages and hands each event to its request's handle (its
   sink: ``api.job_stream``'s ``LoopInbox``, one wake-up of the event loop per batch), each reply to
-  its waiting ``call``;
+  its waiting ``call``; a request without stop strings is sent with ``SamplingParams.detokenize`` off
+  and its handle makes the text here from the ids (``detok``), so the engine's loop spends nothing on it;
 * ``call(method, ...)``: one engine or store call (``core.CALLS``), blocking (worker threads only);
   ``notify`` sends one without waiting (the store's ``flush`` after each request).
 
@@ -48,6 +49,7 @@ from typing import Any
 from hypic_agent.config import Settings
 from hypic_agent.errors import ContextLengthError, EngineDeadError, ServiceUnavailableError
 from hypic_agent.runtime.core_process import core
+from hypic_agent.runtime.core_process.detok import Detokenizer
 from hypic_agent.runtime.core_process.facts import EngineFacts
 from hypic_agent.runtime.core_process.handle import RemoteHandle
 from hypic_agent.runtime.core_process.outbox import Outbox
@@ -233,11 +235,13 @@ class EngineClient:
                 f"pool ({self.facts.seq_tokens} tokens, HYPIC_KV_POOL_TOKENS); send fewer segments or lower max_tokens",
                 param="max_tokens",
             )
-        wire = replace(req, plan=WirePlan.of(req.plan))
+        # without stop strings the engine sends ids only and this process makes the text (``detok``)
+        here = not sampling.stop and self.tokenizer is not None
+        wire = replace(req, plan=WirePlan.of(req.plan), sampling=replace(sampling, detokenize=not here))
         with self._lock:
             self._check_alive()
             rid = next(self._rids)
-            handle = RemoteHandle(req, sink, rid, self._cancel)
+            handle = RemoteHandle(req, sink, rid, self._cancel, Detokenizer(self.tokenizer) if here else None)
             self._handles[rid] = handle
         self._out.put(Submit(rid, wire, time.perf_counter() - req.t0, dict(hints or {})))
         return handle

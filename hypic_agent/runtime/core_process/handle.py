@@ -2,7 +2,8 @@
 
 The same contract as the scheduler's ``RequestHandle`` (it is one): events to its sink or to
 ``events()``, ``cancel()``, ``queue_ms``. The client's reader thread feeds it what the engine process
-sends; ``cancel()`` also tells the engine process (once, and not after the request ended)."""
+sends; ``cancel()`` also tells the engine process (once, and not after the request ended). With a
+``Detokenizer`` the engine sends ids only and the handle fills in the text (``core_process.detok``)."""
 
 from __future__ import annotations
 
@@ -10,15 +11,22 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from hypic_agent.runtime.core_process.detok import Detokenizer
 from hypic_agent.runtime.scheduler.request import EventSink, GenerationRequest, RequestHandle
 
 
 class RemoteHandle(RequestHandle):
     def __init__(
-        self, request: GenerationRequest, sink: EventSink | None, rid: int, send_cancel: Callable[[int], None]
+        self,
+        request: GenerationRequest,
+        sink: EventSink | None,
+        rid: int,
+        send_cancel: Callable[[int], None],
+        detok: Detokenizer | None = None,
     ) -> None:
         super().__init__(request, sink)
         self.rid = rid
+        self._detok = detok
         self._send_cancel = send_cancel
         self._ended = False
         self._lock = threading.Lock()
@@ -33,7 +41,11 @@ class RemoteHandle(RequestHandle):
     # -- the client's reader thread
     def deliver(self, item: Any) -> None:
         """An event or the exception that ended the request."""
-        self._push(item)
+        if self._detok is None:
+            self._push(item)
+            return
+        for ev in self._detok.events(item):
+            self._push(ev)
 
     def admitted(self, queue_ms: float) -> None:
         self.admitted_at = self.request.t0 + queue_ms / 1e3
