@@ -29,6 +29,14 @@ trap pack_cache EXIT
 step() { local t=$1 name=$2; shift 2; echo "== $name (limit ${t}s)"; local s=$SECONDS
   timeout "$t" "$@" > "$OUT/$name.log" 2>&1; echo "rc=$? in $((SECONDS - s))s"; tail -n ${TAIL_N:-25} "$OUT/$name.log"; }
 nvidia-smi -L
+# The 40-layer Qwen3.5-35B-A3B shape needs an H200; on a smaller card (an H100 came for most device
+# calls of 2026-12-07) the ttft, qps and serving_bench steps cut it to LAYERS (default 20 there; set
+# LAYERS= to run the full model anyway, or another count), qps with a 14 GiB entry budget.
+GPU_MIB=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -1)
+if [ -z "${LAYERS+x}" ]; then LAYERS=""; [ "${GPU_MIB:-0}" -lt 100000 ] && LAYERS=20; fi
+CUT=${LAYERS:+--layers $LAYERS}
+QPS_CUT=${LAYERS:+--layers $LAYERS --entry-budget-gib 14}
+echo "GPU memory ${GPU_MIB:-?} MiB; model layers: ${LAYERS:-all}"
 # Steps to run: arguments (default: all, in this order). A cold machine needs ~2 calls for all of them;
 # the GPU tests alone took >320 s with a partly cold Triton cache on 2026-11-29 (session 7).
 STEPS=${*:-"tests ttft prefill overhead profile next"}
@@ -47,11 +55,11 @@ for st in $STEPS; do case $st in
                --batches 1 8 --contexts 2048 --kernels fuse_projections=false --out $OUT/decode_unfused.json" ;;
   # QPS_ARGS replaces the default modes and loads (e.g. the issue-35 run: --modes hypic prefix_cache full_recompute
   # --loads 12 16 20 24 --mode-loads prefix_cache=0.5,1,1.5,2 full_recompute=0.5,1,1.5,2 --profile)
-  qps) step ${QPS_S:-420} qps python3 qps.py --shape qwen3_5_35b_a3b ${QPS_ARGS:---modes prefix_cache hypic --loads 1 2 4 8 16} \
+  qps) step ${QPS_S:-420} qps python3 qps.py --shape qwen3_5_35b_a3b $QPS_CUT ${QPS_ARGS:---modes prefix_cache hypic --loads 1 2 4 8 16} \
          --out "$OUT/qps.json" ;;
   # issue 36: decode through runner / scheduler / HTTP server, first-request, steady and idle TTFT (~5 min warm)
   # SERVING_ARGS: extra arguments (e.g. --layers 20 on an H100, where the 40-layer model does not fit)
-  serving_bench) step ${SERVING_BENCH_S:-540} serving_bench python3 serving.py --shape qwen3_5_35b_a3b ${SERVING_ARGS:-} \
+  serving_bench) step ${SERVING_BENCH_S:-540} serving_bench python3 serving.py --shape qwen3_5_35b_a3b $CUT ${SERVING_ARGS:-} \
                    --out "$OUT/serving.json" ;;
   http|http_si) step ${HTTP_S:-240} $st python3 http_overhead.py --shape qwen3_5_35b_a3b --segments 20 --seg-len 1024 \
           --rate 2 $([ $st = http_si ] && echo "--switch-interval-ms ${SWITCH_MS:-0.5}") --out "$OUT/$st.json" ;;
@@ -59,7 +67,7 @@ for st in $STEPS; do case $st in
              --rate 2 --interleave --requests ${HTTP_N:-48} --passes ${HTTP_PASSES:-3} --out "$OUT/http_il.json" ;;
   # TTFT_ARGS: extra arguments (e.g. --layers 20 --sync-audit --modes full_recompute prefix_cache hypic)
   ttft) step ${TTFT_S:-300} ttft python3 ttft.py --shape qwen3_5_35b_a3b --pool 120 --segments 20 --seg-len 1024 \
-          --requests 5 --warmup 1 --hit-rates 1.0 0.8 ${TTFT_ARGS:-} --out "$OUT/ttft.json" ;;
+          --requests 5 --warmup 1 --hit-rates 1.0 0.8 $CUT ${TTFT_ARGS:-} --out "$OUT/ttft.json" ;;
   prefill) step 150 prefill python3 prefill.py --shape qwen3_5_35b_a3b --lengths 4096 16384 32768 --reps 2 \
              --out "$OUT/prefill.json" ;;
   overhead) step ${OVERHEAD_S:-200} overhead python3 overhead.py --shape qwen3_5_35b_a3b --layers 8 --segments 16 \
