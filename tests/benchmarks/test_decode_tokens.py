@@ -4,12 +4,16 @@ of the weights a served batch reads)."""
 
 from __future__ import annotations
 
-import sys
+import importlib.util
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-
-from _common import decode_tokens
+# loaded under a name of its own: ``tests/examples`` imports the examples' ``_common`` by that name
+_PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "_common.py"
+_SPEC = importlib.util.spec_from_file_location("benchmarks_common", _PATH)
+assert _SPEC is not None and _SPEC.loader is not None
+_MOD = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(_MOD)
+decode_tokens = _MOD.decode_tokens
 
 
 def test_rows_get_different_tokens_within_the_vocabulary():

@@ -294,6 +294,12 @@ def test_serve_warms_up_before_listening_unless_turned_off(
         assert warming[-1].startswith("warm start took ")
     else:
         assert warming == []
+    routes = [m for m in before if m.startswith("warmed the API routes")]
+    if warm is True:  # then the API routes, each through the app once (``api.warm_routes``)
+        assert routes == [before[-1]] and routes[0].startswith("warmed the API routes: 3 of 3 requests")
+        before = before[:-1]
+    else:
+        assert routes == []
     assert before[-1].startswith("model tiny:qwen3_5_text ready, 0 stored entries")
     # Triton's caches were under the home while it served, and are unset again after
     assert seen == {"cache_dir": str(tmp_path / "triton"), "autotuning": "1"}
