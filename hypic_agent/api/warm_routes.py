@@ -55,16 +55,22 @@ async def warm_routes(app: Any, settings: Settings) -> list[tuple[str, int]]:
     done: list[tuple[str, int]] = []
     t0 = time.perf_counter()
     transport = httpx.ASGITransport(app=app)
-    async with httpx.AsyncClient(transport=transport, base_url="http://warm-start", timeout=WARM_TIMEOUT_S) as client:
-        for path, body in warm_requests():
-            try:
-                async with client.stream("POST", path, json=body, headers=headers) as r:
-                    async for _ in r.aiter_bytes():
-                        pass
-                    done.append((path, r.status_code))
-            except Exception as exc:  # the server still starts: these paths then warm on first use
-                log_event(log, "API warm-up request failed", logging.WARNING, path=path, error=repr(exc))
-                done.append((path, 0))
+    client_log = logging.getLogger("httpx")  # its INFO line per request would read like a client's in the log
+    level = client_log.level
+    client_log.setLevel(logging.WARNING)
+    try:
+        async with httpx.AsyncClient(transport=transport, base_url="http://warm-start", timeout=WARM_TIMEOUT_S) as c:
+            for path, body in warm_requests():
+                try:
+                    async with c.stream("POST", path, json=body, headers=headers) as r:
+                        async for _ in r.aiter_bytes():
+                            pass
+                        done.append((path, r.status_code))
+                except Exception as exc:  # the server still starts: these paths then warm on first use
+                    log_event(log, "API warm-up request failed", logging.WARNING, path=path, error=repr(exc))
+                    done.append((path, 0))
+    finally:
+        client_log.setLevel(level)
     ok = sum(1 for _, s in done if s == 200)
     log_event(
         log,
