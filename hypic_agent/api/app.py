@@ -34,13 +34,10 @@ from hypic_agent.config import Settings, get_settings
 from hypic_agent.errors import ServiceUnavailableError
 from hypic_agent.runtime.core_process import EngineClient
 from hypic_agent.runtime.engine import Engine
+from hypic_agent.runtime.warm_start import wants_warm_start
 from hypic_agent.segments.store.segment_store import SegmentStore
 
 log = logging.getLogger("hypic.api")
-
-
-def _on_cuda(state: ServerState) -> bool:
-    return str(state.engine.device).startswith("cuda")
 
 
 def create_app(
@@ -110,7 +107,7 @@ def create_app(
         state = await (_remote_state(core) if use_core else _local_state())
         holder["state"] = state
         app.state.hypic = state
-        if warm and (settings.warm_start is True or (settings.warm_start == "auto" and _on_cuda(state))):
+        if warm and wants_warm_start(settings, state.engine.device):
             await warm_routes(app, settings)
         stats = await run_in_threadpool(state.store.stats) if state.core is not None else state.store.stats()
         log_event(

@@ -52,6 +52,7 @@ from typing import Any
 
 import torch
 
+from hypic_agent.config import Settings
 from hypic_agent.runtime.hypic.cache import MemoryEntryCache
 from hypic_agent.runtime.hypic.modes import mode_spec
 from hypic_agent.runtime.results import FinishEvent
@@ -296,16 +297,21 @@ def _composed(serving: Serving, say: Progress, report: WarmStartReport) -> None:
     report.segments = segs
 
 
+def wants_warm_start(settings: Settings, device: torch.device | str) -> bool:
+    """``Settings.warm_start`` resolved for an engine on ``device``: ``auto`` = on a CUDA device only."""
+    if settings.warm_start == "auto":
+        return str(device).startswith("cuda")
+    return bool(settings.warm_start)
+
+
 def warm_start_stage(serving: Serving, progress: Progress, triton_dir: str | None = None) -> None:
     """``warm_up`` as a start-up stage of ``serve`` (``Settings.warm_start``: auto = on a CUDA device only),
     in-process or in the engine process (``runtime.core_process``). A failure is logged, not fatal: the
     server then compiles and captures on first use, as it would without."""
     engine = serving.engine
-    wanted = engine.settings.warm_start
-    if wanted is False:
-        return
-    if wanted == "auto" and engine.device.type != "cuda":
-        progress(f"no warm start on {engine.device.type}: nothing compiles there (HYPIC_WARM_START=true runs it)")
+    if not wants_warm_start(engine.settings, engine.device):
+        if engine.settings.warm_start == "auto":
+            progress(f"no warm start on {engine.device.type}: nothing compiles there (HYPIC_WARM_START=true runs it)")
         return
     where = f"; Triton kernels and autotune results kept in {triton_dir}" if triton_dir else ""
     progress(f"warming up: compiling and capturing before listening (HYPIC_WARM_START=false skips it{where})")
