@@ -6,7 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hypic_agent.kernels.combine_scan import choose_chunk_size, plan_steps, wy_factors_torch
+from hypic_agent.kernels.combine_scan import (
+    choose_chunk_size,
+    merge_steps,
+    plan_steps,
+    tables_from_host,
+    wy_factors_torch,
+)
 from hypic_agent.kernels.gdn import gdn_torch
 from tests.kernels.helpers import gdn_inputs, rel_err
 
@@ -31,6 +37,28 @@ def test_steps_pair_each_chunk_with_the_body_after_it():
     for s, link in enumerate(body_links):
         want = ptrs[:, link] if link >= 0 else torch.zeros(2, 2, dtype=torch.int64)
         assert torch.equal(st.ptrs[:, s], want), s
+
+
+def test_merged_steps_shift_each_request_to_its_rows_and_bound_its_steps():
+    # request A (rows 0..20): body, piece of 20; request B (rows 20..29): piece of 4, body, piece of 5
+    a_meta, b_meta = [(1, 0, 0), (0, 0, 20)], [(0, 0, 4), (1, 0, 0), (0, 4, 9)]
+    a_ptrs = torch.tensor([[[11, 12], [0, 0]], [[13, 14], [0, 0]]])  # two layers
+    b_ptrs = torch.tensor([[[0, 0], [21, 22], [0, 0]], [[0, 0], [23, 24], [0, 0]]])
+    tabs = [tables_from_host(m, p, torch.float32, CPU) for m, p in ((a_meta, a_ptrs), (b_meta, b_ptrs))]
+    st = merge_steps(tabs, [0, 20], CPU)
+    assert st.chunk_size == 16
+    assert st.chunks.tolist() == [[0, 16], [16, 20], [20, 24], [24, 29]]
+    assert st.meta.tolist() == [
+        [0, 0, -1, 1],  # A's leading body
+        [0, 16, 0, 0],
+        [16, 20, 1, 0],
+        [20, 24, 2, 1],  # B's first piece (its rows shifted by 20) carries B's body
+        [24, 29, 3, 0],
+    ]
+    assert st.bounds.tolist() == [0, 3, 5]
+    assert st.ptrs[1].tolist() == [[13, 14], [0, 0], [0, 0], [23, 24], [0, 0]]  # layer 1's pairs, per step
+    with pytest.raises(ValueError, match="one row offset per table"):
+        merge_steps(tabs, [0], CPU)
 
 
 def test_chunk_size_follows_the_piece_lengths():

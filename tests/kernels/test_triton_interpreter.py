@@ -257,6 +257,51 @@ for dt in (torch.float32, torch.bfloat16):
 """
 
 
+COMBINE_WY_MERGED = """
+# three requests' chains in one launch (merge_steps: each over its own rows, from its own h0) equal
+# each chain alone (the token-loop twin on its rows); also through the dispatcher of the merged scan
+import torch
+from hypic_agent.kernels.combine_scan import Body, Piece, chain_tables, gdn_combine_scan_merged, gdn_combine_scan_torch
+from hypic_agent.kernels.combine_scan import merge_steps
+from hypic_agent.kernels.combine_scan.combine_scan_triton import wy_chain_triton, wy_factors_triton
+from tests.kernels.helpers import gdn_inputs, rel_err
+H, HV, K, V = 2, 4, 32, 48
+x = gdn_inputs(90, H, HV, K, V, seed=7)
+g = torch.Generator().manual_seed(1)
+def body():
+    T = (torch.eye(K) * 0.9 + 0.01 * torch.randn(HV, K, K, generator=g)).contiguous()
+    return Body(T, torch.randn(HV, K, V, generator=g))
+# request rows: [0, 30), [30, 40), [40, 90); chains in each request's own row numbers
+chains = [
+    [body(), Piece(0, 8), body(), Piece(8, 30)],
+    [Piece(0, 4), body(), body(), Piece(4, 10)],
+    [body(), Piece(0, 8), body(), Piece(8, 16), body(), Piece(16, 50)],
+]
+offsets, ends = [0, 30, 40], [30, 40, 90]
+h0 = torch.randn(3, HV, K, V, generator=g)
+tabs = [chain_tables([c, c], torch.device("cpu")) for c in chains]  # two layers, same pairs
+st = merge_steps(tabs, offsets, torch.device("cpu"))
+assert st.bounds.tolist()[0] == 0 and len(st.bounds) == 4 and st.ptrs.shape[0] == 2
+f = wy_factors_triton(**x, chunks=st.chunks, chunk_size=st.chunk_size)
+for tr in (True, False):
+    o, h = wy_chain_triton(f, st.meta, st.ptrs[1], h0, torch.float32, st.chunk_size, transition=tr, bv=16,
+                           num_warps=2, bounds=st.bounds)
+    assert h.shape == (3, HV, K, V)
+    for n, (c, a, b) in enumerate(zip(chains, offsets, ends)):
+        xs = {key: t[a:b] for key, t in x.items()}
+        ro, rh = gdn_combine_scan_torch(**xs, chain=c, h0=h0[n], transition=tr)
+        assert rel_err(o[a:b], ro) < 1e-5 and rel_err(h[n], rh) < 1e-5, (tr, n, rel_err(o[a:b], ro), rel_err(h[n], rh))
+# a request's rows alone give what the merged launch gave it (no cross-talk between chains)
+o1, h1 = wy_chain_triton(f, st.meta, st.ptrs[0], h0, torch.float32, st.chunk_size, bv=16, num_warps=2, bounds=st.bounds)
+import functools
+from unittest import mock
+from hypic_agent.kernels.combine_scan import combine_scan_triton as wy_module
+with mock.patch.object(wy_module, "wy_chain_triton", functools.partial(wy_chain_triton, bv=16, num_warps=2)):
+    om, hm = gdn_combine_scan_merged(**x, steps=st, row=0, h0=h0, pair_dtype=torch.float32)
+assert rel_err(om, o1) < 1e-6 and rel_err(hm, h1) < 1e-6
+"""
+
+
 @pytest.mark.parametrize(
     "name,script",
     [
@@ -264,6 +309,7 @@ for dt in (torch.float32, torch.bfloat16):
         ("chain_pointers", CHAIN_POINTERS),
         ("combine_tables", COMBINE_TABLES),
         ("combine_scan_wy", COMBINE_WY),
+        ("combine_scan_wy_merged", COMBINE_WY_MERGED),
         ("body_pairs", BODY_PAIRS),
         ("moe", MOE),
         ("splitk_attention", SPLITK),

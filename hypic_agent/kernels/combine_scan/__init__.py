@@ -31,6 +31,7 @@ from .combine_scan_plan import (
     WYSteps,
     chain_tables,
     choose_chunk_size,
+    merge_steps,
     plan_steps,
     tables_from_host,
 )
@@ -46,7 +47,9 @@ __all__ = [
     "chain_tables",
     "choose_chunk_size",
     "gdn_combine_scan",
+    "gdn_combine_scan_merged",
     "gdn_combine_scan_torch",
+    "merge_steps",
     "plan_steps",
     "tables_from_host",
     "wy_factors_torch",
@@ -104,7 +107,38 @@ def gdn_combine_scan(
         return wy_chain_triton(
             factors, steps.meta, steps.ptrs[row], h0, v.dtype, steps.chunk_size, pair_dtype=tab.pair_dtype,
             transition=transition, precise=precise_for_half or v.dtype not in (torch.bfloat16, torch.float16),
+            bounds=steps.bounds,
         )  # fmt: skip
     return gdn_combine_scan_torch(
         q, k, v, g, beta, chain, h0, use_qk_l2norm=use_qk_l2norm, scale=scale, transition=transition
     )
+
+
+def gdn_combine_scan_merged(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    steps: WYSteps,
+    row: int,
+    h0: torch.Tensor,
+    *,
+    pair_dtype: torch.dtype,
+    use_qk_l2norm: bool = True,
+    transition: bool = True,
+    precise_for_half: bool = DEFAULT_KERNELS.precise_for_half,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Layer ``row`` of N requests' combines in one launch each of the factor and chain kernels (CUDA):
+    q, k ``[T, H, K]``, v ``[T, HV, V]``, g, beta ``[T, HV]`` the packed active rows of all of them,
+    ``steps`` their merged plan (``merge_steps``), h0 ``[N, HV, K, V]`` -> (o ``[T, HV, V]``, final
+    states ``[N, HV, K, V]`` fp32). Each request's result is what ``gdn_combine_scan`` gives it alone
+    (the twin: ``gdn_combine_scan_torch`` per request, on its rows)."""
+    from .combine_scan_triton import wy_chain_triton, wy_factors_triton
+
+    factors = wy_factors_triton(q, k, v, g, beta, steps.chunks, steps.chunk_size, use_qk_l2norm=use_qk_l2norm)
+    return wy_chain_triton(
+        factors, steps.meta, steps.ptrs[row], h0, v.dtype, steps.chunk_size, pair_dtype=pair_dtype,
+        transition=transition, precise=precise_for_half or v.dtype not in (torch.bfloat16, torch.float16),
+        bounds=steps.bounds,
+    )  # fmt: skip

@@ -107,23 +107,30 @@ FACTOR_US = {16: 25.0, 64: 120.0}
 class WYSteps:
     """Launch tables: chunks ``[NC, 2]`` int32 (start, end) for the factors; meta ``[NS, 4]`` int32
     (chunk start, end, chunk index or -1, has a body) and ptrs ``[L, NS, 2]`` int64 (each step's body
-    T, S pointers per layer, 0 without a body) for the chain; ``chunk_size`` the largest chunk;
-    ``body_of``: per step the chain link whose pair it applies, or -1 (host)."""
+    T, S pointers per layer, 0 without a body) for the chain; ``bounds [N+1]`` int32: the steps of
+    each of its N chains (one, or several requests' by ``merge_steps``); ``chunk_size`` the largest
+    chunk; ``body_of``: per step the chain link whose pair it applies, or -1 (host; one chain)."""
 
     chunk_size: int
     chunks: torch.Tensor
     meta: torch.Tensor
     ptrs: torch.Tensor
+    bounds: torch.Tensor
     body_of: list[int] = field(default_factory=list)
 
     def step_pointers(self, ptrs: torch.Tensor) -> torch.Tensor:
         """The chain's host pointer table ``[L, n, 2]`` -> the steps' ``[L, NS, 2]`` (host), for
         rewriting ``ptrs`` when only the pairs change (same chain layout)."""
-        out = torch.zeros(ptrs.shape[0], len(self.body_of), 2, dtype=torch.int64)
-        has = [s for s, link in enumerate(self.body_of) if link >= 0]
-        if has:
-            out[:, has] = ptrs[:, [self.body_of[s] for s in has]]
-        return out
+        return _step_pointers(self.body_of, ptrs)
+
+
+def _step_pointers(body_of: list[int], ptrs: torch.Tensor) -> torch.Tensor:
+    """Host pointers ``[L, n, 2]`` of a chain's links -> those of its steps ``[L, NS, 2]`` (0: no body)."""
+    out = torch.zeros(ptrs.shape[0], len(body_of), 2, dtype=torch.int64)
+    has = [s for s, link in enumerate(body_of) if link >= 0]
+    if has:
+        out[:, has] = ptrs[:, [body_of[s] for s in has]]
+    return out
 
 
 def _chunks(lo: int, hi: int, size: int) -> list[tuple[int, int]]:
@@ -139,13 +146,10 @@ def choose_chunk_size(piece_lens: list[int]) -> int:
     return min(STEP_US, key=lambda size: (cost(size), size))
 
 
-def plan_steps(
-    meta: list[tuple[int, int, int]], ptrs: torch.Tensor, device: torch.device, chunk_size: int | None = None
-) -> WYSteps:
-    """``meta``: the chain's host rows (kind 0 = piece / 1 = body, start, end); ``ptrs [L, n, 2]`` the
-    host pointer table (``ChainTables``) -> the steps on ``device``. ``chunk_size``: None picks one."""
-    if chunk_size is None:
-        chunk_size = choose_chunk_size([b - a for kind, a, b in meta if kind == 0 and b > a])
+def _host_steps(
+    meta: list[tuple[int, int, int]], chunk_size: int
+) -> tuple[list[tuple[int, int]], list[list[int]], list[int]]:
+    """One chain's steps on the host: (chunks, steps ``[start, end, chunk index, has body]``, body_of)."""
     chunks: list[tuple[int, int]] = []
     steps: list[list[int]] = []  # start, end, chunk index, has body
     body_of: list[int] = []  # per step: the link whose pair it applies, or -1
@@ -161,12 +165,58 @@ def plan_steps(
         else:
             steps.append([0, 0, -1, 1])
             body_of.append(i)
-    out = WYSteps(
+    return chunks, steps, body_of
+
+
+def _upload(
+    chunk_size: int, chunks: list[tuple[int, int]], steps: list[list[int]], bounds: list[int], device: torch.device
+) -> WYSteps:
+    return WYSteps(
         chunk_size,
         to_device_async(torch.tensor(chunks, dtype=torch.int32).reshape(-1, 2), device),
         to_device_async(torch.tensor(steps, dtype=torch.int32).reshape(-1, 4), device),
         torch.empty(0),
-        body_of,
+        to_device_async(torch.tensor(bounds, dtype=torch.int32), device),
     )
+
+
+def plan_steps(
+    meta: list[tuple[int, int, int]], ptrs: torch.Tensor, device: torch.device, chunk_size: int | None = None
+) -> WYSteps:
+    """``meta``: the chain's host rows (kind 0 = piece / 1 = body, start, end); ``ptrs [L, n, 2]`` the
+    host pointer table (``ChainTables``) -> the steps on ``device``. ``chunk_size``: None picks one."""
+    if chunk_size is None:
+        chunk_size = choose_chunk_size([b - a for kind, a, b in meta if kind == 0 and b > a])
+    chunks, steps, body_of = _host_steps(meta, chunk_size)
+    out = _upload(chunk_size, chunks, steps, [0, len(steps)], device)
+    out.body_of = body_of
     out.ptrs = to_device_async(out.step_pointers(ptrs), device)
+    return out
+
+
+def merge_steps(tables: list[ChainTables], offsets: list[int], device: torch.device) -> WYSteps:
+    """The chains of several requests' tables (each over its own active rows, which start at
+    ``offsets[i]`` of one packed forward) as one launch's steps: chunks and steps shifted to the packed
+    rows, ``bounds`` delimiting each request's steps, ``ptrs [L, NS, 2]`` their pairs layer by layer (the
+    tables must have the same number of layers). One chunk size for all (picked over every piece)."""
+    if len(tables) != len(offsets) or not tables:
+        raise ValueError("need one row offset per table, and at least one table")
+    n_layers = {t.ptrs_host.shape[0] for t in tables if t.ptrs_host is not None}
+    if len(n_layers) != 1 or any(t.ptrs_host is None for t in tables):
+        raise ValueError("merged tables need host pointers of one layer count")
+    size = choose_chunk_size([b - a for t in tables for kind, a, b in t.meta_host if kind == 0 and b > a])
+    chunks: list[tuple[int, int]] = []
+    steps: list[list[int]] = []
+    bounds = [0]
+    blocks: list[torch.Tensor] = []
+    for t, off in zip(tables, offsets, strict=True):
+        c, s, body_of = _host_steps(t.meta_host, size)
+        base = len(chunks)
+        chunks += [(a + off, b + off) for a, b in c]
+        steps += [[a + off, b + off, ci + base if ci >= 0 else -1, has] for a, b, ci, has in s]
+        bounds.append(len(steps))
+        assert t.ptrs_host is not None
+        blocks.append(_step_pointers(body_of, t.ptrs_host))
+    out = _upload(size, chunks, steps, bounds, device)
+    out.ptrs = to_device_async(torch.cat(blocks, dim=1), device)
     return out

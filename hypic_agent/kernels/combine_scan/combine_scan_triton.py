@@ -14,7 +14,7 @@ heads in parallel (``_wy_factors_kernel``, grid ``(chunks, HV)``), from a zero e
     Aqk  = tril(q_i . k_j exp(G_i - G_j))   qp = exp(G) q - Aqk w       ol = Aqk u
 
 so that a chunk entered with state ``h [K, V]`` gives ``o = ol + qp h`` and leaves
-``h' = gam h + kd^T (u - w h)``. The chain (``_wy_chain_kernel``, grid ``(cdiv(V, BV), HV)``) then
+``h' = gam h + kd^T (u - w h)``. The chain (``_wy_chain_kernel``, grid ``(cdiv(V, BV), HV, N)``) then
 walks *steps*: a step is one chunk (or none) followed by one cached body (or none,
 ``h <- T h + S``), so every step has the same shape and the loop can be software-pipelined (the
 autotuner picks 1 or 2 stages). Per step the state sees three dots (``w h``, ``kd^T d``, ``T h``),
@@ -32,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..backend import autotune_cache, interpreting
+from ..backend import autotune_cache, interpreting, to_device_async
 from ..chain.chain_triton import pair_step
 
 
@@ -115,16 +115,23 @@ def _wy_factors_kernel(
 
 @triton.jit
 def _wy_chain_kernel(
-    w, kd, qp, u, ol, gam, o, h0, ht, meta, ptrs, n_steps,
+    w, kd, qp, u, ol, gam, o, h0, ht, meta, ptrs, bounds,
     HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr,
     TRANSITION: tl.constexpr, PAIR_BF16: tl.constexpr, SPLIT: tl.constexpr, STAGES: tl.constexpr,
     FAST: tl.constexpr,
 ):  # fmt: skip
-    """Grid ``(cdiv(V, BV), HV)``: the ``[K, BV]`` slice of one value head's state through the steps.
-    meta ``[NS, 4]`` int32 (chunk start, end, chunk index or -1, has a body), ptrs ``[NS, 2]`` int64
-    (the body's T, S data pointers, 0 without one); h0, ht ``[HV, K, V]`` fp32; o ``[T, HV, V]``."""
+    """Grid ``(cdiv(V, BV), HV, N)``: the ``[K, BV]`` slice of one value head's state of chain ``n``
+    through its steps ``bounds[n]:bounds[n+1]`` (``bounds [N+1]`` int32; N chains of one forward, each
+    over its own rows). meta ``[NS, 4]`` int32 (chunk start, end, chunk index or -1, has a body), ptrs
+    ``[NS, 2]`` int64 (the body's T, S data pointers, 0 without one); h0, ht ``[N, HV, K, V]`` fp32;
+    o ``[T, HV, V]``."""
     i_v = tl.program_id(0)
     i_hv = tl.program_id(1).to(tl.int64)
+    i_n = tl.program_id(2).to(tl.int64)
+    s0 = tl.load(bounds + i_n)
+    s1 = tl.load(bounds + i_n + 1)
+    h0 += i_n * HV * K * V
+    ht += i_n * HV * K * V
     o_k = tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
     o_t = tl.arange(0, BT)
@@ -134,7 +141,7 @@ def _wy_chain_kernel(
     off_kv = o_k[:, None] * V + o_v[None, :]
     b_h = tl.load(h0 + i_hv * K * V + off_kv, mask=m_kv, other=0.0).to(tl.float32)
     pair_ty = tl.bfloat16 if PAIR_BF16 else tl.float32
-    for s in tl.range(0, n_steps, num_stages=STAGES):
+    for s in tl.range(s0, s1, num_stages=STAGES):
         c0 = tl.load(meta + s * 4).to(tl.int64)
         c1 = tl.load(meta + s * 4 + 1)
         ci = tl.load(meta + s * 4 + 2)
@@ -236,11 +243,17 @@ def wy_chain_triton(
     num_warps: int | None = None,
     stages: int = 2,
     precise: bool | None = None,
+    bounds: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``factors`` (``wy_factors_triton``), meta ``[NS, 4]`` int32 and ptrs ``[NS, 2]`` int64
     (``combine_scan_plan.WYSteps``), h0 ``[HV, K, V]`` -> (o ``[T, HV, V]`` in ``out_dtype``, final state
     ``[HV, K, V]`` fp32). Launch: autotuned (value columns per program, warps, pipeline stages) unless
     ``bv`` is given, then ``num_warps`` and ``stages`` of software pipelining over the steps.
+
+    ``bounds``: ``[N+1]`` int32 on the device, the steps of N independent chains (``WYSteps.bounds``;
+    several requests' combines of one forward, ``combine_scan_plan.merge_steps``), run side by side
+    with h0 ``[N, HV, K, V]`` -> final states ``[N, HV, K, V]``; None: one chain over all the steps
+    (a small host->device copy: the dispatcher passes its plan's ``bounds``).
 
     ``precise``: the state's dots in tf32x3 (about fp32) or in one tf32 pass; None: one pass when
     ``out_dtype`` is bf16 / fp16 (``KernelConfig.precise_for_half`` off), else precise. bf16 pairs
@@ -248,11 +261,18 @@ def wy_chain_triton(
     if pair_dtype not in (torch.float32, torch.bfloat16):
         raise ValueError(f"pairs must be float32 or bfloat16, got {pair_dtype}")
     w, kd, qp, u, ol, gam = factors
-    HV, K, V = h0.shape
+    HV, K, V = h0.shape[-3:]
     T = u.shape[0]
+    if bounds is None:
+        if h0.dim() != 3:
+            raise ValueError(f"one chain needs h0 [HV, K, V], got {tuple(h0.shape)} (several: pass bounds)")
+        bounds = to_device_async(torch.tensor([0, meta.shape[0]], dtype=torch.int32), meta.device)
+    n = bounds.shape[0] - 1
+    if h0.shape[:-3] not in ((), (n,)) or (h0.dim() == 3 and n != 1):
+        raise ValueError(f"{n} chains need h0 [{n}, HV, K, V], got {tuple(h0.shape)}")
     o = torch.empty(T, HV, V, dtype=out_dtype, device=h0.device)
-    ht = torch.empty(HV, K, V, dtype=torch.float32, device=h0.device)
-    args = (w, kd, qp, u, ol, gam, o, h0.float().contiguous(), ht, meta, ptrs, meta.shape[0])
+    ht = torch.empty(h0.shape, dtype=torch.float32, device=h0.device)
+    args = (w, kd, qp, u, ol, gam, o, h0.float().contiguous(), ht, meta, ptrs, bounds)
     bf16 = pair_dtype == torch.bfloat16
     BT = max(16, triton.next_power_of_2(chunk_size))
     if precise is None:
@@ -265,8 +285,8 @@ def wy_chain_triton(
                   SPLIT=bf16 and not interpreting(), FAST=not precise)  # fmt: skip
 
     if bv is None:
-        _tuned_chain[lambda m: (triton.cdiv(V, m["BV"]), HV)](*args, **consts)
+        _tuned_chain[lambda m: (triton.cdiv(V, m["BV"]), HV, n)](*args, **consts)
     else:
         BV = max(16, min(bv, triton.next_power_of_2(V)))
-        _wy_chain_kernel[(triton.cdiv(V, BV), HV)](*args, **consts, BV=BV, STAGES=stages, num_warps=num_warps or 4)
+        _wy_chain_kernel[(triton.cdiv(V, BV), HV, n)](*args, **consts, BV=BV, STAGES=stages, num_warps=num_warps or 4)
     return o, ht

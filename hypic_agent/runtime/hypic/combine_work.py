@@ -63,6 +63,17 @@ class CombineWork:
     def planned(self) -> CombineInputs | None:
         return self.inputs if isinstance(self.inputs, CombineInputs) else None
 
+    @property
+    def tails(self) -> torch.Tensor | None:
+        """After ``plan``: the conv states entering every piece of every linear layer ``[L_lin, P, C, W-1]``
+        (None: read from the entries, without splice tables)."""
+        return self._tails
+
+    @property
+    def h0(self) -> torch.Tensor | None:
+        """After ``plan``: the composed leading bodies per linear layer ``[L_lin, HV, K, V]`` (None: none)."""
+        return self._h0
+
     def plan(self) -> None:
         """Plan the inputs (if given as a function) and compose the leading bodies: before layer 0's
         mixer work."""

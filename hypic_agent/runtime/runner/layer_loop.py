@@ -23,15 +23,20 @@ worker streams a finished layer group from there: ``workers.stream``), and ``n_l
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from hypic_agent.runtime.hypic.combine_group import CombineGroup, group_works
 from hypic_agent.runtime.models.hybrid import HybridForCausalLM
+from hypic_agent.runtime.models.layers.gated_deltanet import GatedDeltaNet
 from hypic_agent.runtime.runner.mixers import attention_mix, linear_mix
 from hypic_agent.runtime.runner.plan import ForwardPlan
 from hypic_agent.runtime.runner.pool import StatePool
 from hypic_agent.runtime.runner.stage_graphs import LayerGraphs, mixer_in, mixer_out
+
+if TYPE_CHECKING:
+    from hypic_agent.runtime.hypic.combine_work import CombineWork
 
 
 def _rows(xs: tuple[torch.Tensor, ...], a: int, b: int) -> tuple[torch.Tensor, ...]:
@@ -84,6 +89,7 @@ def layer_steps(
         raise ValueError("an empty forward plan")
     h = parts[0] if len(parts) == 1 else torch.cat(parts)
     layers = model.layers if n_layers is None else model.layers[:n_layers]
+    units: list[CombineWork | CombineGroup] = []
     for li, layer in enumerate(layers):
         if every and li and li % every == 0:
             yield None
@@ -100,6 +106,7 @@ def layer_steps(
         if li == 0:  # the combines' tables are planned while the GPU runs the cold rows' first layer
             for w in plan.combines:
                 w.plan()
+            units = group_works(plan.combines)
         if plan.n_tokens:
             assert pool is not None
             mine = _rows(xs, a, a + plan.n_tokens)
@@ -110,9 +117,15 @@ def layer_steps(
                 o, _ = attention_mix(layer.self_attn, pool, li, mine, plan)
             outs.append(o)
             a += plan.n_tokens
-        for w in plan.combines:
-            outs.append(w.mix(li, layer, _rows(xs, a, a + w.n_rows)))
-            a += w.n_rows
+        for u in units:
+            if isinstance(u, CombineGroup) and isinstance(layer.linear_attn, GatedDeltaNet):
+                assert pool is not None
+                outs.append(u.mix_linear(li, layer.linear_attn, pool, _rows(xs, a, a + u.n_rows)))
+                a += u.n_rows
+                continue
+            for w in u.works if isinstance(u, CombineGroup) else (u,):
+                outs.append(w.mix(li, layer, _rows(xs, a, a + w.n_rows)))
+                a += w.n_rows
         if mixed is not None:
             mixed(li)
         extra = xs[1:2] if layer.linear_attn is not None else xs[3:]  # GDN's z / the attention gate, if any

@@ -219,6 +219,25 @@ class GatedDeltaNet(nn.Module):
             backend=self.backend, tables=tables, precise_for_half=precise_for_half,
         )  # fmt: skip
 
+    def mix_scan_merged(
+        self,
+        ops: GDNOperands,
+        steps: combine_scan.WYSteps,
+        row: int,
+        h0: torch.Tensor,
+        *,
+        pair_dtype: torch.dtype,
+        transition: bool,
+        precise_for_half: bool = DEFAULT_KERNELS.precise_for_half,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``mix_scan`` of N requests' combines at once (CUDA; ``combine_scan.gdn_combine_scan_merged``):
+        ``ops`` of their packed active rows, ``steps`` their merged plan, ``row`` this layer's row of
+        its pointer tables, h0 ``[N, HV, K, V]`` -> (o ``[T, HV, V]``, final states ``[N, HV, K, V]`` fp32)."""
+        return combine_scan.gdn_combine_scan_merged(
+            ops.q, ops.k, ops.v, ops.g, ops.beta, steps, row, h0, pair_dtype=pair_dtype, transition=transition,
+            precise_for_half=precise_for_half,
+        )  # fmt: skip
+
     def pair_identity(self, like: torch.Tensor) -> torch.Tensor:
         """The transition of an empty span ``[HV, K, K]`` (what ``addition`` puts in place of T)."""
         return torch.eye(self.dk, device=like.device, dtype=torch.float32).expand(self.hv, self.dk, self.dk)
