@@ -17,8 +17,10 @@ holds the popular documents (as a long-running server's would).
 from __future__ import annotations
 
 import argparse
+import collections
 import gc
 import random
+import sys
 import threading
 import time
 from typing import Any
@@ -208,11 +210,46 @@ class StepProfile:
         }
 
 
-def burst(serving: Serving, trace: Trace, mode: str, n: int, max_tokens: int, profile: bool = False) -> dict[str, Any]:
+def sample_stacks(run: Any, every_s: float = 0.002) -> collections.Counter[str]:
+    """Call ``run()`` while a thread samples every other thread's Python stack each ``every_s``; returns
+    collapsed stacks (``file:function;...`` root first) -> samples: where the engine thread's host
+    time goes (a sample lands where a thread holds or waits for the GIL)."""
+    counts: collections.Counter[str] = collections.Counter()
+    done = threading.Event()
+    me = threading.get_ident()
+
+    def sampler() -> None:
+        own = threading.get_ident()
+        while not done.is_set():
+            for tid, frame in sys._current_frames().items():
+                if tid in (me, own):
+                    continue
+                names = []
+                f: Any = frame
+                while f is not None:
+                    names.append(f"{f.f_code.co_filename.rsplit('/', 1)[-1]}:{f.f_code.co_name}")
+                    f = f.f_back
+                counts[";".join(reversed(names))] += 1
+            time.sleep(every_s)
+
+    t = threading.Thread(target=sampler, daemon=True)
+    t.start()
+    try:
+        run()
+    finally:
+        done.set()
+        t.join()
+    return counts
+
+
+def burst(
+    serving: Serving, trace: Trace, mode: str, n: int, max_tokens: int, profile: bool = False, spy: str = ""
+) -> dict[str, Any]:
     """``n`` warm requests submitted together against one alone: the last first token vs one alone's
     TTFT (the same documents, so both are warm; each run is after the warm-up). ``profile``: the
     together run once more under ``torch.profiler`` (its kernels, GPU time against their span, and the
-    scheduler's forwards and their wall time)."""
+    scheduler's forwards and their wall time). ``spy``: a path: the together run 10 times more with every
+    other thread's Python stack sampled (``sample_stacks``), collapsed stacks written there."""
     sampling = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
 
     def ttfts(plans: list[Any]) -> list[float]:
@@ -226,6 +263,8 @@ def burst(serving: Serving, trace: Trace, mode: str, n: int, max_tokens: int, pr
     plans = [trace.request() for _ in range(n)]
     ttfts(plans)  # every document cached, the layouts seen
     alone = sorted(ttfts([p])[0] for p in plans[:3])[1]  # median of three alone
+    stats = serving.scheduler.stats
+    s0 = dict(stats.as_dict())
     together = ttfts(plans)
     row: dict[str, Any] = {
         "mode": mode,
@@ -233,12 +272,20 @@ def burst(serving: Serving, trace: Trace, mode: str, n: int, max_tokens: int, pr
         "alone_ttft_ms": alone,
         "last_ttft_ms": max(together),
         "ratio": max(together) / alone,
+        # the together run's work: prepare items (combines joined + cold-build shares), cold rows built
+        "combine_steps": stats.combine_steps - s0["combine_steps"],
+        "cold_built_tokens": stats.cold_built_tokens - s0["cold_built_tokens"],
+        "combine_step_ms": stats.combine_ms - s0["combine_ms"],
     }
+    if spy:
+        stacks = sample_stacks(lambda: [ttfts(plans) for _ in range(10)])
+        with open(spy, "w") as f:
+            f.writelines(f"{k} {v}\n" for k, v in stacks.most_common())
+        row["spy"] = spy
     if profile:
         from torch.profiler import ProfilerActivity
         from torch.profiler import profile as torch_profile
 
-        stats = serving.scheduler.stats
         f0, c0 = stats.forwards, stats.combine_ms
         cuda = [ProfilerActivity.CUDA] if torch.cuda.is_available() else []
         with torch_profile(activities=[ProfilerActivity.CPU, *cuda]) as prof:
@@ -285,6 +332,7 @@ def main() -> None:
     ap.add_argument(
         "--burst-profile", action="store_true", help="the burst once more under torch.profiler (its kernels, CUDA)"
     )
+    ap.add_argument("--burst-spy", default="", help="a path: the burst's Python stacks sampled, written there")
     ap.add_argument("--no-overlap", action="store_true", help="Settings.overlap_schedule off")
     ap.add_argument("--no-warm-start", action="store_true", help="skip the server's warm start (runtime.warm_start)")
     ap.add_argument("--out", default="bench_out/qps.json")
@@ -319,7 +367,7 @@ def main() -> None:
         trace = Trace(args, model.config.vocab_size)
         run_load(serving, trace, mode, 0.0, args.warm_requests, args.max_tokens, args.seed)
         if args.burst:
-            bursts.append(burst(serving, trace, mode, args.burst, args.max_tokens, args.burst_profile))
+            bursts.append(burst(serving, trace, mode, args.burst, args.max_tokens, args.burst_profile, args.burst_spy))
             print(bursts[-1], flush=True)
         if prof is not None:  # the warm-up's and burst's steps are not a load's
             print({"warm_up_compiles": len(prof.compiles), "compile_ms": sum(ms for _, ms in prof.compiles)})
