@@ -58,7 +58,8 @@ class _Scout(CombineWork):
         self.n_suffix = n_suffix
         self.mass = torch.zeros(self.lay.total, dtype=torch.float32, device=self.lay.active_ids.device)
 
-    def mix(self, li: int, layer: DecoderLayer, xs: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    def mix(self, li: int, layer: DecoderLayer, xs: tuple[torch.Tensor, ...], rotated: bool = False) -> torch.Tensor:
+        assert not rotated, "the scout reads un-rotated queries (it writes no pool: never in a CombineGroup)"
         o = super().mix(li, layer, xs)
         attn = layer.self_attn
         if attn is not None and not isinstance(attn, MLAttention):

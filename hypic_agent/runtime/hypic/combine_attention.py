@@ -30,12 +30,16 @@ def combine_attention(
     spec: ModeSpec,
     splice: SpliceTables | None,
     into: StateDestination | None = None,
+    rotated: bool = False,
 ) -> tuple[torch.Tensor, AttentionLayerState]:
     """Un-rotated q, k, v of the active tokens -> (o ``[T, Hq, D]`` before the output projection,
     state: K/V ``[L, Hkv, D]``); the bodies' keys and values by ``splice`` (None: from the entries).
-    ``into``: the K/V is assembled in the request's pool rows where they are one run (``kv_buffers``)."""
-    q = attn.rotate(q, lay.active_pos)
-    k = attn.rotate(k, lay.active_pos)
+    ``into``: the K/V is assembled in the request's pool rows where they are one run (``kv_buffers``).
+    ``rotated``: q and k come rotated to ``lay.active_pos`` already (a ``CombineGroup`` rotates the
+    active rows of all its requests at once)."""
+    if not rotated:
+        q = attn.rotate(q, lay.active_pos)
+        k = attn.rotate(k, lay.active_pos)
     if into is not None:
         k_full, v_full = into.kv_buffers(li, attn.k_row, attn.v_row, k)
     else:  # MLA: rope keys and latents (rotation: rope dims only)

@@ -11,8 +11,9 @@ for all k (``mix_linear``):
   (``combine_scan.merge_steps``: each request's steps over its own rows, from its own leading state);
 * one copy each of the final recurrent and conv states into the requests' slots.
 
-Attention layers stay per request (``CombineWork.mix``: each attends over its own spliced K/V in its
-own pool rows). The kernels compute every chain over its own rows only, so a request's logits are
+Attention layers rotate every request's active queries and keys in one call each (``mix_attention``);
+the rest stays per request (``CombineWork.mix``: each attends over its own spliced K/V in its own pool
+rows). The kernels compute every chain over its own rows only, so a request's logits are
 those it gets alone (to the kernels' rounding: the chunk size is picked over all the pieces).
 
 A work joins a group when its forward reads every cached tensor by pointer (``CombineInputs.
@@ -31,6 +32,7 @@ from hypic_agent.kernels import combine_scan
 from hypic_agent.kernels.backend import to_device_async
 from hypic_agent.runtime.hypic.combine_inputs import CombineInputs
 from hypic_agent.runtime.hypic.combine_work import CombineWork
+from hypic_agent.runtime.models.layers.decoder import DecoderLayer
 from hypic_agent.runtime.models.layers.gated_deltanet import GatedDeltaNet
 from hypic_agent.runtime.runner.pool import StatePool
 
@@ -59,6 +61,7 @@ class CombineGroup:
     _last_piece: torch.Tensor | None = field(default=None, init=False, repr=False)
     _slots: torch.Tensor | None = field(default=None, init=False, repr=False)
     _zero_h0: torch.Tensor | None = field(default=None, init=False, repr=False)
+    _active_pos: torch.Tensor | None = field(default=None, init=False, repr=False)
 
     @property
     def n_rows(self) -> int:
@@ -94,6 +97,7 @@ class CombineGroup:
         self._last_piece = to_device_async(torch.tensor(last, dtype=torch.long), dev)
         self._slots = to_device_async(torch.tensor(slots, dtype=torch.long), dev)
         self._tails = torch.cat(tails, dim=1)  # [L_lin, P_all, C, W-1]
+        self._active_pos = torch.cat([w.lay.active_pos for w in self.works])
 
     def _h0(self, row: int, like: torch.Tensor) -> torch.Tensor:
         """``[N, HV, K, V]`` fp32: each work's composed leading bodies of linear row ``row``, or zeros."""
@@ -124,6 +128,21 @@ class CombineGroup:
         pool.recurrent[j].index_copy_(0, self._slots, finals.to(pool.recurrent.dtype))
         pool.conv[j].index_copy_(0, self._slots, conv_final.index_select(0, self._last_piece).to(pool.conv.dtype))
         return o
+
+    def mix_attention(self, li: int, layer: DecoderLayer, xs: tuple[torch.Tensor, ...]) -> list[torch.Tensor]:
+        """Attention layer ``li`` over the group's rows: q and k of all of them rotated at once, then each
+        work's own splice and attention -> each work's o ``[Ta, Hq, D]``, in order."""
+        assert layer.self_attn is not None and self._active_pos is not None
+        attn = layer.self_attn
+        q, k = attn.rotate(xs[0], self._active_pos), attn.rotate(xs[1], self._active_pos)
+        outs = []
+        a = 0
+        for w in self.works:
+            b = a + w.n_rows
+            mine = tuple(x[a:b] for x in (q, k, *xs[2:]))
+            outs.append(w.mix(li, layer, mine, rotated=True))
+            a = b
+        return outs
 
 
 def group_works(works: Sequence[CombineWork]) -> list[CombineWork | CombineGroup]:

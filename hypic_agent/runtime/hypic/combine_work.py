@@ -84,10 +84,11 @@ class CombineWork:
         self._tails = inputs.splice.conv_tails() if inputs.splice is not None else None
         self._rows = inputs.lin_row
 
-    def mix(self, li: int, layer: DecoderLayer, xs: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    def mix(self, li: int, layer: DecoderLayer, xs: tuple[torch.Tensor, ...], rotated: bool = False) -> torch.Tensor:
         """Layer ``li``'s mixer over this work's rows of ``mixer_in``'s outputs ``xs`` -> o (before the
         output projection: GDN ``[Ta, HV, V]``, attention ``[Ta, Hq, D]``); the layer's state is
-        written into the destination (or kept in ``layers``)."""
+        written into the destination (or kept in ``layers``). ``rotated``: an attention layer's q and k
+        come rotated to their positions already (``combine_attention``)."""
         inputs = self.inputs
         assert isinstance(inputs, CombineInputs), "plan() first"
         st: LayerState
@@ -102,7 +103,7 @@ class CombineWork:
             assert layer.self_attn is not None
             q, k, v = xs[:3]
             o, st = combine_attention(
-                layer.self_attn, q, k, v, self.lay, self.entries, li, self.spec, inputs.splice, self.into
+                layer.self_attn, q, k, v, self.lay, self.entries, li, self.spec, inputs.splice, self.into, rotated
             )
         if self.into is None:
             self.layers.append(st)

@@ -23,20 +23,18 @@ worker streams a finished layer group from there: ``workers.stream``), and ``n_l
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from hypic_agent.runtime.hypic.combine_group import CombineGroup, group_works
+from hypic_agent.runtime.hypic.combine_work import CombineWork
 from hypic_agent.runtime.models.hybrid import HybridForCausalLM
 from hypic_agent.runtime.models.layers.gated_deltanet import GatedDeltaNet
 from hypic_agent.runtime.runner.mixers import attention_mix, linear_mix
 from hypic_agent.runtime.runner.plan import ForwardPlan
 from hypic_agent.runtime.runner.pool import StatePool
 from hypic_agent.runtime.runner.stage_graphs import LayerGraphs, mixer_in, mixer_out
-
-if TYPE_CHECKING:
-    from hypic_agent.runtime.hypic.combine_work import CombineWork
 
 
 def _rows(xs: tuple[torch.Tensor, ...], a: int, b: int) -> tuple[torch.Tensor, ...]:
@@ -118,14 +116,14 @@ def layer_steps(
             outs.append(o)
             a += plan.n_tokens
         for u in units:
-            if isinstance(u, CombineGroup) and isinstance(layer.linear_attn, GatedDeltaNet):
+            if isinstance(u, CombineWork):
+                outs.append(u.mix(li, layer, _rows(xs, a, a + u.n_rows)))
+            elif isinstance(layer.linear_attn, GatedDeltaNet):
                 assert pool is not None
                 outs.append(u.mix_linear(li, layer.linear_attn, pool, _rows(xs, a, a + u.n_rows)))
-                a += u.n_rows
-                continue
-            for w in u.works if isinstance(u, CombineGroup) else (u,):
-                outs.append(w.mix(li, layer, _rows(xs, a, a + w.n_rows)))
-                a += w.n_rows
+            else:
+                outs += u.mix_attention(li, layer, _rows(xs, a, a + u.n_rows))
+            a += u.n_rows
         if mixed is not None:
             mixed(li)
         extra = xs[1:2] if layer.linear_attn is not None else xs[3:]  # GDN's z / the attention gate, if any
