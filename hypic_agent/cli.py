@@ -224,6 +224,12 @@ def distill(
     ckpt_every: int = typer.Option(50),
     eval_tokens: int = typer.Option(262144, help="held-out tokens for perplexity / KL / top-1"),
     conv_tap: float | None = typer.Option(1.0, help="GDN conv current-token tap at init (<=0: per-head calibrated)"),
+    attention_layers: str = typer.Option(
+        "",
+        "--attention-layers",
+        help="layers kept as full attention, e.g. '1,3,5' (at most half; python -m hypic_agent.training.select_layers "
+        "prints a measured choice); empty = every 4th (3,7,11,...)",
+    ),
     export_dtype: str = typer.Option("bfloat16", help="stored tensors: bfloat16 | float32 | int8 (per-row, half size)"),
     shard_mb: float = typer.Option(15.0, help="model shard size in MiB (0 = one file)"),
     seed: int = typer.Option(0),
@@ -235,10 +241,10 @@ def distill(
     cached_min_suffix: int = typer.Option(128, help="suffix tokens at least, after the cached segments"),
     cached_eval: str = typer.Option("128,8", help="segment length,seam of the cached_kl eval ('0,0' = off)"),
 ) -> None:
-    """Distill the all-attention teacher into a Qwen3.5-style hybrid (GDN + 1-in-4 attention)."""
+    """Distill the all-attention teacher into a Qwen3.5-style hybrid (GDN + attention, 1-in-4 by default)."""
     from dataclasses import replace
 
-    from hypic_agent.training.convert import ConvertOptions
+    from hypic_agent.training.convert import ConvertOptions, parse_layer_list
     from hypic_agent.training.data import default_shared_data
     from hypic_agent.training.distill import DistillConfig, run_distill, tiny_config
 
@@ -248,7 +254,13 @@ def distill(
         opts["steps"] = steps
     opts.update(local_steps=local_steps, train=train, compile=compile, grad_checkpoint=grad_checkpoint)
     opts.update(export_dtype=export_dtype, shard_mb=shard_mb, gdn_chunk=gdn_chunk)
-    opts.update(convert=ConvertOptions(conv_tap=conv_tap if conv_tap and conv_tap > 0 else None, seed=seed))
+    try:
+        layers = parse_layer_list(attention_layers)
+        tap = conv_tap if conv_tap and conv_tap > 0 else None
+        opts.update(convert=ConvertOptions(conv_tap=tap, seed=seed, attention_layers=layers))
+    except HypicError as e:
+        err.print(f"[red]error ({e.type}):[/red] {e.message}")
+        raise typer.Exit(2) from e
     if process_budget is not None:
         opts["process_budget_s"] = process_budget
     try:

@@ -1,9 +1,11 @@
 """Turn an all-attention Llama teacher into a Qwen3.5-style hybrid student (``qwen3_5_text``).
 
-Layout: full attention where ``i % every == every - 1`` (3, 7, ..., 27 for 30 layers), Gated
-DeltaNet elsewhere with as many key/value heads as the teacher has query heads, head dims =
-the teacher's head dim, conv kernel 4. Vocabulary, embeddings, MLPs and norms are the teacher's
-(RMSNorm weights shifted by -1: Qwen norms compute ``y * (1 + w)``, Llama's ``y * w``).
+Layout: full attention at ``ConvertOptions.attention_layers`` when given (at most half of the
+layers; ``select_layers.py`` picks them by measurement), else where ``i % every == every - 1``
+(3, 7, ..., 27 for 30 layers); Gated DeltaNet elsewhere with as many key/value heads as the
+teacher has query heads, head dims = the teacher's head dim, conv kernel 4. Vocabulary,
+embeddings, MLPs and norms are the teacher's (RMSNorm weights shifted by -1: Qwen norms
+compute ``y * (1 + w)``, Llama's ``y * w``).
 
 Initialization of the mixers (``docs/models.md`` explains the choices):
 
@@ -24,13 +26,14 @@ Initialization of the mixers (``docs/models.md`` explains the choices):
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from hypic_agent.errors import ModelConfigError
+from hypic_agent.errors import InvalidRequestError, ModelConfigError
 from hypic_agent.runtime.models.loading.delta import derived_tensors
 from hypic_agent.training.calibrate import LayerStats
 
@@ -39,9 +42,14 @@ STUDENT_MODEL_TYPE = "qwen3_5_text"
 
 @dataclass(frozen=True)
 class ConvertOptions:
-    """Layout and init knobs of the conversion."""
+    """Layout and init knobs of the conversion.
+
+    ``attention_layers``: indices of the layers kept as full attention (stored sorted; unique,
+    non-negative, at most half of the layers); None: every ``attention_every``-th layer.
+    """
 
     attention_every: int = 4
+    attention_layers: tuple[int, ...] | None = None
     conv_tap: float | None = 1.0  # None: per-head calibrated taps (conv_alpha / head RMS)
     conv_alpha: float = 0.5
     z_target: float = 3.0  # GDN output-gate pre-activation (silu(3) = 2.86)
@@ -55,9 +63,60 @@ class ConvertOptions:
     attn_const_ratio: float = 20.0  # the constant q / k dim vs the largest mean per-head |q| / |k|
     seed: int = 0
 
+    def __post_init__(self) -> None:
+        if self.attention_layers is None:
+            return
+        try:
+            layers = tuple(operator.index(i) for i in self.attention_layers if not isinstance(i, bool))
+            ok = len(layers) == len(self.attention_layers) > 0
+        except TypeError:
+            ok = False
+        if not ok:
+            raise InvalidRequestError(
+                f"attention_layers must be a non-empty list of layer indices, got {self.attention_layers!r}",
+                param="attention_layers",
+            )
+        if min(layers) < 0:
+            raise InvalidRequestError(f"attention_layers {list(layers)}: negative index", param="attention_layers")
+        dup = sorted({i for i in layers if layers.count(i) > 1})
+        if dup:
+            raise InvalidRequestError(f"attention_layers repeats layer(s) {dup}", param="attention_layers")
+        object.__setattr__(self, "attention_layers", tuple(sorted(layers)))
+
     def layer_types(self, n: int) -> list[str]:
-        k = self.attention_every
-        return ["full_attention" if i % k == k - 1 else "linear_attention" for i in range(n)]
+        """``"full_attention"`` / ``"linear_attention"`` for each of ``n`` layers.
+
+        Raises ``InvalidRequestError`` (a ``ValueError``) when an explicit layer is out of range or
+        more than ``n // 2`` layers would be attention.
+        """
+        if self.attention_layers is None:
+            k = self.attention_every
+            return ["full_attention" if i % k == k - 1 else "linear_attention" for i in range(n)]
+        bad = [i for i in self.attention_layers if i >= n]
+        if bad:
+            raise InvalidRequestError(
+                f"attention_layers {bad} out of range: the model has {n} layers (0..{n - 1})", param="attention_layers"
+            )
+        if len(self.attention_layers) > n // 2:
+            raise InvalidRequestError(
+                f"{len(self.attention_layers)} attention layers of {n}: at most {n // 2} (half the layers stay linear)",
+                param="attention_layers",
+            )
+        keep = set(self.attention_layers)
+        return ["full_attention" if i in keep else "linear_attention" for i in range(n)]
+
+
+def parse_layer_list(text: str | None) -> tuple[int, ...] | None:
+    """``"1, 3,5"`` -> ``(1, 3, 5)``; empty / blank -> None (the ``--attention-layers`` option's format)."""
+    if text is None or not text.strip():
+        return None
+    try:
+        return tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError as e:
+        raise InvalidRequestError(
+            f"--attention-layers takes comma-separated layer indices like '3,7,11', got {text!r}",
+            param="attention_layers",
+        ) from e
 
 
 @dataclass

@@ -6,6 +6,10 @@ train each layer in isolation on the teacher's inputs (layer-local hidden loss o
 (betas 0.9 / 0.95), linear warmup then cosine to ``min_lr_ratio * lr``, gradient clipping,
 bf16 autocast on CUDA. Only the token mixers train by default (``train="mixers"``).
 
+Layout: ``cfg.convert`` picks the layers kept as attention (``ConvertOptions.attention_layers``,
+e.g. from ``select_layers.py``; default every 4th). A resumed checkpoint or ``init_from`` model
+keeps its own layout; an explicit ``attention_layers`` that differs from it is an error.
+
 Cached-prefill training (``cached_every`` > 0): every ``cached_every``-th step the student runs
 as the ``hypic`` mode serves it (``hypic_forward``: the block cut into equal segments cached in
 isolation, seams and suffix recomputed in context) and the KL against the one-pass teacher is
@@ -184,6 +188,13 @@ def build_student(
         tensors, config, resumed = conv.tensors, conv.hf_config, False
         state = ckpt.TrainState(0, 0.0, config, teacher.base, cfg.to_json(), report=conv.report)
     student = build_model(config, device=dev)
+    have, want = student.config.attention_layers, cfg.convert.attention_layers
+    if (cfg.resume or cfg.init_from is not None) and want is not None and have != list(want):
+        raise InvalidRequestError(
+            f"the {'checkpoint' if resumed else '--init-from model'} has attention layers {have}, "
+            f"not --attention-layers {list(want)}",
+            param="attention_layers",
+        )
     student.load_weights({k: v.to(dev) for k, v in tensors.items()})
     for name, p in student.named_parameters():
         p.requires_grad_(_trainable(name, cfg.train))
@@ -215,13 +226,15 @@ def run_distill(
     backend = resolve_gdn_backend(cfg.gdn, dev)
     gdn = gdn_function(backend, compile=cfg.compile, chunk=cfg.gdn_chunk)
     teacher = load_teacher(cfg.teacher, settings, seed=cfg.seed)
+    cfg.convert.layer_types(int(teacher.hf_config["num_hidden_layers"]))  # bad --attention-layers fail here
     tmodel = teacher.build(dev)
     data = corpus(cfg, teacher, log)
     student, state, resumed = build_student(cfg, teacher, tmodel, data, dev)
     params = {n: p for n, p in student.named_parameters() if p.requires_grad}
     names = {p: n for n, p in params.items()}
     n_train = sum(p.numel() for p in params.values())
-    log(f"student: {len(student.config.linear_layers)} GDN + {len(student.config.attention_layers)} attention layers; "
+    attn_layers = student.config.attention_layers
+    log(f"student: {len(student.config.linear_layers)} GDN + {len(attn_layers)} attention layers {attn_layers}; "
         f"{n_train / 1e6:.1f}M trainable ({cfg.train}); GDN backend {backend}; device {dev}")  # fmt: skip
     plist = list(params.values())
     opt = torch.optim.AdamW(plist, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
@@ -291,7 +304,8 @@ def run_distill(
     ckpt.save_checkpoint(cfg.out / "ckpt", saved_tensors(student), state)
     summary = {"steps_done": step, "train_seconds": state.elapsed_s, "tokens_seen": step * cfg.batch * cfg.seq,
                "trainable_params": n_train, "gdn_backend": backend, "device": str(dev), "evals": state.evals,
-               "history": state.history, "init_report": state.report, "run": cfg.to_json()}  # fmt: skip
+               "attention_layers": attn_layers, "history": state.history, "init_report": state.report,
+               "run": cfg.to_json()}  # fmt: skip
     export_delta(
         cfg.out / "model", state.student_config, saved_tensors(student), teacher.base, tokenizer=teacher.tokenizer,
         dtype=getattr(torch, cfg.export_dtype), shard_mb=cfg.shard_mb, summary=summary,

@@ -8,12 +8,13 @@ norms, gates, MLPs) are the runtime's own, so a model trained here runs unchange
 
 ``probe(layer, name, tensor)`` sees intermediates (``x`` = normed mixer input ``[B, L, D]``,
 ``q`` / ``k`` un-rotated ``[B, L, H, Dh]``, ``o`` = attention output before ``o_proj``
-``[B, L, H, Dh]``); calibration uses it.
+``[B, L, H, Dh]``); calibration uses it. ``windows`` (``{layer: w}``) restricts those attention
+layers to a causal sliding window (query i sees keys ``i - w < j <= i``); ``select_layers`` uses it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -61,11 +62,28 @@ def gdn_mixer(
     return mix.output(o.reshape(B * L, mix.hv, mix.dv), z).view(B, L, D)
 
 
+def sliding_window_mask(length: int, window: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """Boolean ``[L, L]`` mask, True where query i may attend key j: ``0 <= i - j < window``."""
+    if window < 1:
+        raise ValueError(f"attention window must be >= 1, got {window}")
+    i = torch.arange(length, device=device)
+    back = i[:, None] - i[None, :]  # [L, L] query - key
+    return (back >= 0) & (back < window)
+
+
 def attention_mixer(
-    attn: FullAttention, x: torch.Tensor, positions: torch.Tensor, probe: Probe | None = None, idx: int = -1
+    attn: FullAttention,
+    x: torch.Tensor,
+    positions: torch.Tensor,
+    probe: Probe | None = None,
+    idx: int = -1,
+    window: int | None = None,
 ) -> torch.Tensor:
-    """Causal attention over ``x [B, L, D]`` at ``positions [B*L]`` -> ``[B, L, D]``."""
+    """Causal attention over ``x [B, L, D]`` at ``positions [B*L]`` -> ``[B, L, D]``.
+
+    ``window``: each query sees only itself and the ``window - 1`` keys before it (None: all)."""
     B, L, D = x.shape
+    mask = None if window is None else sliding_window_mask(L, window, x.device)
     q, k, v, gate = attn.qkv(x.reshape(B * L, D))
     if probe is not None:
         probe(idx, "q", q.view(B, L, attn.hq, attn.d))
@@ -75,7 +93,8 @@ def attention_mixer(
         q.view(B, L, attn.hq, attn.d).transpose(1, 2),
         k.view(B, L, attn.hkv, attn.d).transpose(1, 2).to(q.dtype),
         v.view(B, L, attn.hkv, attn.d).transpose(1, 2).to(q.dtype),
-        is_causal=True,
+        attn_mask=mask,
+        is_causal=mask is None,
         scale=attn.scale,
         enable_gqa=attn.hq != attn.hkv,
     ).transpose(1, 2)  # [B, L, H, Dh]
@@ -91,17 +110,22 @@ def layer_forward(
     gdn: GdnFn = chunk_gdn_torch,
     probe: Probe | None = None,
     idx: int = -1,
+    window: int | None = None,
 ) -> torch.Tensor:
-    """One decoder block: ``h + mixer(norm(h))``, then ``+ mlp(norm(.))``. h ``[B, L, D]``."""
+    """One decoder block: ``h + mixer(norm(h))``, then ``+ mlp(norm(.))``. h ``[B, L, D]``.
+
+    ``window``: sliding attention window of an attention layer (``attention_mixer``)."""
     x = layer.input_layernorm(h)
     if probe is not None:
         probe(idx, "x", x)
     if layer.linear_attn is not None:
         assert isinstance(layer.linear_attn, GatedDeltaNet), "training runs Gated DeltaNet hybrids only"
+        if window is not None:
+            raise ValueError(f"layer {idx} is a linear layer: an attention window applies to attention layers")
         y = gdn_mixer(layer.linear_attn, x, gdn, probe, idx)
     else:
         assert layer.self_attn is not None
-        y = attention_mixer(layer.self_attn, x, positions, probe, idx)
+        y = attention_mixer(layer.self_attn, x, positions, probe, idx, window)
     h = h + y
     return layer.feed_forward(h.reshape(-1, h.shape[-1])).view(h.shape)  # MoE blocks take [T, D]
 
@@ -115,23 +139,28 @@ def run_model(
     layer_inputs: Sequence[torch.Tensor] | None = None,
     grad_checkpoint: bool = False,
     probe: Probe | None = None,
+    windows: Mapping[int, int] | None = None,
 ) -> ForwardOut:
     """Run ``ids [B, L]`` through every layer.
 
     ``layer_inputs`` (teacher forcing, one ``[B, L, D]`` per layer): layer i reads
     ``layer_inputs[i]`` instead of layer i-1's output, so each layer learns in isolation.
     ``grad_checkpoint`` recomputes each layer in the backward pass (less memory).
+    ``windows``: ``{layer: w}`` sliding attention windows of some attention layers (the rest see all keys).
     """
     B, L = ids.shape
+    if windows and not all(0 <= i < len(model.layers) for i in windows):
+        raise ValueError(f"windows names layers {sorted(windows)}; the model has {len(model.layers)}")
     positions = torch.arange(L, device=ids.device).repeat(B)
     h = model.embed(ids)
     hiddens: list[torch.Tensor] = []
     for i, layer in enumerate(model.layers):
         inp = layer_inputs[i] if layer_inputs is not None else h
+        w = windows.get(i) if windows else None
         if grad_checkpoint and torch.is_grad_enabled():
-            h = checkpoint(layer_forward, layer, inp, positions, gdn, probe, i, use_reentrant=False)
+            h = checkpoint(layer_forward, layer, inp, positions, gdn, probe, i, w, use_reentrant=False)
         else:
-            h = layer_forward(layer, inp, positions, gdn, probe, i)
+            h = layer_forward(layer, inp, positions, gdn, probe, i, w)
         if capture:
             hiddens.append(h)
     return ForwardOut(h, hiddens)
