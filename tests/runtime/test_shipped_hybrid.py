@@ -62,7 +62,7 @@ def engine(tmp_path_factory: pytest.TempPathFactory):
 def test_the_default_model_is_the_shipped_hybrid(engine) -> None:
     assert Settings.model_fields["model"].default == MODEL
     cfg = engine.model.config
-    assert cfg.model_type == "qwen3_5_text" and cfg.layer_types.count("linear") == 23
+    assert cfg.model_type == "qwen3_5_text" and cfg.layer_types.count("linear") == 15
     assert engine.name == MODEL
 
 
