@@ -34,7 +34,6 @@ from hypic_agent.runtime.hypic.combine_inputs import CombineInputs
 from hypic_agent.runtime.hypic.combine_work import CombineWork
 from hypic_agent.runtime.models.layers.decoder import DecoderLayer
 from hypic_agent.runtime.models.layers.gated_deltanet import GatedDeltaNet
-from hypic_agent.runtime.runner.pool import StatePool
 
 
 def groupable(w: CombineWork) -> bool:
@@ -108,9 +107,9 @@ class CombineGroup:
             return self._zero_h0
         return torch.stack([like.new_zeros(like.shape) if h is None else h[row] for h in leads])
 
-    def mix_linear(self, li: int, mixer: GatedDeltaNet, pool: StatePool, xs: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    def mix_linear(self, li: int, mixer: GatedDeltaNet, xs: tuple[torch.Tensor, ...]) -> torch.Tensor:
         """Linear layer ``li`` over the group's rows of ``mixer_in``'s outputs ``xs`` -> o ``[T, HV, V]``;
-        each work's final recurrent and conv states go into its slot."""
+        each work's final recurrent and conv states go into its slot (of the pool the works write to)."""
         assert self.steps is not None and self._tails is not None and self._cu is not None
         assert self._slots is not None and self._last_piece is not None
         first = self._inputs(self.works[0])
@@ -124,6 +123,9 @@ class CombineGroup:
             ops, self.steps, row, self._h0(row, like), pair_dtype=tab.pair_dtype,
             transition=self.works[0].spec.transition, precise_for_half=first.kernels.precise_for_half,
         )  # fmt: skip
+        into = self.works[0].into
+        assert into is not None
+        pool = into.pool
         j = pool.index[li]
         pool.recurrent[j].index_copy_(0, self._slots, finals.to(pool.recurrent.dtype))
         pool.conv[j].index_copy_(0, self._slots, conv_final.index_select(0, self._last_piece).to(pool.conv.dtype))
@@ -147,14 +149,15 @@ class CombineGroup:
 
 def group_works(works: Sequence[CombineWork]) -> list[CombineWork | CombineGroup]:
     """The step's planned combines in row order, runs of two or more groupable works with the same
-    mode, kernel choices and pair dtype as one ``CombineGroup`` each (planned), the others alone."""
+    mode, kernel choices, pair dtype and pool as one ``CombineGroup`` each (planned), the others alone."""
     out: list[CombineWork | CombineGroup] = []
     run: list[CombineWork] = []
 
     def key(w: CombineWork) -> tuple[object, ...]:
         assert isinstance(w.inputs, CombineInputs)
         tab = w.inputs.tables()
-        return (w.spec.transition, w.inputs.kernels, None if tab is None else tab.pair_dtype)
+        pool = None if w.into is None else w.into.pool
+        return (w.spec.transition, w.inputs.kernels, None if tab is None else tab.pair_dtype, id(pool))
 
     def flush() -> None:
         if len(run) >= 2:

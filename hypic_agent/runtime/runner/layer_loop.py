@@ -10,8 +10,10 @@ Per layer the token-local stages (``mixer_in``: norm + projections; ``mixer_out`
 projection, residual, feed-forward) run once over all rows, so the weights are read once per layer
 for the whole step (for an MoE model most of a step's time); in between each group runs its own
 mixer work on its rows (``ColdBatch.run_layer``, ``mixers.linear_mix`` / ``attention_mix`` over the
-pool, ``CombineWork.mix``). The logits are those of each pool sequence's last new row (every pool row
-with ``all_logits``), then of each combine's last active row.
+pool, ``CombineWork.mix``; consecutive combines that read their entries by pointer as one
+``CombineGroup``: one linear-layer launch set and one rotation for all of them). The logits are those
+of each pool sequence's last new row (every pool row with ``all_logits``), then of each combine's last
+active row.
 
 Measurements and streams look inside through hooks instead of loops of their own: ``hidden(li, h)``
 sees the residual stream entering layer ``li`` (``li == n_layers``: after the last; ``hypic.probe``,
@@ -119,8 +121,7 @@ def layer_steps(
             if isinstance(u, CombineWork):
                 outs.append(u.mix(li, layer, _rows(xs, a, a + u.n_rows)))
             elif isinstance(layer.linear_attn, GatedDeltaNet):
-                assert pool is not None
-                outs.append(u.mix_linear(li, layer.linear_attn, pool, _rows(xs, a, a + u.n_rows)))
+                outs.append(u.mix_linear(li, layer.linear_attn, _rows(xs, a, a + u.n_rows)))
             else:
                 outs += u.mix_attention(li, layer, _rows(xs, a, a + u.n_rows))
             a += u.n_rows
