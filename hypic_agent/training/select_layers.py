@@ -157,11 +157,15 @@ def ranking(copy_loss: list[float]) -> list[int]:
     return sorted(range(len(copy_loss)), key=lambda i: (-copy_loss[i], i))
 
 
-def keep_layers(copy_loss: list[float], keep: int) -> list[int]:
-    """The ``keep`` layers of largest ``copy_loss``, ascending (at most half of the layers)."""
-    n = len(copy_loss)
+def check_keep(keep: int, n: int) -> None:
+    """``keep`` attention layers of ``n``: between 1 and half of them (else ``InvalidRequestError``)."""
     if not 1 <= keep <= n // 2:
         raise InvalidRequestError(f"--keep {keep}: between 1 and {n // 2} (half of the {n} layers) attention layers")
+
+
+def keep_layers(copy_loss: list[float], keep: int) -> list[int]:
+    """The ``keep`` layers of largest ``copy_loss``, ascending (at most half of the layers)."""
+    check_keep(keep, len(copy_loss))
     return sorted(ranking(copy_loss)[:keep])
 
 
@@ -182,8 +186,7 @@ def select_layers(
             f"corpus {data.folder} was tokenized for a {data.meta.vocab_size}-token vocabulary, the teacher has {vocab}"
         )
     n = len(model.layers)
-    if not 1 <= opts.keep <= n // 2:  # fail before the long part
-        keep_layers([0.0] * n, opts.keep)
+    check_keep(opts.keep, n)  # fail before the long part
     stream = data.eval if opts.split == "eval" else data.train
     prompts, offsets = copy_prompts(stream, opts.prompts, opts.context, opts.span, opts.seed)
     t0 = time.perf_counter()

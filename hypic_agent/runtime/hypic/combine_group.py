@@ -98,14 +98,15 @@ class CombineGroup:
         self._tails = torch.cat(tails, dim=1)  # [L_lin, P_all, C, W-1]
         self._active_pos = torch.cat([w.lay.active_pos for w in self.works])
 
-    def _h0(self, row: int, like: torch.Tensor) -> torch.Tensor:
+    def _h0(self, row: int, shape: tuple[int, int, int], device: torch.device) -> torch.Tensor:
         """``[N, HV, K, V]`` fp32: each work's composed leading bodies of linear row ``row``, or zeros."""
         leads = [w.h0 for w in self.works]
         if all(h is None for h in leads):
             if self._zero_h0 is None:
-                self._zero_h0 = like.new_zeros(len(self.works), *like.shape)
+                self._zero_h0 = torch.zeros(len(self.works), *shape, device=device)
             return self._zero_h0
-        return torch.stack([like.new_zeros(like.shape) if h is None else h[row] for h in leads])
+        zero = torch.zeros(shape, device=device)
+        return torch.stack([zero if h is None else h[row] for h in leads])
 
     def mix_linear(self, li: int, mixer: GatedDeltaNet, xs: tuple[torch.Tensor, ...]) -> torch.Tensor:
         """Linear layer ``li`` over the group's rows of ``mixer_in``'s outputs ``xs`` -> o ``[T, HV, V]``;
@@ -118,9 +119,9 @@ class CombineGroup:
         assert tab is not None
         mixed, z, g, beta = xs[:4]  # GDN's ``inputs``
         ops, conv_final = mixer.convolve(mixed, z, g, beta, self._cu, self._tails[row].to(mixed.dtype))
-        like = torch.empty(mixer.hv, mixer.dk, mixer.dv, device=xs[0].device, dtype=torch.float32)
+        h0 = self._h0(row, (mixer.hv, mixer.dk, mixer.dv), mixed.device)
         o, finals = mixer.mix_scan_merged(
-            ops, self.steps, row, self._h0(row, like), pair_dtype=tab.pair_dtype,
+            ops, self.steps, row, h0, pair_dtype=tab.pair_dtype,
             transition=self.works[0].spec.transition, precise_for_half=first.kernels.precise_for_half,
         )  # fmt: skip
         into = self.works[0].into
